@@ -1,0 +1,63 @@
+//! The RAM segment buffers: one preallocated, aligned buffer per in-RAM segment.
+//!
+//! Ownership protocol (why the unsafe accessors are sound):
+//! - The open chunk's data blocks, and the metadata blocks of a chunk not yet sealed, are written
+//!   only by threads holding the engine's state lock.
+//! - Once a chunk is sealed and queued, its blocks never change again: the flusher alone writes
+//!   its metadata blocks (checksum fields), without the lock; nobody else reads metadata blocks.
+//! - Readers copy data blocks out while holding the state lock.
+//!
+//! So any two concurrent accesses to the same bytes are both reads.
+
+use crate::io::aligned::AlignedBuf;
+
+pub const NO_BUFFER: u32 = u32::MAX;
+
+pub struct SegmentBuffers {
+    bufs: Vec<AlignedBuf>,
+    segment_size_bytes: usize,
+}
+
+impl SegmentBuffers {
+    pub fn new(count: u32, segment_size_bytes: u64) -> SegmentBuffers {
+        assert!(count >= 2);
+        SegmentBuffers {
+            bufs: (0..count)
+                .map(|_| AlignedBuf::new(segment_size_bytes as usize))
+                .collect(),
+            segment_size_bytes: segment_size_bytes as usize,
+        }
+    }
+
+    pub fn count(&self) -> u32 {
+        self.bufs.len() as u32
+    }
+
+    pub fn memory_bytes(&self) -> usize {
+        self.bufs.len() * self.segment_size_bytes
+    }
+
+    fn ptr(&self, buf: u32, offset_bytes: usize, len_bytes: usize) -> *mut u8 {
+        assert!(offset_bytes + len_bytes <= self.segment_size_bytes);
+        // SAFETY: in bounds of the allocation, checked above.
+        unsafe { self.bufs[buf as usize].as_mut_ptr().add(offset_bytes) }
+    }
+
+    /// Shared view of `len_bytes` at `offset_bytes` of buffer `buf`.
+    ///
+    /// # Safety
+    /// The range must not be written concurrently (see the module's ownership protocol).
+    pub unsafe fn slice(&self, buf: u32, offset_bytes: usize, len_bytes: usize) -> &[u8] {
+        std::slice::from_raw_parts(self.ptr(buf, offset_bytes, len_bytes), len_bytes)
+    }
+
+    /// Exclusive view of `len_bytes` at `offset_bytes` of buffer `buf`.
+    ///
+    /// # Safety
+    /// The caller must own the range under the module's protocol: no other access to it may
+    /// happen while the returned slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice_mut(&self, buf: u32, offset_bytes: usize, len_bytes: usize) -> &mut [u8] {
+        std::slice::from_raw_parts_mut(self.ptr(buf, offset_bytes, len_bytes), len_bytes)
+    }
+}

@@ -1,0 +1,161 @@
+//! Formatting a cache: O(1) in the cache size. A new format id makes every old chunk invisible,
+//! so only the superblock copies and the backing label are written.
+
+use crate::error::{Error, Result};
+use crate::format::label::{label_offset, Label};
+use crate::format::superblock::{Checkpoint, PersistedTunables, Superblock, CHECKPOINT_CLEAN};
+use crate::format::*;
+use crate::io::aligned::AlignedBuf;
+use crate::io::BlockDevice;
+
+use super::checkpoint;
+
+#[derive(Clone, Debug)]
+pub struct FormatOptions {
+    pub segment_size_bytes: u64,
+    /// Overwrite a cache that may hold data, or a backing device labelled for another cache.
+    pub force: bool,
+    /// Periodic seal interval to persist (`None`: the default; `Some(0)`: off).
+    pub seal_interval_ms: Option<u32>,
+}
+
+impl Default for FormatOptions {
+    fn default() -> Self {
+        FormatOptions {
+            segment_size_bytes: SEGMENT_SIZE_DEFAULT_BYTES,
+            force: false,
+            seal_interval_ms: None,
+        }
+    }
+}
+
+/// Formats `cache` as a cache for `backing`. Returns the new superblock.
+pub fn format(
+    cache: &dyn BlockDevice,
+    backing: &dyn BlockDevice,
+    opts: &FormatOptions,
+) -> Result<Superblock> {
+    let seg = opts.segment_size_bytes;
+    if !(SEGMENT_SIZE_MIN_BYTES..=SEGMENT_SIZE_MAX_BYTES).contains(&seg) || seg % BLOCK_SIZE_BYTES != 0
+    {
+        return Err(Error::InvalidArgument(format!(
+            "segment size {seg} must be a multiple of 4 KiB from 32 KiB to 16 MiB"
+        )));
+    }
+    let cache_size = cache.size_bytes();
+    let segment_count = cache_size.saturating_sub(SUPERBLOCK_REGION_BYTES) / seg;
+    let needed = SUPERBLOCK_REGION_BYTES + SEGMENT_COUNT_MIN * seg;
+    if segment_count < SEGMENT_COUNT_MIN {
+        return Err(Error::NoSpace(format!(
+            "{} is {cache_size} bytes; a cache with {seg}-byte segments needs at least {needed}",
+            cache.describe()
+        )));
+    }
+    if segment_count * (seg / BLOCK_SIZE_BYTES) >= u32::MAX as u64 {
+        return Err(Error::InvalidArgument(format!(
+            "{} is too large: at most 2^32-1 cache blocks (16 TiB) are supported",
+            cache.describe()
+        )));
+    }
+    let backing_size = backing.size_bytes();
+    let exported = label_offset(backing_size).ok_or_else(|| {
+        Error::NoSpace(format!(
+            "{} is {backing_size} bytes; a backing device needs at least 8 KiB",
+            backing.describe()
+        ))
+    })?;
+
+    let old = match checkpoint::read(cache) {
+        Ok(sb) => sb,
+        Err(e) if opts.force => {
+            let _ = e;
+            None
+        }
+        Err(e) => {
+            return Err(Error::HoldsData(format!(
+                "{} has a damaged logcache superblock ({e}); use force to format it anyway",
+                cache.describe()
+            )))
+        }
+    };
+    if let Some(sb) = &old {
+        let empty = sb.is_clean() && sb.checkpoint.end_seq < sb.checkpoint.head_seq;
+        if !empty && !opts.force {
+            return Err(Error::HoldsData(format!(
+                "{} is a logcache cache that may hold data not yet on its backing device; \
+                 drain it first, or use force to discard that data",
+                cache.describe()
+            )));
+        }
+    }
+    let mut raw = AlignedBuf::new(BLOCK_SIZE_BYTES as usize);
+    backing
+        .read_at(&mut raw, exported)
+        .map_err(|e| Error::io(format!("reading the end of {}", backing.describe()), e))?;
+    let old_label = Label::decode(&raw).ok().flatten();
+    if let Some(l) = old_label {
+        let ours = old.as_ref().is_some_and(|sb| sb.backing_uuid == l.backing_uuid);
+        if !ours && !opts.force {
+            return Err(Error::HoldsData(format!(
+                "{} is labelled as the backing device of another cache (uuid {}); that cache may \
+                 hold its newest data. Use force to format anyway",
+                backing.describe(),
+                uuid_to_string(&l.backing_uuid)
+            )));
+        }
+    }
+
+    let format_id = random_u64();
+    let backing_uuid = new_uuid();
+    let label = Label {
+        backing_uuid,
+        format_id,
+        exported_size_bytes: exported,
+    };
+    raw.copy_from_slice(&label.encode());
+    backing
+        .write_at(&raw, exported)
+        .map_err(|e| Error::io(format!("writing the label of {}", backing.describe()), e))?;
+    backing
+        .flush()
+        .map_err(|e| Error::io(format!("syncing {}", backing.describe()), e))?;
+
+    let sb = Superblock {
+        format_id,
+        generation: old.as_ref().map_or(1, |s| s.generation + 2),
+        segment_size_bytes: seg as u32,
+        cache_size_bytes: cache_size,
+        segments_offset_bytes: SUPERBLOCK_REGION_BYTES,
+        segment_count,
+        backing_size_bytes: backing_size,
+        backing_uuid,
+        exported_size_bytes: exported,
+        format_time_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        checkpoint: Checkpoint {
+            flags: CHECKPOINT_CLEAN,
+            head_segment_id: 1,
+            head_seq: 1,
+            epoch: 0,
+            cut_seq: 0,
+            end_seq: 0,
+            writeback_seq: 0,
+        },
+        tunables: PersistedTunables {
+            seal_interval_ms: match opts.seal_interval_ms {
+                None => 0,
+                Some(0) => u32::MAX,
+                Some(v) => v,
+            },
+        },
+    };
+    sb.validate()?;
+    // Both copies, so no copy of an older format can outrank this one.
+    let mut second = sb.clone();
+    second.generation += 1;
+    checkpoint::write_durable(cache, &sb)?;
+    checkpoint::write_durable(cache, &second)?;
+    Ok(second)
+}

@@ -1,0 +1,336 @@
+//! The flusher: the one owner of log writes. It takes sealed chunks in sequence order, fills in
+//! their checksums, writes each as one sequential IO, syncs the cache device when a flush waits
+//! (one sync covers every flush that arrived before it: group commit), releases RAM buffers and
+//! reclaims dead segments at the head of the ring.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use parking_lot::MutexGuard;
+
+use super::state::{SealedChunk, State};
+use super::write::check_usable;
+use super::{Inner, SYNC_EVERY_BYTES};
+use crate::error::{Error, Result};
+use crate::format::chunk;
+use crate::format::{crc_block, BLOCK_SIZE_BYTES};
+
+const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+/// At most this many chunks per round, so buffers are released and waiters woken often.
+const CHUNKS_PER_ROUND_MAX: usize = 32;
+/// How often an idle flusher looks again at the periodic seal and pinned segments.
+const IDLE_WAKE: Duration = Duration::from_millis(100);
+
+/// The flusher thread's loop.
+pub fn run(inner: &Inner) {
+    let mut st = inner.state.lock();
+    loop {
+        if st.failed.is_some() {
+            break;
+        }
+        if !has_work(&st) {
+            if st.closing {
+                break;
+            }
+            seal_if_due(inner, &mut st, Instant::now());
+            if !has_work(&st) {
+                let timeout = next_wake(inner, &st);
+                inner.flusher_wake.wait_for(&mut st, timeout);
+                continue;
+            }
+        }
+        match step(inner, st) {
+            Ok((guard, progressed)) => {
+                st = guard;
+                if !progressed {
+                    // Nothing could move (e.g. waiting writers but no reclaimable segment).
+                    inner.flusher_wake.wait_for(&mut st, IDLE_WAKE);
+                }
+            }
+            Err(_) => {
+                st = inner.state.lock();
+                break;
+            }
+        }
+    }
+    drop(st);
+    inner.progress.notify_all();
+}
+
+fn has_work(st: &State) -> bool {
+    !st.queue.is_empty() || st.sync_wanted_seq > st.synced_seq || st.space_waiters > 0
+}
+
+fn next_wake(inner: &Inner, st: &State) -> Duration {
+    match (inner.seal_interval_ms, st.open.first_write_at) {
+        (ms, Some(t)) if ms > 0 => {
+            let due = t + Duration::from_millis(ms as u64);
+            due.saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(1), IDLE_WAKE)
+        }
+        _ => IDLE_WAKE,
+    }
+}
+
+/// Seals the open chunk if its oldest write waited the seal interval, and asks for a sync.
+pub fn seal_if_due(inner: &Inner, st: &mut State, now: Instant) {
+    if inner.seal_interval_ms == 0 || st.failed.is_some() {
+        return;
+    }
+    let due = st.open.first_write_at.is_some_and(|t| {
+        now.saturating_duration_since(t) >= Duration::from_millis(inner.seal_interval_ms as u64)
+    });
+    if due && st.seal(&inner.buffers) {
+        st.sync_wanted_seq = st.sync_wanted_seq.max(st.next_seq - 1);
+        st.counters.periodic_seals += 1;
+    }
+}
+
+/// One round: write the queued chunks, sync if anyone needs it, publish, reclaim. Called with
+/// the lock held; releases it around IO. Returns whether anything changed.
+fn step<'a>(inner: &'a Inner, mut st: MutexGuard<'a, State>) -> Result<(MutexGuard<'a, State>, bool)> {
+    let take = st.queue.len().min(CHUNKS_PER_ROUND_MAX);
+    let batch: Vec<SealedChunk> = st.queue.drain(..take).collect();
+    let synced_for_headers = st.synced_seq;
+    let mut progressed = !batch.is_empty();
+    drop(st);
+
+    let mut crcs: Vec<Vec<u32>> = Vec::with_capacity(batch.len());
+    let mut bytes = 0u64;
+    let mut write_err = None;
+    for sc in &batch {
+        match write_chunk(inner, sc, synced_for_headers) {
+            Ok(c) => {
+                bytes += (sc.meta_blocks + sc.data_count) as u64 * BLOCK_SIZE_BYTES;
+                crcs.push(c);
+            }
+            Err(e) => {
+                write_err = Some(e);
+                break;
+            }
+        }
+    }
+    let mut st = inner.state.lock();
+    if let Some(e) = write_err {
+        return Err(fail(inner, st, e));
+    }
+    // Publish: checksums for reads from the cache device, then free fully written buffers.
+    for (sc, c) in batch.iter().zip(&crcs) {
+        for (i, crc) in c.iter().enumerate() {
+            if sc.lbas[i] != u64::MAX {
+                let cb = inner.geo.cache_block(sc.slot, sc.start_block + sc.meta_blocks + i as u32);
+                st.data_crc[cb as usize] = *crc;
+            }
+        }
+        assert_eq!(sc.seq, st.written_seq + 1, "chunks must reach the device in order");
+        st.written_seq = sc.seq;
+    }
+    st.counters.chunks_written += batch.len() as u64;
+    st.counters.chunk_bytes_written += bytes;
+    st.unsynced_bytes += bytes;
+    st.release_written_buffers();
+
+    let need_sync = st.written_seq > st.synced_seq
+        && (st.sync_wanted_seq > st.synced_seq
+            || st.queue.is_empty()
+            || st.unsynced_bytes >= SYNC_EVERY_BYTES
+            || st.space_waiters > 0);
+    if need_sync {
+        let target = st.written_seq;
+        drop(st);
+        let res = inner.cache.flush();
+        st = inner.state.lock();
+        if let Err(e) = res {
+            // A failed sync may have lost any unsynced write: stop, and let recovery sort it out.
+            let e = Error::io(format!("syncing {}", inner.cache.describe()), e);
+            return Err(fail(inner, st, e));
+        }
+        st.synced_seq = target;
+        st.unsynced_bytes = 0;
+        st.counters.cache_syncs += 1;
+        progressed = true;
+    }
+    let (st, reclaimed) = reclaim(inner, st)?;
+    inner.progress.notify_all();
+    Ok((st, progressed || reclaimed))
+}
+
+/// Fills in a sealed chunk's checksums and writes it. Returns the data CRC of each data block.
+fn write_chunk(inner: &Inner, sc: &SealedChunk, synced_seq: u64) -> Result<Vec<u32>> {
+    let format_id = inner.geo.format_id;
+    let meta_len = sc.meta_blocks as usize * BLOCK;
+    let meta_off = sc.start_block as usize * BLOCK;
+    let total_len = meta_len + sc.data_count as usize * BLOCK;
+    // SAFETY: a queued chunk's metadata blocks belong to the flusher; its data blocks are
+    // immutable, and others only read them (see buffers.rs).
+    let meta = unsafe { inner.buffers.slice_mut(sc.buffer, meta_off, meta_len) };
+    let data = unsafe { inner.buffers.slice(sc.buffer, meta_off + meta_len, total_len - meta_len) };
+    let mut crcs = Vec::with_capacity(sc.data_count as usize);
+    for (i, lba) in sc.lbas.iter().enumerate() {
+        if *lba == u64::MAX {
+            crcs.push(0);
+            continue;
+        }
+        let crc = crc_block(format_id, *lba, &data[i * BLOCK..(i + 1) * BLOCK]);
+        chunk::put_entry_crc(meta, i, crc);
+        crcs.push(crc);
+    }
+    chunk::put_synced_seq(meta, synced_seq);
+    chunk::seal(meta, format_id, sc.data_count as u16);
+    // SAFETY: as above; the whole chunk is now immutable until its buffer is released.
+    let whole = unsafe { inner.buffers.slice(sc.buffer, meta_off, total_len) };
+    let off = inner.geo.offset_of(sc.slot, sc.start_block);
+    inner
+        .cache
+        .write_at(whole, off)
+        .map_err(|e| Error::io(format!("writing chunk {} at offset {off}", sc.seq), e))?;
+    Ok(crcs)
+}
+
+/// Advances the head over dead segments: persist the new head first, then free the slots, so a
+/// crash never finds the persisted head pointing at a reused slot.
+fn reclaim<'a>(inner: &'a Inner, st: MutexGuard<'a, State>) -> Result<(MutexGuard<'a, State>, bool)> {
+    let new_head = st.reclaimable_head(|slot| inner.pins[slot as usize].load(Ordering::Acquire) > 0);
+    if new_head == st.head_segment_id {
+        return Ok((st, false));
+    }
+    let slot = inner.geo.slot_of(new_head) as usize;
+    let head_seq = if new_head < st.next_segment_id {
+        st.segments[slot].first_seq
+    } else {
+        st.next_seq
+    };
+    drop(st);
+    let res = inner.superblock.update(|s| {
+        s.checkpoint.head_segment_id = new_head;
+        s.checkpoint.head_seq = head_seq;
+    });
+    let mut st = inner.state.lock();
+    if let Err(e) = res {
+        return Err(fail(inner, st, e));
+    }
+    st.counters.superblock_writes += 1;
+    st.free_segments_before(new_head);
+    if !st.open.active {
+        st.open_segment();
+    }
+    Ok((st, true))
+}
+
+fn fail(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {
+    if st.failed.is_none() {
+        st.failed = Some(e.to_string());
+    }
+    st.counters.io_errors += 1;
+    drop(st);
+    inner.progress.notify_all();
+    e
+}
+
+/// Returns once every write acknowledged before the call is durable (flush and FUA).
+pub fn wait_durable(inner: &Inner) -> Result<()> {
+    {
+        let st = inner.state.lock();
+        check_usable(&st)?;
+    }
+    wait_durable_closing(inner)
+}
+
+/// As `wait_durable`, but also while closing (the close path's final flush).
+pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
+    let mut st = inner.state.lock();
+    if let Some(m) = &st.failed {
+        return Err(Error::Failed(m.clone()));
+    }
+    st.seal(&inner.buffers);
+    let target = st.next_seq - 1;
+    if st.synced_seq >= target {
+        return Ok(());
+    }
+    st.sync_wanted_seq = st.sync_wanted_seq.max(target);
+    if inner.manual {
+        drop(st);
+        let _serial = inner.flusher_lock.lock();
+        loop {
+            let st = inner.state.lock();
+            if let Some(m) = &st.failed {
+                return Err(Error::Failed(m.clone()));
+            }
+            if st.synced_seq >= target {
+                return Ok(());
+            }
+            let (_, progressed) = step(inner, st)?;
+            assert!(progressed, "a flush target {target} the flusher cannot reach");
+        }
+    }
+    inner.flusher_wake.notify_one();
+    while st.synced_seq < target {
+        if let Some(m) = &st.failed {
+            return Err(Error::Failed(m.clone()));
+        }
+        inner.progress.wait(&mut st);
+    }
+    Ok(())
+}
+
+/// A writer found no room in the log or no free RAM buffer: wait for the flusher (or, in
+/// manual mode, do its work here).
+pub fn wait_for_room<'a>(
+    inner: &'a Inner,
+    mut st: MutexGuard<'a, State>,
+) -> Result<MutexGuard<'a, State>> {
+    st.counters.write_waits += 1;
+    if inner.manual {
+        drop(st);
+        let progressed = drain_inline(inner, true)?;
+        let st = inner.state.lock();
+        if !progressed && !st.open.active {
+            return Err(Error::NoSpace(
+                "the log is full of live data and nothing can be reclaimed".into(),
+            ));
+        }
+        return Ok(st);
+    }
+    st.space_waiters += 1;
+    inner.flusher_wake.notify_one();
+    inner.progress.wait(&mut st);
+    st.space_waiters -= 1;
+    Ok(st)
+}
+
+/// Manual mode: runs flusher rounds until nothing is queued. With `for_room`, also syncs so
+/// that dead segments can be reclaimed. Returns whether anything changed.
+pub fn drain_inline(inner: &Inner, for_room: bool) -> Result<bool> {
+    let _serial = inner.flusher_lock.lock();
+    let mut any = false;
+    loop {
+        let mut st = inner.state.lock();
+        if let Some(m) = &st.failed {
+            return Err(Error::Failed(m.clone()));
+        }
+        if for_room {
+            st.space_waiters += 1;
+        }
+        let r = step(inner, st);
+        let mut st = match r {
+            Ok((st, p)) => {
+                any |= p;
+                if !p {
+                    let mut st = st;
+                    if for_room {
+                        st.space_waiters -= 1;
+                    }
+                    return Ok(any);
+                }
+                st
+            }
+            Err(e) => return Err(e),
+        };
+        if for_room {
+            st.space_waiters -= 1;
+        }
+        if st.queue.is_empty() && !for_room {
+            return Ok(any);
+        }
+    }
+}

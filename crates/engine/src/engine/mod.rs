@@ -1,0 +1,387 @@
+//! The engine: owns the state, the RAM buffers and the flusher, and exposes block IO.
+//!
+//! Durability contract (also in `docs/ARCHITECTURE.md`):
+//! - `write` returns once the data is in a RAM segment: later reads see it, a crash may lose it.
+//! - `flush` returns once every write that returned before it is durable on the cache device.
+//! - `write` with `fua` returns once that write is durable.
+//! - After a crash, every sector holds either the data of the last write to it that was made
+//!   durable, or of a later write; never anything else. A torn chunk write loses that chunk and
+//!   the chunks after it in log order, never an earlier one.
+//! - Unflushed writes stay in RAM at most about `seal_interval_ms` before the flusher makes them
+//!   durable on its own.
+
+mod buffers;
+mod checkpoint;
+mod create;
+mod flusher;
+pub mod geometry;
+mod read;
+mod recover;
+mod state;
+pub mod stats;
+mod write;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+
+pub use self::create::{format, FormatOptions};
+pub use self::stats::{Counters, RecoveryReport, Stats};
+
+use self::buffers::SegmentBuffers;
+use self::checkpoint::SuperblockWriter;
+use self::geometry::Geometry;
+use self::state::State;
+use crate::error::{Error, Result};
+use crate::format::superblock::{Superblock, CHECKPOINT_CLEAN};
+use crate::format::{label, BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
+use crate::io::aligned::AlignedBuf;
+use crate::io::BlockDevice;
+
+/// Default total size of the RAM segment buffers (the seed's 64 MiB).
+pub const RAM_BUFFER_DEFAULT_BYTES: u64 = 64 << 20;
+/// Default periodic seal interval.
+pub const SEAL_INTERVAL_DEFAULT_MS: u32 = 1000;
+/// The flusher syncs the cache device at least once per this many bytes written, which bounds
+/// how much data recovery must read to verify the unsynced tail.
+pub const SYNC_EVERY_BYTES: u64 = 64 << 20;
+
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// Total bytes of RAM segment buffers (at least two segments' worth is always allocated).
+    pub ram_buffer_bytes: u64,
+    /// Periodic seal interval; `None` keeps the persisted value (or the default). `Some(0)`
+    /// turns the periodic seal off.
+    pub seal_interval_ms: Option<u32>,
+    /// Run no background thread: flushing happens inside `flush`, `run_flusher` and writers
+    /// that need room. Deterministic, for simulation tests.
+    pub manual_flusher: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            ram_buffer_bytes: RAM_BUFFER_DEFAULT_BYTES,
+            seal_interval_ms: None,
+            manual_flusher: false,
+        }
+    }
+}
+
+pub(crate) struct Inner {
+    pub geo: Geometry,
+    pub cache: Arc<dyn BlockDevice>,
+    pub backing: Arc<dyn BlockDevice>,
+    pub state: Mutex<State>,
+    /// Wakes the flusher (work queued, sync wanted, closing).
+    pub flusher_wake: Condvar,
+    /// Wakes writers waiting for room and flushes waiting for a sync.
+    pub progress: Condvar,
+    pub buffers: SegmentBuffers,
+    /// Per slot: readers currently reading blocks of this segment from the cache device.
+    pub pins: Vec<AtomicU32>,
+    pub superblock: SuperblockWriter,
+    pub manual: bool,
+    pub seal_interval_ms: u32,
+    pub recovery: RecoveryReport,
+    /// Serialises inline flusher rounds in manual mode.
+    pub flusher_lock: Mutex<()>,
+}
+
+/// A cache opened for IO. Cloning gives another handle to the same engine.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl Engine {
+    /// Opens a formatted cache: checks the backing device is the one it was formatted for,
+    /// recovers the log and starts the flusher.
+    pub fn open(
+        cache: Arc<dyn BlockDevice>,
+        backing: Arc<dyn BlockDevice>,
+        opts: OpenOptions,
+    ) -> Result<Engine> {
+        let started = Instant::now();
+        let sb = checkpoint::read(&*cache)?.ok_or_else(|| {
+            Error::NotFormatted(format!(
+                "{} holds no logcache superblock; format it first",
+                cache.describe()
+            ))
+        })?;
+        if cache.size_bytes() < sb.cache_size_bytes {
+            return Err(Error::Corruption(format!(
+                "{} is {} bytes but was formatted with {} bytes (truncated?)",
+                cache.describe(),
+                cache.size_bytes(),
+                sb.cache_size_bytes
+            )));
+        }
+        check_backing(&sb, &*backing)?;
+        let geo = Geometry::from_superblock(&sb);
+        let mut recovered = recover::run(&*cache, &geo, &sb)?;
+        let segment_bytes = geo.segment_size_bytes;
+        let buffer_count = (opts.ram_buffer_bytes / segment_bytes)
+            .clamp(2, geo.segment_count - 1)
+            .min(u32::MAX as u64 - 1) as u32;
+        let buffers = SegmentBuffers::new(buffer_count, segment_bytes);
+        let seal_interval_ms = match opts.seal_interval_ms {
+            Some(v) => v,
+            None => match sb.tunables.seal_interval_ms {
+                0 => SEAL_INTERVAL_DEFAULT_MS,
+                u32::MAX => 0,
+                v => v,
+            },
+        };
+        let epoch = sb.checkpoint.epoch + 1;
+        let last_seq = recovered.last_seq;
+        let superblock = SuperblockWriter::new(cache.clone(), sb);
+        // Before anything new is written: the new epoch and the cut, so chunks a crash left
+        // after `last_seq` can never rejoin the log. The sync also makes durable every chunk
+        // recovery read (they may have been only in the page cache).
+        superblock.update(|s| {
+            s.checkpoint.flags &= !CHECKPOINT_CLEAN;
+            s.checkpoint.epoch = epoch;
+            s.checkpoint.cut_seq = last_seq;
+            s.checkpoint.end_seq = 0;
+            s.checkpoint.head_segment_id = recovered.head_segment_id;
+            s.checkpoint.head_seq = recovered.head_seq;
+        })?;
+        recovered.report.duration_us = started.elapsed().as_micros() as u64;
+        let mut state = recovered.into_state(geo.clone(), epoch, buffer_count);
+        state.counters.superblock_writes += 1;
+        let pins = (0..geo.segment_count).map(|_| AtomicU32::new(0)).collect();
+        let report = state_report(&mut state);
+        let inner = Arc::new(Inner {
+            geo,
+            cache,
+            backing,
+            state: Mutex::new(state),
+            flusher_wake: Condvar::new(),
+            progress: Condvar::new(),
+            buffers,
+            pins,
+            superblock,
+            manual: opts.manual_flusher,
+            seal_interval_ms,
+            recovery: report,
+            flusher_lock: Mutex::new(()),
+        });
+        {
+            let mut st = inner.state.lock();
+            if !st.open.active {
+                st.open_segment();
+            }
+        }
+        let thread = if inner.manual {
+            None
+        } else {
+            let i = inner.clone();
+            Some(
+                std::thread::Builder::new()
+                    .name("logcache-flusher".into())
+                    .spawn(move || flusher::run(&i))
+                    .map_err(|e| Error::io("starting the flusher thread", e))?,
+            )
+        };
+        Ok(Engine {
+            inner,
+            thread: Arc::new(Mutex::new(thread)),
+        })
+    }
+
+    /// Size of the disk the cache presents, in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        self.inner.geo.exported_size_bytes
+    }
+
+    /// Reads `buf.len()` bytes at `offset` (both multiples of 512).
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        read::read(&self.inner, offset, buf)
+    }
+
+    /// Writes `data` at `offset` (both multiples of 512). With `fua`, returns once durable.
+    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_range(offset, data.len() as u64)?;
+        write::write(&self.inner, offset, data)?;
+        if fua {
+            self.inner.state.lock().counters.fua_writes += 1;
+            flusher::wait_durable(&self.inner)?;
+        }
+        Ok(())
+    }
+
+    /// Returns once every write that returned before this call is durable.
+    pub fn flush(&self) -> Result<()> {
+        self.inner.state.lock().counters.flushes += 1;
+        flusher::wait_durable(&self.inner)
+    }
+
+    /// Manual mode: runs flusher rounds until the queue is empty. A no-op otherwise.
+    pub fn run_flusher(&self) -> Result<()> {
+        if self.inner.manual {
+            flusher::drain_inline(&self.inner, false)?;
+        }
+        Ok(())
+    }
+
+    /// Seals the open chunk if its oldest write is older than the seal interval (the flusher
+    /// thread does this on its own; manual-mode tests call it).
+    pub fn seal_if_due(&self, now: Instant) {
+        flusher::seal_if_due(&self.inner, &mut self.inner.state.lock(), now);
+    }
+
+    /// Stops IO, makes everything durable and writes a clean checkpoint, so the next open is
+    /// fast. Other handles to the engine get `Error::Closed` afterwards.
+    pub fn close(&self) -> Result<()> {
+        {
+            let mut st = self.inner.state.lock();
+            if st.closing {
+                return Err(Error::Closed);
+            }
+            st.closing = true;
+            if let Some(msg) = &st.failed {
+                let msg = msg.clone();
+                drop(st);
+                self.stop_thread();
+                return Err(Error::Failed(msg));
+            }
+        }
+        let res = flusher::wait_durable_closing(&self.inner);
+        self.stop_thread();
+        res?;
+        let (end_seq, head, head_seq) = {
+            let st = self.inner.state.lock();
+            assert!(st.queue.is_empty());
+            (st.next_seq - 1, st.head_segment_id, st.head_seq())
+        };
+        self.inner.superblock.update(|s| {
+            s.checkpoint.flags |= CHECKPOINT_CLEAN;
+            s.checkpoint.end_seq = end_seq;
+            s.checkpoint.head_segment_id = head;
+            s.checkpoint.head_seq = head_seq;
+        })
+    }
+
+    fn stop_thread(&self) {
+        {
+            let mut st = self.inner.state.lock();
+            st.closing = true;
+        }
+        self.inner.flusher_wake.notify_all();
+        if let Some(t) = self.thread.lock().take() {
+            // A panicking flusher already recorded nothing more useful than its message.
+            let _ = t.join();
+        }
+    }
+
+    /// Simulates a crash of this process for tests: stops the flusher without sealing or
+    /// writing a checkpoint. RAM-only data is lost, as it would be.
+    pub fn crash(self) {
+        {
+            let mut st = self.inner.state.lock();
+            st.failed = Some("crashed".into());
+        }
+        self.stop_thread();
+    }
+
+    pub fn stats(&self) -> Stats {
+        let st = self.inner.state.lock();
+        let g = &self.inner.geo;
+        Stats {
+            counters: st.counters.clone(),
+            recovery: self.inner.recovery.clone(),
+            exported_size_bytes: g.exported_size_bytes,
+            segment_size_bytes: g.segment_size_bytes,
+            segment_count: g.segment_count,
+            segments_in_use: st.segments_in_use(),
+            cache_blocks: g.cache_block_count() as u64,
+            cached_blocks: st.index.len() as u64,
+            dirty_blocks: st.dirty_blocks,
+            ram_buffers: self.inner.buffers.count(),
+            ram_buffers_free: st.free_buffers.len() as u32,
+            written_seq: st.written_seq,
+            synced_seq: st.synced_seq,
+            next_seq: st.next_seq,
+            head_segment_id: st.head_segment_id,
+            epoch: st.epoch,
+            index_memory_bytes: (st.index.memory_bytes()
+                + st.dirty_mask.len()
+                + st.valid_mask.len()
+                + st.data_crc.len() * 4) as u64,
+            failed: st.failed.clone(),
+        }
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
+        if offset % SECTOR_SIZE_BYTES != 0 || len % SECTOR_SIZE_BYTES != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "offset {offset} and length {len} must be multiples of {SECTOR_SIZE_BYTES}"
+            )));
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size_bytes() => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "range {offset}+{len} runs past the end of the {}-byte disk",
+                self.size_bytes()
+            ))),
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The flusher thread holds an Arc<Inner>, so this runs only after it stopped.
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // The last user handle going away without close() stops the flusher: an unclean stop,
+        // which the next open recovers from like a crash.
+        if Arc::strong_count(&self.thread) == 1 {
+            self.stop_thread();
+        }
+    }
+}
+
+fn state_report(state: &mut State) -> RecoveryReport {
+    std::mem::take(&mut state.recovery_report)
+}
+
+/// Checks the backing device is the one the cache was formatted for.
+fn check_backing(sb: &Superblock, backing: &dyn BlockDevice) -> Result<()> {
+    if backing.size_bytes() != sb.backing_size_bytes {
+        return Err(Error::WrongBacking(format!(
+            "{} is {} bytes, but this cache was formatted for a {}-byte backing device",
+            backing.describe(),
+            backing.size_bytes(),
+            sb.backing_size_bytes
+        )));
+    }
+    let off = label::label_offset(sb.backing_size_bytes)
+        .ok_or_else(|| Error::Corruption("backing size in superblock too small".into()))?;
+    let mut raw = AlignedBuf::new(BLOCK_SIZE_BYTES as usize);
+    backing
+        .read_at(&mut raw, off)
+        .map_err(|e| Error::io(format!("reading the label of {}", backing.describe()), e))?;
+    match label::Label::decode(&raw)? {
+        Some(l) if l.backing_uuid == sb.backing_uuid && l.format_id == sb.format_id => Ok(()),
+        Some(l) => Err(Error::WrongBacking(format!(
+            "{} carries the label of another cache (backing uuid {}); this cache expects {}",
+            backing.describe(),
+            crate::format::uuid_to_string(&l.backing_uuid),
+            crate::format::uuid_to_string(&sb.backing_uuid)
+        ))),
+        None => Err(Error::WrongBacking(format!(
+            "{} has no logcache label; this cache expects backing uuid {}",
+            backing.describe(),
+            crate::format::uuid_to_string(&sb.backing_uuid)
+        ))),
+    }
+}

@@ -1,0 +1,145 @@
+//! The read path: the newest copy of each sector, from RAM, the cache device or the backing
+//! device. Runs of blocks missing from the cache become one backing-device read.
+
+use std::sync::atomic::Ordering;
+
+use super::state::Location;
+use super::write::{check_usable, sector_mask, SCRATCH};
+use super::Inner;
+use crate::error::{Error, Result};
+use crate::format::{crc_block, BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
+
+const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+const SECTOR: usize = SECTOR_SIZE_BYTES as usize;
+
+pub fn read(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<()> {
+    let mut done = 0usize;
+    // A pending run of bytes that no cache block covers: [miss_start, done) of `buf`.
+    let mut miss_start: Option<usize> = None;
+    let (mut hits, mut misses) = (0u64, 0u64);
+    while done < buf.len() {
+        let pos = offset + done as u64;
+        let lba = pos / BLOCK_SIZE_BYTES;
+        let in_block = (pos % BLOCK_SIZE_BYTES) as usize;
+        let len = (BLOCK - in_block).min(buf.len() - done);
+        let cached = {
+            let st = inner.state.lock();
+            check_usable(&st)?;
+            st.index.get(lba).is_some()
+        };
+        if !cached {
+            miss_start.get_or_insert(done);
+            misses += 1;
+        } else {
+            if let Some(start) = miss_start.take() {
+                read_backing(inner, offset + start as u64, &mut buf[start..done])?;
+            }
+            let hit = read_block(inner, lba, in_block / SECTOR, &mut buf[done..done + len])?;
+            if hit {
+                hits += 1;
+            } else {
+                misses += 1;
+            }
+        }
+        done += len;
+    }
+    if let Some(start) = miss_start {
+        read_backing(inner, offset + start as u64, &mut buf[start..])?;
+    }
+    let mut st = inner.state.lock();
+    st.counters.reads += 1;
+    st.counters.read_bytes += buf.len() as u64;
+    st.counters.read_hits += hits;
+    st.counters.read_misses += misses;
+    Ok(())
+}
+
+fn read_backing(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<()> {
+    inner.backing.read_at(buf, offset).map_err(|e| {
+        inner.state.lock().counters.io_errors += 1;
+        Error::io(
+            format!("reading {} bytes at {offset} from the backing device", buf.len()),
+            e,
+        )
+    })
+}
+
+/// Reads part of one block that is (or was, a moment ago) in the cache. Returns whether every
+/// requested sector came from the cache.
+fn read_block(inner: &Inner, lba: u64, first_sector: usize, dst: &mut [u8]) -> Result<bool> {
+    let want = sector_mask(first_sector, dst.len() / SECTOR);
+    let in_block = first_sector * SECTOR;
+    let mut st = inner.state.lock();
+    let Some(c) = st.index.get(lba) else {
+        drop(st);
+        // Dropped from the cache since the caller looked: the backing device has it.
+        read_backing(inner, lba * BLOCK_SIZE_BYTES + in_block as u64, dst)?;
+        return Ok(false);
+    };
+    let valid = st.valid_mask[c as usize];
+    match st.locate(c) {
+        Location::OpenChunk { buffer } | Location::Ram { buffer } => {
+            let off = st.offset_in_buffer(c) + in_block;
+            // SAFETY: data blocks in RAM are read under the state lock.
+            dst.copy_from_slice(unsafe { inner.buffers.slice(buffer, off, dst.len()) });
+            st.counters.read_hits_ram += 1;
+        }
+        Location::Disk => {
+            let (slot, _) = inner.geo.split(c);
+            let crc = st.data_crc[c as usize];
+            inner.pins[slot as usize].fetch_add(1, Ordering::AcqRel);
+            drop(st);
+            let res = SCRATCH.with(|s| {
+                let mut s = s.borrow_mut();
+                inner
+                    .cache
+                    .read_at(&mut s, inner.geo.block_offset(c))
+                    .map_err(|e| Error::io(format!("reading cache block {c} (lba {lba})"), e))?;
+                if crc_block(inner.geo.format_id, lba, &s) != crc {
+                    return Err(Error::Corruption(format!(
+                        "cache block {c} (backing block {lba}) fails its checksum"
+                    )));
+                }
+                dst.copy_from_slice(&s[in_block..in_block + dst.len()]);
+                Ok(())
+            });
+            inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
+            if let Err(e) = res {
+                let mut st = inner.state.lock();
+                if matches!(e, Error::Corruption(_)) {
+                    st.counters.checksum_errors += 1;
+                } else {
+                    st.counters.io_errors += 1;
+                }
+                return Err(e);
+            }
+            st = inner.state.lock();
+        }
+    }
+    drop(st);
+    let missing = want & !valid;
+    if missing == 0 {
+        return Ok(true);
+    }
+    // Sectors the cache never held come from the backing device, one read per run.
+    debug_assert!(valid != FULL_MASK);
+    let mut s = 0usize;
+    while s < 8 {
+        if missing & (1 << s) == 0 {
+            s += 1;
+            continue;
+        }
+        let run_start = s;
+        while s < 8 && missing & (1 << s) != 0 {
+            s += 1;
+        }
+        let from = run_start * SECTOR - in_block;
+        let to = s * SECTOR - in_block;
+        read_backing(
+            inner,
+            lba * BLOCK_SIZE_BYTES + (run_start * SECTOR) as u64,
+            &mut dst[from..to],
+        )?;
+    }
+    Ok(false)
+}

@@ -1,0 +1,365 @@
+//! The engine's in-memory state, guarded by one mutex that is never held across device IO.
+//!
+//! Segment life cycle (one `SegmentInfo` per ring slot):
+//!
+//! ```text
+//! free --open--> open (RAM buffer, chunks appended) --full--> full, in RAM (chunks queued)
+//!      --all chunks written--> on the cache device --every block dead or written back-->
+//!      reclaimable --head persisted past it--> free
+//! ```
+//!
+//! A cache block is "dead" once the index no longer points at it (overwritten, or in future
+//! written back and dropped). A segment is reclaimed in ring order from the head, only when all
+//! its blocks are dead, the entries that killed them are synced, and no reader has it pinned.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use super::buffers::{SegmentBuffers, NO_BUFFER};
+use super::geometry::{CacheBlock, Geometry};
+use super::stats::Counters;
+use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA};
+use crate::format::BLOCK_SIZE_BYTES;
+use crate::index::BlockIndex;
+
+#[derive(Clone, Debug, Default)]
+pub struct SegmentInfo {
+    /// Segment id in this slot; 0 when the slot is free.
+    pub id: u64,
+    /// RAM buffer holding the segment's blocks from `ram_start_block` on, or `NO_BUFFER`.
+    pub buffer: u32,
+    pub ram_start_block: u32,
+    /// Cache blocks of this segment that the index points at.
+    pub live_blocks: u32,
+    /// The newest chunk holding an entry that made one of this segment's blocks dead: the
+    /// segment may be reclaimed only once that chunk is synced.
+    pub dead_by_seq: u64,
+    /// Sequence of the first chunk in this segment.
+    pub first_seq: u64,
+    /// No more chunks will be opened in this segment.
+    pub full: bool,
+    /// Sequence of the last chunk sealed in this segment (0: none yet).
+    pub last_sealed_seq: u64,
+}
+
+/// The chunk writers append to.
+#[derive(Clone, Debug)]
+pub struct OpenChunk {
+    /// False while the log has no room for a new segment (writers wait).
+    pub active: bool,
+    pub slot: u32,
+    pub segment_id: u64,
+    pub seq: u64,
+    pub start_block: u32,
+    pub meta_blocks: u32,
+    pub data_capacity: u32,
+    pub data_count: u32,
+    /// When the oldest write still only in this chunk arrived (for the periodic seal).
+    pub first_write_at: Option<Instant>,
+}
+
+impl OpenChunk {
+    pub fn data_start(&self) -> u32 {
+        self.start_block + self.meta_blocks
+    }
+}
+
+/// A sealed chunk waiting for the flusher. Its metadata is encoded in the buffer, except for
+/// the fields only the flusher knows (data CRCs, `synced_seq`, the header CRC).
+#[derive(Clone, Debug)]
+pub struct SealedChunk {
+    pub slot: u32,
+    pub buffer: u32,
+    pub seq: u64,
+    pub start_block: u32,
+    pub meta_blocks: u32,
+    pub data_count: u32,
+    /// Backing block of each data block, `u64::MAX` for holes.
+    pub lbas: Vec<u64>,
+}
+
+/// Where the newest copy of a cached block is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// In the open chunk: may be overwritten in place.
+    OpenChunk { buffer: u32 },
+    /// In a RAM buffer whose chunk is sealed: read-only.
+    Ram { buffer: u32 },
+    /// Only on the cache device.
+    Disk,
+}
+
+pub struct State {
+    pub geo: Geometry,
+    pub index: BlockIndex,
+    /// Per cache block: sectors not yet on the backing device.
+    pub dirty_mask: Vec<u8>,
+    /// Per cache block: sectors whose data the block holds.
+    pub valid_mask: Vec<u8>,
+    /// Per cache block: CRC of its data, valid once its chunk is written.
+    pub data_crc: Vec<u32>,
+    pub segments: Vec<SegmentInfo>,
+    pub head_segment_id: u64,
+    pub next_segment_id: u64,
+    pub open: OpenChunk,
+    pub free_buffers: Vec<u32>,
+    pub queue: VecDeque<SealedChunk>,
+    /// Sequence the next sealed chunk gets (the open chunk's).
+    pub next_seq: u64,
+    pub epoch: u64,
+    /// Every chunk up to this sequence is written to the cache device.
+    pub written_seq: u64,
+    /// Every chunk up to this sequence is durable on the cache device.
+    pub synced_seq: u64,
+    /// A flush or FUA write waits for this sequence to be synced.
+    pub sync_wanted_seq: u64,
+    /// Set after an unrecoverable device error: no more IO is accepted.
+    pub failed: Option<String>,
+    pub closing: bool,
+    pub space_waiters: u32,
+    /// Bytes written to the cache device since its last sync.
+    pub unsynced_bytes: u64,
+    /// Live blocks with at least one dirty sector.
+    pub dirty_blocks: u64,
+    pub counters: Counters,
+    /// What recovery found; moved into the engine at open.
+    pub recovery_report: super::stats::RecoveryReport,
+}
+
+impl State {
+    pub fn locate(&self, c: CacheBlock) -> Location {
+        let (slot, b) = self.geo.split(c);
+        if self.open.active && slot == self.open.slot && b >= self.open.data_start() {
+            return Location::OpenChunk {
+                buffer: self.segments[slot as usize].buffer,
+            };
+        }
+        let seg = &self.segments[slot as usize];
+        if seg.buffer != NO_BUFFER && b >= seg.ram_start_block {
+            Location::Ram { buffer: seg.buffer }
+        } else {
+            Location::Disk
+        }
+    }
+
+    /// Byte offset of cache block `c` inside its segment's buffer.
+    pub fn offset_in_buffer(&self, c: CacheBlock) -> usize {
+        let (_, b) = self.geo.split(c);
+        b as usize * BLOCK_SIZE_BYTES as usize
+    }
+
+    /// Marks a block the index no longer points at as dead in its segment.
+    pub fn kill(&mut self, c: CacheBlock) {
+        let (slot, _) = self.geo.split(c);
+        let killer_seq = self.next_seq;
+        let seg = &mut self.segments[slot as usize];
+        assert!(seg.live_blocks > 0, "killing a block of a segment with no live blocks");
+        seg.live_blocks -= 1;
+        seg.dead_by_seq = seg.dead_by_seq.max(killer_seq);
+    }
+
+    /// Takes the next data block of the open chunk, sealing and opening chunks and segments as
+    /// needed. `None` when the log or the RAM buffers are full: the caller must wait.
+    pub fn reserve_block(&mut self, buffers: &SegmentBuffers, now: Instant) -> Option<CacheBlock> {
+        if self.open.active && self.open.data_count == self.open.data_capacity {
+            self.seal(buffers);
+        }
+        if !self.open.active && !self.open_segment() {
+            return None;
+        }
+        let o = &mut self.open;
+        assert!(o.data_count < o.data_capacity);
+        let b = o.data_start() + o.data_count;
+        o.data_count += 1;
+        if o.first_write_at.is_none() {
+            o.first_write_at = Some(now);
+        }
+        let c = self.geo.cache_block(o.slot, b);
+        self.segments[o.slot as usize].live_blocks += 1;
+        Some(c)
+    }
+
+    /// Seals the open chunk if it holds data: encodes its metadata into the buffer, queues it
+    /// for the flusher and opens the next chunk (or marks the log full). Returns whether a chunk
+    /// was sealed.
+    pub fn seal(&mut self, buffers: &SegmentBuffers) -> bool {
+        if !self.open.active || self.open.data_count == 0 {
+            return false;
+        }
+        let o = self.open.clone();
+        let seg_buffer = self.segments[o.slot as usize].buffer;
+        assert_ne!(seg_buffer, NO_BUFFER);
+        let mut lbas = Vec::with_capacity(o.data_count as usize);
+        // SAFETY: the metadata blocks of the open chunk are owned by the lock holder until it
+        // is queued below.
+        let meta = unsafe {
+            buffers.slice_mut(
+                seg_buffer,
+                o.start_block as usize * BLOCK_SIZE_BYTES as usize,
+                o.meta_blocks as usize * BLOCK_SIZE_BYTES as usize,
+            )
+        };
+        meta.fill(0);
+        let header = ChunkHeader {
+            segment_id: o.segment_id,
+            seq: o.seq,
+            synced_seq: 0,
+            epoch: self.epoch,
+            start_block: o.start_block as u16,
+            meta_block_count: o.meta_blocks as u16,
+            entry_count: o.data_count as u16,
+            data_block_count: o.data_count as u16,
+        };
+        chunk::put_header(meta, self.geo.format_id, &header);
+        for i in 0..o.data_count {
+            let c = self.geo.cache_block(o.slot, o.data_start() + i);
+            let entry = match self.index.lba_of(c) {
+                Some(lba) => {
+                    lbas.push(lba);
+                    Entry {
+                        lba,
+                        data_crc: 0,
+                        kind: KIND_DATA,
+                        dirty_mask: self.dirty_mask[c as usize],
+                        valid_mask: self.valid_mask[c as usize],
+                    }
+                }
+                None => {
+                    lbas.push(u64::MAX);
+                    Entry::hole()
+                }
+            };
+            chunk::put_entry(meta, i as usize, &entry);
+        }
+        self.queue.push_back(SealedChunk {
+            slot: o.slot,
+            buffer: seg_buffer,
+            seq: o.seq,
+            start_block: o.start_block,
+            meta_blocks: o.meta_blocks,
+            data_count: o.data_count,
+            lbas,
+        });
+        self.counters.chunks_sealed += 1;
+        self.segments[o.slot as usize].last_sealed_seq = o.seq;
+        self.next_seq += 1;
+        let next_start = o.start_block + o.meta_blocks + o.data_count;
+        if self.geo.blocks_per_segment - next_start >= 2 {
+            self.open_chunk_at(o.slot, o.segment_id, next_start);
+        } else {
+            self.segments[o.slot as usize].full = true;
+            self.open.active = false;
+            self.open_segment();
+        }
+        true
+    }
+
+    fn open_chunk_at(&mut self, slot: u32, segment_id: u64, start_block: u32) {
+        let (meta, data) = chunk::plan(self.geo.blocks_per_segment - start_block);
+        self.open = OpenChunk {
+            active: true,
+            slot,
+            segment_id,
+            seq: self.next_seq,
+            start_block,
+            meta_blocks: meta,
+            data_capacity: data,
+            data_count: 0,
+            first_write_at: None,
+        };
+    }
+
+    /// Opens segment `next_segment_id` if its slot and a RAM buffer are free.
+    pub fn open_segment(&mut self) -> bool {
+        assert!(!self.open.active);
+        let id = self.next_segment_id;
+        let slot = self.geo.slot_of(id);
+        if self.segments[slot as usize].id != 0 {
+            return false; // the ring is full: the head must be reclaimed first
+        }
+        assert!(id - self.head_segment_id < self.geo.segment_count);
+        let Some(buffer) = self.free_buffers.pop() else {
+            return false;
+        };
+        self.segments[slot as usize] = SegmentInfo {
+            id,
+            buffer,
+            ram_start_block: 0,
+            live_blocks: 0,
+            dead_by_seq: 0,
+            first_seq: self.next_seq,
+            full: false,
+            last_sealed_seq: 0,
+        };
+        self.next_segment_id += 1;
+        self.open_chunk_at(slot, id, 0);
+        true
+    }
+
+    /// After chunks up to `written_seq` reached the cache device: release the buffers of full
+    /// segments whose chunks are all written.
+    pub fn release_written_buffers(&mut self) {
+        for seg in self.segments.iter_mut() {
+            if seg.id != 0
+                && seg.buffer != NO_BUFFER
+                && seg.full
+                && seg.last_sealed_seq <= self.written_seq
+            {
+                self.free_buffers.push(seg.buffer);
+                seg.buffer = NO_BUFFER;
+            }
+        }
+    }
+
+    /// How far the head could advance now: the id of the first segment that must stay.
+    pub fn reclaimable_head(&self, pinned: impl Fn(u32) -> bool) -> u64 {
+        let mut id = self.head_segment_id;
+        while id < self.next_segment_id {
+            let slot = self.geo.slot_of(id);
+            let seg = &self.segments[slot as usize];
+            assert_eq!(seg.id, id, "segment ring out of order");
+            let in_open = self.open.active && self.open.slot == slot;
+            if in_open
+                || seg.buffer != NO_BUFFER
+                || !seg.full
+                || seg.live_blocks != 0
+                || seg.dead_by_seq > self.synced_seq
+                || pinned(slot)
+            {
+                break;
+            }
+            id += 1;
+        }
+        id
+    }
+
+    /// Frees the slots of segments before `new_head`, whose reclaim the superblock now records.
+    pub fn free_segments_before(&mut self, new_head: u64) {
+        while self.head_segment_id < new_head {
+            let slot = self.geo.slot_of(self.head_segment_id) as usize;
+            assert_eq!(self.segments[slot].live_blocks, 0);
+            self.segments[slot] = SegmentInfo {
+                buffer: NO_BUFFER,
+                ..SegmentInfo::default()
+            };
+            self.head_segment_id += 1;
+            self.counters.segments_reclaimed += 1;
+        }
+    }
+
+    /// Sequence of the first chunk of the head segment (persisted in the checkpoint).
+    pub fn head_seq(&self) -> u64 {
+        let slot = self.geo.slot_of(self.head_segment_id) as usize;
+        if self.segments[slot].id == self.head_segment_id {
+            self.segments[slot].first_seq
+        } else {
+            // The head segment is not open yet: its first chunk will be the next one.
+            self.next_seq
+        }
+    }
+
+    /// Slots in use, for statistics.
+    pub fn segments_in_use(&self) -> u64 {
+        self.next_segment_id - self.head_segment_id
+    }
+}

@@ -1,0 +1,212 @@
+//! The write path: copy into the open chunk and return. No device IO happens here except the
+//! read of an older on-disk copy that a partial-block write must merge with.
+
+use std::cell::RefCell;
+use std::time::Instant;
+
+use parking_lot::MutexGuard;
+
+use super::flusher;
+use super::state::{Location, State};
+use super::Inner;
+use crate::error::{Error, Result};
+use crate::format::{crc_block, BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
+use crate::io::aligned::AlignedBuf;
+
+const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+const SECTOR: usize = SECTOR_SIZE_BYTES as usize;
+
+thread_local! {
+    /// Scratch for reading a block from the cache device (aligned, as O_DIRECT needs).
+    pub(crate) static SCRATCH: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::new(BLOCK));
+}
+
+/// The mask of `count` sectors starting at sector `first` of a block.
+pub fn sector_mask(first: usize, count: usize) -> u8 {
+    debug_assert!(first + count <= 8 && count > 0);
+    (((1u16 << count) - 1) << first) as u8
+}
+
+pub fn write(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
+    let mut done = 0usize;
+    while done < data.len() {
+        let pos = offset + done as u64;
+        let lba = pos / BLOCK_SIZE_BYTES;
+        let in_block = (pos % BLOCK_SIZE_BYTES) as usize;
+        let len = (BLOCK - in_block).min(data.len() - done);
+        write_block(inner, lba, in_block / SECTOR, &data[done..done + len])?;
+        done += len;
+    }
+    let mut st = inner.state.lock();
+    st.counters.writes += 1;
+    st.counters.write_bytes += data.len() as u64;
+    Ok(())
+}
+
+/// Older data a partial write merges with, read from the cache device outside the lock.
+struct OnDiskCopy {
+    block: u32,
+    data_valid: bool,
+}
+
+fn write_block(inner: &Inner, lba: u64, first_sector: usize, src: &[u8]) -> Result<()> {
+    debug_assert_eq!(src.len() % SECTOR, 0);
+    let new_mask = sector_mask(first_sector, src.len() / SECTOR);
+    let in_block = first_sector * SECTOR;
+    let mut disk_copy: Option<OnDiskCopy> = None;
+    let mut st = inner.state.lock();
+    loop {
+        check_usable(&st)?;
+        let old = st.index.get(lba);
+        // An overwrite of a block in the open chunk happens in place.
+        if let Some(c) = old {
+            if let Location::OpenChunk { buffer } = st.locate(c) {
+                let off = st.offset_in_buffer(c) + in_block;
+                // SAFETY: open-chunk blocks are written only under the state lock, held here.
+                unsafe { inner.buffers.slice_mut(buffer, off, src.len()) }.copy_from_slice(src);
+                st.dirty_mask[c as usize] |= new_mask;
+                st.valid_mask[c as usize] |= new_mask;
+                st.counters.write_hits += 1;
+                st.counters.write_in_place += 1;
+                count_partial(&mut st, new_mask);
+                return Ok(());
+            }
+        }
+        // A partial overwrite of a block whose sectors live only on the cache device needs them.
+        let needs_disk = old.is_some_and(|c| {
+            st.locate(c) == Location::Disk && st.valid_mask[c as usize] & !new_mask != 0
+        });
+        if needs_disk && disk_copy.as_ref().map(|d| d.block) != old {
+            let c = old.expect("checked above");
+            st = read_old_copy(inner, st, lba, c, &mut disk_copy)?;
+            continue; // the state may have changed while the lock was released
+        }
+        let Some(nc) = st.reserve_block(&inner.buffers, Instant::now()) else {
+            st = flusher::wait_for_room(inner, st)?;
+            continue;
+        };
+        // Fill the new block: older data first (if any sector survives), then the new sectors.
+        let loc_new = st.locate(nc);
+        let Location::OpenChunk { buffer: nbuf } = loc_new else {
+            unreachable!("a reserved block is in the open chunk, not {loc_new:?}")
+        };
+        let noff = st.offset_in_buffer(nc);
+        // SAFETY: the reserved block is in the open chunk and we hold the lock.
+        let dst = unsafe { inner.buffers.slice_mut(nbuf, noff, BLOCK) };
+        let (old_valid, old_dirty) = match old {
+            Some(c) => (st.valid_mask[c as usize], st.dirty_mask[c as usize]),
+            None => (0, 0),
+        };
+        if old_valid & !new_mask != 0 {
+            let c = old.expect("old_valid is non-zero only for a cached block");
+            match st.locate(c) {
+                Location::OpenChunk { buffer } | Location::Ram { buffer } => {
+                    let ooff = st.offset_in_buffer(c);
+                    // SAFETY: data blocks in RAM are read under the lock.
+                    dst.copy_from_slice(unsafe { inner.buffers.slice(buffer, ooff, BLOCK) });
+                }
+                Location::Disk => {
+                    let d = disk_copy.as_ref().expect("read above");
+                    assert_eq!(d.block, c);
+                    assert!(d.data_valid);
+                    SCRATCH.with(|s| dst.copy_from_slice(&s.borrow()));
+                }
+            }
+        } else if new_mask != FULL_MASK {
+            dst.fill(0); // sectors not valid are never read, but keep the log deterministic
+        }
+        dst[in_block..in_block + src.len()].copy_from_slice(src);
+        st.valid_mask[nc as usize] = old_valid | new_mask;
+        st.dirty_mask[nc as usize] = old_dirty | new_mask;
+        st.dirty_blocks += 1;
+        if let Some(prev) = st.index.insert(lba, nc) {
+            assert_eq!(Some(prev), old);
+            if st.dirty_mask[prev as usize] != 0 {
+                st.dirty_blocks -= 1;
+            }
+            st.kill(prev);
+            st.counters.write_hits += 1;
+        } else {
+            st.counters.write_misses += 1;
+        }
+        count_partial(&mut st, new_mask);
+        return Ok(());
+    }
+}
+
+fn count_partial(st: &mut State, mask: u8) {
+    if mask != FULL_MASK {
+        st.counters.write_partial += 1;
+    }
+}
+
+pub(crate) fn check_usable(st: &State) -> Result<()> {
+    if let Some(msg) = &st.failed {
+        return Err(Error::Failed(msg.clone()));
+    }
+    if st.closing {
+        return Err(Error::Closed);
+    }
+    Ok(())
+}
+
+/// Reads cache block `c` (the current copy of `lba`) into this thread's scratch buffer with the
+/// lock released, pinning its segment so it cannot be reclaimed meanwhile.
+fn read_old_copy<'a>(
+    inner: &'a Inner,
+    mut st: MutexGuard<'a, State>,
+    lba: u64,
+    c: u32,
+    out: &mut Option<OnDiskCopy>,
+) -> Result<MutexGuard<'a, State>> {
+    let (slot, _) = inner.geo.split(c);
+    let crc = st.data_crc[c as usize];
+    inner.pins[slot as usize].fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    st.counters.write_merge_reads += 1;
+    drop(st);
+    let res = SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        inner
+            .cache
+            .read_at(&mut s, inner.geo.block_offset(c))
+            .map_err(|e| Error::io(format!("reading cache block {c} (lba {lba})"), e))?;
+        if crc_block(inner.geo.format_id, lba, &s) != crc {
+            return Err(Error::Corruption(format!(
+                "cache block {c} (backing block {lba}) fails its checksum"
+            )));
+        }
+        Ok(())
+    });
+    inner.pins[slot as usize].fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    let mut st = inner.state.lock();
+    match res {
+        Ok(()) => {
+            *out = Some(OnDiskCopy {
+                block: c,
+                data_valid: true,
+            });
+            Ok(st)
+        }
+        Err(e) => {
+            if matches!(e, Error::Corruption(_)) {
+                st.counters.checksum_errors += 1;
+            } else {
+                st.counters.io_errors += 1;
+            }
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks() {
+        assert_eq!(sector_mask(0, 8), 0xFF);
+        assert_eq!(sector_mask(0, 1), 0x01);
+        assert_eq!(sector_mask(7, 1), 0x80);
+        assert_eq!(sector_mask(2, 3), 0b0001_1100);
+    }
+}

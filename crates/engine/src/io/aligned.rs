@@ -1,0 +1,83 @@
+//! Heap buffers aligned to 4 KiB, as O_DIRECT needs.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// Alignment of every buffer the engine hands to a device.
+pub const BUFFER_ALIGN_BYTES: usize = 4096;
+
+/// A zero-initialised byte buffer whose start is 4 KiB-aligned.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    len_bytes: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: shared access only hands out &[u8].
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    /// Allocates `len_bytes` zeroed bytes. `len_bytes` must be a non-zero multiple of 512.
+    pub fn new(len_bytes: usize) -> Self {
+        assert!(len_bytes > 0);
+        assert_eq!(len_bytes % 512, 0, "aligned buffers are whole sectors");
+        let layout = Self::layout(len_bytes);
+        // SAFETY: layout has non-zero size.
+        let raw = unsafe { alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len_bytes }
+    }
+
+    fn layout(len_bytes: usize) -> Layout {
+        Layout::from_size_align(len_bytes, BUFFER_ALIGN_BYTES).expect("buffer layout")
+    }
+
+    /// Raw pointer to the first byte (for buffers shared under external synchronisation).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len_bytes initialised bytes for the life of self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len_bytes) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self guarantees exclusivity.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len_bytes) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in new() with the same layout.
+        unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len_bytes)) }
+    }
+}
+
+/// True when `buf` starts on a 4 KiB boundary.
+pub fn is_aligned(buf: &[u8]) -> bool {
+    (buf.as_ptr() as usize) % BUFFER_ALIGN_BYTES == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_and_zeroed() {
+        for len in [512usize, 4096, 1 << 20] {
+            let b = AlignedBuf::new(len);
+            assert!(is_aligned(&b));
+            assert_eq!(b.len(), len);
+            assert!(b.iter().all(|&x| x == 0));
+        }
+    }
+}

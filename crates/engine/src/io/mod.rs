@@ -1,0 +1,58 @@
+//! The device seam: every byte the engine moves goes through [`BlockDevice`].
+//!
+//! Implementations: [`file::FileDevice`] (a regular file or block device, O_DIRECT where the file
+//! system allows it), [`memory::MemDevice`] (RAM), and for tests [`sim::SimDevice`] (loses and
+//! tears unsynced writes on a simulated crash) and [`fault::FaultDevice`] (a wrapper that injects
+//! errors). Wrappers add cross-cutting behaviour; the engine never touches a file descriptor.
+
+pub mod aligned;
+pub mod fault;
+pub mod file;
+pub mod memory;
+pub mod sim;
+
+use std::io;
+
+/// The sector size every device must accept as its unit of alignment.
+pub const SECTOR_SIZE_BYTES: u64 = 512;
+
+/// A block device addressed by byte offset.
+///
+/// Contract (asserted by the simulated device in tests):
+/// - `offset` and `buf.len()` of `read_at`/`write_at` are multiples of 512; callers that can
+///   use 4 KiB-aligned memory should (O_DIRECT needs it, and `FileDevice` otherwise bounces).
+/// - A write that returned is visible to later reads, but durable only after a later `flush`
+///   returned. Writes not yet flushed may be lost or torn at 512-byte granularity by a crash.
+/// - Calls may come from many threads at once; overlapping concurrent writes are the caller's bug.
+pub trait BlockDevice: Send + Sync {
+    /// Size of the device in bytes (a multiple of 512).
+    fn size_bytes(&self) -> u64;
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `buf` at `offset`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every write that returned before this call durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Tells the device the range's contents are no longer needed; afterwards it may read as
+    /// anything. Devices without discard support return Ok and do nothing.
+    fn discard(&self, offset: u64, len_bytes: u64) -> io::Result<()>;
+    /// A short human description (path, "memory", ...) for messages.
+    fn describe(&self) -> String;
+}
+
+/// Checks the alignment contract shared by all devices.
+pub(crate) fn check_range(dev_size_bytes: u64, offset: u64, len_bytes: u64) -> io::Result<()> {
+    if offset % SECTOR_SIZE_BYTES != 0 || len_bytes % SECTOR_SIZE_BYTES != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("unaligned device IO: offset {offset} length {len_bytes}"),
+        ));
+    }
+    match offset.checked_add(len_bytes) {
+        Some(end) if end <= dev_size_bytes => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("device IO past the end: offset {offset} length {len_bytes} size {dev_size_bytes}"),
+        )),
+    }
+}

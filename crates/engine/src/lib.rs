@@ -1,0 +1,16 @@
+//! logcache's engine: a checksummed, log-structured write-back cache for block devices.
+//!
+//! Writes are copied into a RAM segment and acknowledged at once; sealed segment chunks go to the
+//! cache device as one sequential write with their metadata and checksums; reads take the newest
+//! copy from RAM, the cache device or the backing device. See `docs/ARCHITECTURE.md` for the data
+//! path and `docs/FORMAT.md` for every byte on the cache device.
+
+pub mod engine;
+pub mod error;
+pub mod format;
+pub mod index;
+pub mod io;
+pub mod rng;
+
+pub use error::{Error, Result};
+pub use engine::{format, Engine, FormatOptions, OpenOptions, Stats};
