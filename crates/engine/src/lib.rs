@@ -12,5 +12,5 @@ pub mod index;
 pub mod io;
 pub mod rng;
 
-pub use error::{Error, Result};
 pub use engine::{format, Engine, FormatOptions, OpenOptions, Stats};
+pub use error::{Error, Result};

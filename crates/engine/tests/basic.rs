@@ -33,7 +33,9 @@ fn manual() -> OpenOptions {
 }
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
-    (0..len).map(|i| seed.wrapping_add((i / 512) as u8).wrapping_mul(31) ^ (i as u8)).collect()
+    (0..len)
+        .map(|i| seed.wrapping_add((i / 512) as u8).wrapping_mul(31) ^ (i as u8))
+        .collect()
 }
 
 #[test]
@@ -81,7 +83,8 @@ fn partial_writes_merge_at_sector_granularity() {
     model[3072..4096].fill(0xBB);
     // Fill enough other blocks that the segment holding block 3 is written and released.
     for i in 0..64u64 {
-        e.write(4096 * (100 + i), &pattern(i as u8, 4096), false).unwrap();
+        e.write(4096 * (100 + i), &pattern(i as u8, 4096), false)
+            .unwrap();
     }
     e.flush().unwrap();
     e.write(4096 * 3 + 3 * 512, &[0xCC; 512], false).unwrap();
@@ -119,7 +122,10 @@ fn flushed_data_survives_a_crash_and_unflushed_may_not() {
     assert_eq!(back, pattern(3, 8192));
     let mut back = vec![0u8; 4096];
     e.read(8192, &mut back).unwrap();
-    assert!(back == vec![0u8; 4096], "an unflushed write that never reached the device");
+    assert!(
+        back == vec![0u8; 4096],
+        "an unflushed write that never reached the device"
+    );
 }
 
 #[test]
@@ -142,10 +148,19 @@ fn user_errors_are_typed() {
         Err(Error::WrongBacking(_))
     ));
     let e = Engine::open(cache.clone(), backing.clone(), manual()).unwrap();
-    assert!(matches!(e.write(100, &[0; 512], false), Err(Error::InvalidArgument(_))));
-    assert!(matches!(e.write(0, &[0; 100], false), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        e.write(100, &[0; 512], false),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        e.write(0, &[0; 100], false),
+        Err(Error::InvalidArgument(_))
+    ));
     let end = e.size_bytes();
-    assert!(matches!(e.read(end, &mut [0; 512]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        e.read(end, &mut [0; 512]),
+        Err(Error::InvalidArgument(_))
+    ));
     e.write(0, &[1; 4096], false).unwrap();
     e.close().unwrap();
     assert!(matches!(e.write(0, &[0; 512], false), Err(Error::Closed)));
@@ -165,5 +180,8 @@ fn user_errors_are_typed() {
     assert_eq!(b, [0u8; 4096], "a new format forgets the old log");
     // Too small a cache device.
     let tiny: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(MIB));
-    assert!(matches!(format(&*tiny, &*backing, &forced), Err(Error::NoSpace(_))));
+    assert!(matches!(
+        format(&*tiny, &*backing, &forced),
+        Err(Error::NoSpace(_))
+    ));
 }

@@ -36,7 +36,8 @@ pub fn format(
     opts: &FormatOptions,
 ) -> Result<Superblock> {
     let seg = opts.segment_size_bytes;
-    if !(SEGMENT_SIZE_MIN_BYTES..=SEGMENT_SIZE_MAX_BYTES).contains(&seg) || seg % BLOCK_SIZE_BYTES != 0
+    if !(SEGMENT_SIZE_MIN_BYTES..=SEGMENT_SIZE_MAX_BYTES).contains(&seg)
+        || seg % BLOCK_SIZE_BYTES != 0
     {
         return Err(Error::InvalidArgument(format!(
             "segment size {seg} must be a multiple of 4 KiB from 32 KiB to 16 MiB"
@@ -94,7 +95,9 @@ pub fn format(
         .map_err(|e| Error::io(format!("reading the end of {}", backing.describe()), e))?;
     let old_label = Label::decode(&raw).ok().flatten();
     if let Some(l) = old_label {
-        let ours = old.as_ref().is_some_and(|sb| sb.backing_uuid == l.backing_uuid);
+        let ours = old
+            .as_ref()
+            .is_some_and(|sb| sb.backing_uuid == l.backing_uuid);
         if !ours && !opts.force {
             return Err(Error::HoldsData(format!(
                 "{} is labelled as the backing device of another cache (uuid {}); that cache may \

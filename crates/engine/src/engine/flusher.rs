@@ -3,11 +3,11 @@
 //! (one sync covers every flush that arrived before it: group commit), releases RAM buffers and
 //! reclaims dead segments at the head of the ring.
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use parking_lot::MutexGuard;
 
+use super::reclaim;
 use super::state::{SealedChunk, State};
 use super::write::check_usable;
 use super::{Inner, SYNC_EVERY_BYTES};
@@ -88,7 +88,10 @@ pub fn seal_if_due(inner: &Inner, st: &mut State, now: Instant) {
 
 /// One round: write the queued chunks, sync if anyone needs it, publish, reclaim. Called with
 /// the lock held; releases it around IO. Returns whether anything changed.
-fn step<'a>(inner: &'a Inner, mut st: MutexGuard<'a, State>) -> Result<(MutexGuard<'a, State>, bool)> {
+fn step<'a>(
+    inner: &'a Inner,
+    mut st: MutexGuard<'a, State>,
+) -> Result<(MutexGuard<'a, State>, bool)> {
     let take = st.queue.len().min(CHUNKS_PER_ROUND_MAX);
     let batch: Vec<SealedChunk> = st.queue.drain(..take).collect();
     let synced_for_headers = st.synced_seq;
@@ -118,11 +121,17 @@ fn step<'a>(inner: &'a Inner, mut st: MutexGuard<'a, State>) -> Result<(MutexGua
     for (sc, c) in batch.iter().zip(&crcs) {
         for (i, crc) in c.iter().enumerate() {
             if sc.lbas[i] != u64::MAX {
-                let cb = inner.geo.cache_block(sc.slot, sc.start_block + sc.meta_blocks + i as u32);
+                let cb = inner
+                    .geo
+                    .cache_block(sc.slot, sc.start_block + sc.meta_blocks + i as u32);
                 st.data_crc[cb as usize] = *crc;
             }
         }
-        assert_eq!(sc.seq, st.written_seq + 1, "chunks must reach the device in order");
+        assert_eq!(
+            sc.seq,
+            st.written_seq + 1,
+            "chunks must reach the device in order"
+        );
         st.written_seq = sc.seq;
     }
     st.counters.chunks_written += batch.len() as u64;
@@ -150,9 +159,10 @@ fn step<'a>(inner: &'a Inner, mut st: MutexGuard<'a, State>) -> Result<(MutexGua
         st.counters.cache_syncs += 1;
         progressed = true;
     }
-    let (st, reclaimed) = reclaim(inner, st)?;
+    let (st, reclaimed) = reclaim::reclaim(inner, st)?;
+    let (st, relocated) = reclaim::relocate_head(inner, st)?;
     inner.progress.notify_all();
-    Ok((st, progressed || reclaimed))
+    Ok((st, progressed || reclaimed || relocated))
 }
 
 /// Fills in a sealed chunk's checksums and writes it. Returns the data CRC of each data block.
@@ -164,7 +174,11 @@ fn write_chunk(inner: &Inner, sc: &SealedChunk, synced_seq: u64) -> Result<Vec<u
     // SAFETY: a queued chunk's metadata blocks belong to the flusher; its data blocks are
     // immutable, and others only read them (see buffers.rs).
     let meta = unsafe { inner.buffers.slice_mut(sc.buffer, meta_off, meta_len) };
-    let data = unsafe { inner.buffers.slice(sc.buffer, meta_off + meta_len, total_len - meta_len) };
+    let data = unsafe {
+        inner
+            .buffers
+            .slice(sc.buffer, meta_off + meta_len, total_len - meta_len)
+    };
     let mut crcs = Vec::with_capacity(sc.data_count as usize);
     for (i, lba) in sc.lbas.iter().enumerate() {
         if *lba == u64::MAX {
@@ -187,37 +201,7 @@ fn write_chunk(inner: &Inner, sc: &SealedChunk, synced_seq: u64) -> Result<Vec<u
     Ok(crcs)
 }
 
-/// Advances the head over dead segments: persist the new head first, then free the slots, so a
-/// crash never finds the persisted head pointing at a reused slot.
-fn reclaim<'a>(inner: &'a Inner, st: MutexGuard<'a, State>) -> Result<(MutexGuard<'a, State>, bool)> {
-    let new_head = st.reclaimable_head(|slot| inner.pins[slot as usize].load(Ordering::Acquire) > 0);
-    if new_head == st.head_segment_id {
-        return Ok((st, false));
-    }
-    let slot = inner.geo.slot_of(new_head) as usize;
-    let head_seq = if new_head < st.next_segment_id {
-        st.segments[slot].first_seq
-    } else {
-        st.next_seq
-    };
-    drop(st);
-    let res = inner.superblock.update(|s| {
-        s.checkpoint.head_segment_id = new_head;
-        s.checkpoint.head_seq = head_seq;
-    });
-    let mut st = inner.state.lock();
-    if let Err(e) = res {
-        return Err(fail(inner, st, e));
-    }
-    st.counters.superblock_writes += 1;
-    st.free_segments_before(new_head);
-    if !st.open.active {
-        st.open_segment();
-    }
-    Ok((st, true))
-}
-
-fn fail(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {
+pub(crate) fn fail(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {
     if st.failed.is_none() {
         st.failed = Some(e.to_string());
     }
@@ -260,7 +244,10 @@ pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
                 return Ok(());
             }
             let (_, progressed) = step(inner, st)?;
-            assert!(progressed, "a flush target {target} the flusher cannot reach");
+            assert!(
+                progressed,
+                "a flush target {target} the flusher cannot reach"
+            );
         }
     }
     inner.flusher_wake.notify_one();
@@ -298,8 +285,9 @@ pub fn wait_for_room<'a>(
     Ok(st)
 }
 
-/// Manual mode: runs flusher rounds until nothing is queued. With `for_room`, also syncs so
-/// that dead segments can be reclaimed. Returns whether anything changed.
+/// Manual mode: runs flusher rounds until nothing is queued (or, with `for_room`, until writers
+/// have room again; it also syncs so dead segments can be reclaimed). Returns whether anything
+/// changed.
 pub fn drain_inline(inner: &Inner, for_room: bool) -> Result<bool> {
     let _serial = inner.flusher_lock.lock();
     let mut any = false;
@@ -308,28 +296,19 @@ pub fn drain_inline(inner: &Inner, for_room: bool) -> Result<bool> {
         if let Some(m) = &st.failed {
             return Err(Error::Failed(m.clone()));
         }
-        if for_room {
-            st.space_waiters += 1;
-        }
-        let r = step(inner, st);
-        let mut st = match r {
-            Ok((st, p)) => {
-                any |= p;
-                if !p {
-                    let mut st = st;
-                    if for_room {
-                        st.space_waiters -= 1;
-                    }
-                    return Ok(any);
-                }
-                st
-            }
-            Err(e) => return Err(e),
+        let done = if for_room {
+            st.open.active
+        } else {
+            st.queue.is_empty()
         };
-        if for_room {
-            st.space_waiters -= 1;
+        if done {
+            return Ok(any);
         }
-        if st.queue.is_empty() && !for_room {
+        st.space_waiters += for_room as u32;
+        let (mut st, progressed) = step(inner, st)?;
+        st.space_waiters -= for_room as u32;
+        any |= progressed;
+        if !progressed {
             return Ok(any);
         }
     }

@@ -16,12 +16,13 @@ mod create;
 mod flusher;
 pub mod geometry;
 mod read;
+mod reclaim;
 mod recover;
 mod state;
 pub mod stats;
 mod write;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -174,7 +175,7 @@ impl Engine {
         {
             let mut st = inner.state.lock();
             if !st.open.active {
-                st.open_segment();
+                st.open_segment(false);
             }
         }
         let thread = if inner.manual {
@@ -252,7 +253,16 @@ impl Engine {
                 return Err(Error::Failed(msg));
             }
         }
-        let res = flusher::wait_durable_closing(&self.inner);
+        // Relocation may queue chunks of its own while we wait; repeat until nothing is left.
+        let res = loop {
+            if let Err(e) = flusher::wait_durable_closing(&self.inner) {
+                break Err(e);
+            }
+            let st = self.inner.state.lock();
+            if st.queue.is_empty() && st.synced_seq == st.next_seq - 1 {
+                break Ok(());
+            }
+        };
         self.stop_thread();
         res?;
         let (end_seq, head, head_seq) = {
@@ -331,12 +341,6 @@ impl Engine {
                 self.size_bytes()
             ))),
         }
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // The flusher thread holds an Arc<Inner>, so this runs only after it stopped.
     }
 }
 

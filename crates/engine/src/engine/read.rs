@@ -58,7 +58,10 @@ fn read_backing(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<()> {
     inner.backing.read_at(buf, offset).map_err(|e| {
         inner.state.lock().counters.io_errors += 1;
         Error::io(
-            format!("reading {} bytes at {offset} from the backing device", buf.len()),
+            format!(
+                "reading {} bytes at {offset} from the backing device",
+                buf.len()
+            ),
             e,
         )
     })

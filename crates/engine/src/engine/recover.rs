@@ -77,8 +77,11 @@ impl MetaReader<'_> {
             .read_at(&mut self.buf[..BLOCK], off)
             .map_err(|e| Error::io(format!("reading chunk metadata at offset {off}"), e))?;
         self.bytes_read += BLOCK as u64;
-        let Ok(h) = chunk::decode_header(&self.buf[..BLOCK], self.geo.format_id, self.geo.blocks_per_segment)
-        else {
+        let Ok(h) = chunk::decode_header(
+            &self.buf[..BLOCK],
+            self.geo.format_id,
+            self.geo.blocks_per_segment,
+        ) else {
             return Ok(None);
         };
         let cp = &sb.checkpoint;
@@ -173,15 +176,19 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
             let p = chain[i];
             report.chunks_data_verified += 1;
             let h = p.header;
-            let Some((_, entries)) = reader.read(h.segment_id, h.start_block as u32, h.seq, sb, 0)?
+            let Some((_, entries)) =
+                reader.read(h.segment_id, h.start_block as u32, h.seq, sb, 0)?
             else {
-                return Err(Error::Corruption(format!("chunk {} changed during recovery", h.seq)));
+                return Err(Error::Corruption(format!(
+                    "chunk {} changed during recovery",
+                    h.seq
+                )));
             };
             let data_len = h.data_block_count as usize * BLOCK;
             let off = geo.offset_of(p.slot, h.start_block as u32 + h.meta_block_count as u32);
-            cache
-                .read_at(&mut data_buf[..data_len], off)
-                .map_err(|e| Error::io(format!("reading chunk {} data at offset {off}", h.seq), e))?;
+            cache.read_at(&mut data_buf[..data_len], off).map_err(|e| {
+                Error::io(format!("reading chunk {} data at offset {off}", h.seq), e)
+            })?;
             report.data_bytes_read += data_len as u64;
             if !data_verifies(geo, &entries, &data_buf[..data_len]) {
                 report.chunks_discarded = (chain.len() - i) as u64;
@@ -219,8 +226,12 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
     };
     for p in &chain {
         let h = p.header;
-        let Some((_, entries)) = reader.read(h.segment_id, h.start_block as u32, h.seq, sb, 0)? else {
-            return Err(Error::Corruption(format!("chunk {} changed during recovery", h.seq)));
+        let Some((_, entries)) = reader.read(h.segment_id, h.start_block as u32, h.seq, sb, 0)?
+        else {
+            return Err(Error::Corruption(format!(
+                "chunk {} changed during recovery",
+                h.seq
+            )));
         };
         r.replay(geo, p.slot, &h, &entries)?;
         report.chunks_replayed += 1;
@@ -293,10 +304,19 @@ fn probe_for_lost_durable_chunk(
 }
 
 impl Recovered {
-    fn replay(&mut self, geo: &Geometry, slot: u32, h: &ChunkHeader, entries: &[Entry]) -> Result<()> {
+    fn replay(
+        &mut self,
+        geo: &Geometry,
+        slot: u32,
+        h: &ChunkHeader,
+        entries: &[Entry],
+    ) -> Result<()> {
         let seg = &mut self.segments[slot as usize];
         if seg.id != h.segment_id {
-            assert_eq!(h.start_block, 0, "a segment's first chunk starts at block 0");
+            assert_eq!(
+                h.start_block, 0,
+                "a segment's first chunk starts at block 0"
+            );
             *seg = SegmentInfo {
                 id: h.segment_id,
                 buffer: NO_BUFFER,

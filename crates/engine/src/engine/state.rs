@@ -22,6 +22,9 @@ use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA};
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::index::BlockIndex;
 
+/// Segments writers leave free, so the relocator can always move a head segment's live blocks.
+pub const RESERVE_SEGMENTS: u64 = 1;
+
 #[derive(Clone, Debug, Default)]
 pub struct SegmentInfo {
     /// Segment id in this slot; 0 when the slot is free.
@@ -153,18 +156,27 @@ impl State {
         let (slot, _) = self.geo.split(c);
         let killer_seq = self.next_seq;
         let seg = &mut self.segments[slot as usize];
-        assert!(seg.live_blocks > 0, "killing a block of a segment with no live blocks");
+        assert!(
+            seg.live_blocks > 0,
+            "killing a block of a segment with no live blocks"
+        );
         seg.live_blocks -= 1;
         seg.dead_by_seq = seg.dead_by_seq.max(killer_seq);
     }
 
     /// Takes the next data block of the open chunk, sealing and opening chunks and segments as
     /// needed. `None` when the log or the RAM buffers are full: the caller must wait.
-    pub fn reserve_block(&mut self, buffers: &SegmentBuffers, now: Instant) -> Option<CacheBlock> {
+    /// `use_reserve`: the relocator may take the last free segment, which writers leave to it.
+    pub fn reserve_block(
+        &mut self,
+        buffers: &SegmentBuffers,
+        now: Instant,
+        use_reserve: bool,
+    ) -> Option<CacheBlock> {
         if self.open.active && self.open.data_count == self.open.data_capacity {
             self.seal(buffers);
         }
-        if !self.open.active && !self.open_segment() {
+        if !self.open.active && !self.open_segment(use_reserve) {
             return None;
         }
         let o = &mut self.open;
@@ -249,7 +261,7 @@ impl State {
         } else {
             self.segments[o.slot as usize].full = true;
             self.open.active = false;
-            self.open_segment();
+            self.open_segment(false);
         }
         true
     }
@@ -269,14 +281,25 @@ impl State {
         };
     }
 
-    /// Opens segment `next_segment_id` if its slot and a RAM buffer are free.
-    pub fn open_segment(&mut self) -> bool {
+    /// Free slots in the ring.
+    pub fn free_segments(&self) -> u64 {
+        self.geo.segment_count - (self.next_segment_id - self.head_segment_id)
+    }
+
+    /// Opens segment `next_segment_id` if its slot and a RAM buffer are free. Writers leave
+    /// `RESERVE_SEGMENTS` free for the relocator (`use_reserve`), so it can always make room.
+    pub fn open_segment(&mut self, use_reserve: bool) -> bool {
         assert!(!self.open.active);
+        let keep_free = if use_reserve { 0 } else { RESERVE_SEGMENTS };
+        if self.free_segments() < 1 + keep_free {
+            return false; // the head must be reclaimed first
+        }
         let id = self.next_segment_id;
         let slot = self.geo.slot_of(id);
-        if self.segments[slot as usize].id != 0 {
-            return false; // the ring is full: the head must be reclaimed first
-        }
+        assert_eq!(
+            self.segments[slot as usize].id, 0,
+            "a free slot is occupied"
+        );
         assert!(id - self.head_segment_id < self.geo.segment_count);
         let Some(buffer) = self.free_buffers.pop() else {
             return false;

@@ -30,6 +30,8 @@ pub struct Counters {
     pub chunk_bytes_written: u64,
     pub cache_syncs: u64,
     pub segments_reclaimed: u64,
+    /// Live blocks copied from the head segment to the open chunk to free the head.
+    pub blocks_relocated: u64,
     pub superblock_writes: u64,
     /// Times a writer waited for room in the log or for a RAM buffer.
     pub write_waits: u64,

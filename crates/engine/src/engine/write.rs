@@ -81,7 +81,7 @@ fn write_block(inner: &Inner, lba: u64, first_sector: usize, src: &[u8]) -> Resu
             st = read_old_copy(inner, st, lba, c, &mut disk_copy)?;
             continue; // the state may have changed while the lock was released
         }
-        let Some(nc) = st.reserve_block(&inner.buffers, Instant::now()) else {
+        let Some(nc) = st.reserve_block(&inner.buffers, Instant::now(), false) else {
             st = flusher::wait_for_room(inner, st)?;
             continue;
         };

@@ -91,7 +91,10 @@ pub const fn entry_capacity(meta_blocks: u32) -> u32 {
 /// For a chunk that may use `remaining_blocks` blocks of its segment: the fewest metadata
 /// blocks that let it fill the segment, and how many data blocks it can then hold.
 pub fn plan(remaining_blocks: u32) -> (u32, u32) {
-    assert!(remaining_blocks >= 2, "a chunk needs a metadata and a data block");
+    assert!(
+        remaining_blocks >= 2,
+        "a chunk needs a metadata and a data block"
+    );
     let mut meta = 1;
     while meta + entry_capacity(meta) < remaining_blocks {
         meta += 1;
@@ -135,7 +138,11 @@ pub fn put_synced_seq(meta: &mut [u8], synced_seq: u64) {
 
 /// Sets the data CRC of an encoded entry.
 pub fn put_entry_crc(meta: &mut [u8], index: usize, data_crc: u32) {
-    put_u32(meta, HEADER_SIZE_BYTES + index * ENTRY_SIZE_BYTES + 8, data_crc);
+    put_u32(
+        meta,
+        HEADER_SIZE_BYTES + index * ENTRY_SIZE_BYTES + 8,
+        data_crc,
+    );
 }
 
 /// Computes and stores the header CRC; call last, after every other field is final.
@@ -252,9 +259,21 @@ mod tests {
         let mut meta = vec![0u8; 2 * BLOCK_SIZE_BYTES as usize];
         put_header(&mut meta, format_id, &h);
         let entries = [
-            Entry { lba: 100, data_crc: 1, kind: KIND_DATA, dirty_mask: 0xFF, valid_mask: 0xFF },
+            Entry {
+                lba: 100,
+                data_crc: 1,
+                kind: KIND_DATA,
+                dirty_mask: 0xFF,
+                valid_mask: 0xFF,
+            },
             Entry::hole(),
-            Entry { lba: 7, data_crc: 2, kind: KIND_DATA, dirty_mask: 0x01, valid_mask: 0x0F },
+            Entry {
+                lba: 7,
+                data_crc: 2,
+                kind: KIND_DATA,
+                dirty_mask: 0x01,
+                valid_mask: 0x0F,
+            },
         ];
         for (i, e) in entries.iter().enumerate() {
             put_entry(&mut meta, i, e);

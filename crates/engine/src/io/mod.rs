@@ -52,7 +52,9 @@ pub(crate) fn check_range(dev_size_bytes: u64, offset: u64, len_bytes: u64) -> i
         Some(end) if end <= dev_size_bytes => Ok(()),
         _ => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("device IO past the end: offset {offset} length {len_bytes} size {dev_size_bytes}"),
+            format!(
+                "device IO past the end: offset {offset} length {len_bytes} size {dev_size_bytes}"
+            ),
         )),
     }
 }

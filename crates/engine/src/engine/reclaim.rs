@@ -1,0 +1,170 @@
+//! Making room in the ring: reclaim dead segments at the head, and under space pressure
+//! relocate the head segment's live blocks to the open chunk so it can die.
+//!
+//! Writeback (a later module) will add a cheaper way for a head block to die: once written back
+//! it is clean and can be dropped. Until then relocation is what keeps the log from jamming on a
+//! few long-lived blocks.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use parking_lot::MutexGuard;
+
+use super::buffers::NO_BUFFER;
+use super::flusher::fail;
+use super::state::{Location, State, RESERVE_SEGMENTS};
+use super::Inner;
+use crate::error::{Error, Result};
+use crate::format::{chunk, crc_block, BLOCK_SIZE_BYTES};
+use crate::io::aligned::AlignedBuf;
+
+const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+/// Relocation runs only while live blocks fill at most this share of the ring's data blocks.
+pub const RELOCATE_LIVE_MAX_PERCENT: u64 = 90;
+
+/// Advances the head over dead segments: persist the new head first, then free the slots, so a
+/// crash never finds the persisted head pointing at a reused slot.
+pub fn reclaim<'a>(
+    inner: &'a Inner,
+    st: MutexGuard<'a, State>,
+) -> Result<(MutexGuard<'a, State>, bool)> {
+    let new_head =
+        st.reclaimable_head(|slot| inner.pins[slot as usize].load(Ordering::Acquire) > 0);
+    if new_head == st.head_segment_id {
+        return Ok((st, false));
+    }
+    let slot = inner.geo.slot_of(new_head) as usize;
+    let head_seq = if new_head < st.next_segment_id {
+        st.segments[slot].first_seq
+    } else {
+        st.next_seq
+    };
+    drop(st);
+    let res = inner.superblock.update(|s| {
+        s.checkpoint.head_segment_id = new_head;
+        s.checkpoint.head_seq = head_seq;
+    });
+    let mut st = inner.state.lock();
+    if let Err(e) = res {
+        return Err(fail(inner, st, e));
+    }
+    st.counters.superblock_writes += 1;
+    st.free_segments_before(new_head);
+    if !st.open.active {
+        st.open_segment(false);
+    }
+    Ok((st, true))
+}
+
+/// A live block of the head segment, as it was when the relocator looked.
+struct LiveBlock {
+    block_in_segment: u32,
+    cache_block: u32,
+    lba: u64,
+    crc: u32,
+}
+
+/// Under space pressure, copies the head segment's live blocks into the open chunk and seals
+/// it. The head dies once that chunk is synced; the next rounds write, sync and reclaim it.
+pub fn relocate_head<'a>(
+    inner: &'a Inner,
+    st: MutexGuard<'a, State>,
+) -> Result<(MutexGuard<'a, State>, bool)> {
+    // Only when writers have no room: relocation is copying, and copying ahead of need would
+    // cycle live data around the ring for nothing.
+    let pressure = !st.open.active;
+    if !pressure || st.failed.is_some() {
+        return Ok((st, false));
+    }
+    let head = st.head_segment_id;
+    let slot = inner.geo.slot_of(head);
+    let seg = &st.segments[slot as usize];
+    let in_open = st.open.active && st.open.slot == slot;
+    if seg.id != head || seg.buffer != NO_BUFFER || !seg.full || in_open || seg.live_blocks == 0 {
+        return Ok((st, false));
+    }
+    // Moving blocks only makes room if there is room to make: with live data near the ring's
+    // capacity, relocation would cycle the same blocks forever. Below the limit, each pass over
+    // the ring compacts it and frees at least the slack.
+    let usable_segments = inner.geo.segment_count - RESERVE_SEGMENTS - 1;
+    let data_per_segment = chunk::plan(inner.geo.blocks_per_segment).1 as u64;
+    let live_max = usable_segments * data_per_segment * RELOCATE_LIVE_MAX_PERCENT / 100;
+    if st.index.len() as u64 > live_max {
+        return Ok((st, false));
+    }
+    let mut live = Vec::with_capacity(seg.live_blocks as usize);
+    for b in 0..inner.geo.blocks_per_segment {
+        let c = inner.geo.cache_block(slot, b);
+        if let Some(lba) = st.index.lba_of(c) {
+            live.push(LiveBlock {
+                block_in_segment: b,
+                cache_block: c,
+                lba,
+                crc: st.data_crc[c as usize],
+            });
+        }
+    }
+    assert_eq!(live.len() as u32, st.segments[slot as usize].live_blocks);
+    inner.pins[slot as usize].fetch_add(1, Ordering::AcqRel);
+    drop(st);
+    // One sequential read of the whole segment, then checksums, all without the lock.
+    let mut seg_buf = AlignedBuf::new(inner.geo.segment_size_bytes as usize);
+    let off = inner.geo.offset_of(slot, 0);
+    let read = inner.cache.read_at(&mut seg_buf, off).map_err(|e| {
+        Error::io(
+            format!("relocator reading segment {head} at offset {off}"),
+            e,
+        )
+    });
+    let verified: Vec<bool> = live
+        .iter()
+        .map(|l| {
+            let b = l.block_in_segment as usize * BLOCK;
+            read.is_ok() && crc_block(inner.geo.format_id, l.lba, &seg_buf[b..b + BLOCK]) == l.crc
+        })
+        .collect();
+    let mut st = inner.state.lock();
+    if let Err(e) = read {
+        inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
+        st.counters.io_errors += 1;
+        return Err(e);
+    }
+    let mut moved = 0u64;
+    let now = Instant::now();
+    for (l, ok) in live.iter().zip(verified) {
+        if !ok {
+            // A damaged block stays where it is; reads of it report the error.
+            st.counters.checksum_errors += 1;
+            continue;
+        }
+        if st.index.get(l.lba) != Some(l.cache_block) {
+            continue; // overwritten while we read
+        }
+        let Some(nc) = st.reserve_block(&inner.buffers, now, true) else {
+            break;
+        };
+        let Location::OpenChunk { buffer } = st.locate(nc) else {
+            unreachable!("a reserved block is in the open chunk")
+        };
+        let noff = st.offset_in_buffer(nc);
+        let b = l.block_in_segment as usize * BLOCK;
+        // SAFETY: the reserved block is in the open chunk and we hold the lock.
+        unsafe { inner.buffers.slice_mut(buffer, noff, BLOCK) }
+            .copy_from_slice(&seg_buf[b..b + BLOCK]);
+        let c = l.cache_block as usize;
+        st.dirty_mask[nc as usize] = st.dirty_mask[c];
+        st.valid_mask[nc as usize] = st.valid_mask[c];
+        let prev = st.index.insert(l.lba, nc);
+        assert_eq!(prev, Some(l.cache_block));
+        st.kill(l.cache_block);
+        moved += 1;
+    }
+    inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
+    st.counters.blocks_relocated += moved;
+    if moved > 0 {
+        st.seal(&inner.buffers);
+        let last = st.next_seq - 1;
+        st.sync_wanted_seq = st.sync_wanted_seq.max(last);
+    }
+    Ok((st, moved > 0))
+}

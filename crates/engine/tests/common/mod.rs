@@ -1,0 +1,77 @@
+//! Shared helpers for the engine's integration tests: seeded case loops, sector patterns that
+//! identify which write put them there, and small device setups.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use logcache_engine::io::sim::SimDevice;
+use logcache_engine::io::BlockDevice;
+use logcache_engine::rng::{seed_from_env, Rng};
+use logcache_engine::{format, FormatOptions};
+
+pub const SECTOR: usize = 512;
+
+/// 512 bytes that say "write `write_id` put this at sector `sector`": bytes 0..8 the write id,
+/// 8..16 the sector, the rest a stream derived from both.
+pub fn sector_pattern(write_id: u64, sector: u64, out: &mut [u8]) {
+    assert_eq!(out.len(), SECTOR);
+    out[..8].copy_from_slice(&write_id.to_le_bytes());
+    out[8..16].copy_from_slice(&sector.to_le_bytes());
+    let mut r = Rng::new(write_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ sector);
+    r.fill(&mut out[16..]);
+}
+
+/// Which write a sector's bytes came from, or `None` if they match no write's pattern for it.
+pub fn identify(sector: u64, bytes: &[u8]) -> Option<u64> {
+    let w = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+    let mut expect = [0u8; SECTOR];
+    sector_pattern(w, sector, &mut expect);
+    (expect[..] == bytes[..]).then_some(w)
+}
+
+/// Runs `case` for each seed: `LOGCACHE_SEED` alone if set, else `count` seeds from a base the
+/// clock picks. A failure says how to replay it.
+pub fn for_each_seed(name: &str, count: u64, case: impl Fn(u64)) {
+    let fixed = std::env::var("LOGCACHE_SEED").is_ok();
+    let base = seed_from_env("LOGCACHE_SEED");
+    let n = if fixed { 1 } else { count };
+    for i in 0..n {
+        let seed = base.wrapping_add(i.wrapping_mul(0x2545_F491_4F6C_DD1D));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(seed)));
+        if let Err(e) = r {
+            eprintln!(
+                "\n{name} failed with seed {seed}; replay it with:\n  LOGCACHE_SEED={seed} cargo test -p logcache-engine --test {name}\n"
+            );
+            std::panic::resume_unwind(e);
+        }
+    }
+}
+
+/// A simulated cache and backing pair, formatted.
+pub struct SimPair {
+    pub cache: SimDevice,
+    pub backing: SimDevice,
+}
+
+impl SimPair {
+    pub fn new(cache_bytes: u64, backing_bytes: u64, segment_size_bytes: u64) -> SimPair {
+        let p = SimPair {
+            cache: SimDevice::new(cache_bytes),
+            backing: SimDevice::new(backing_bytes),
+        };
+        let opts = FormatOptions {
+            segment_size_bytes,
+            ..FormatOptions::default()
+        };
+        format(&p.cache, &p.backing, &opts).expect("format");
+        p
+    }
+
+    pub fn cache(&self) -> Arc<dyn BlockDevice> {
+        Arc::new(self.cache.clone())
+    }
+
+    pub fn backing(&self) -> Arc<dyn BlockDevice> {
+        Arc::new(self.backing.clone())
+    }
+}
