@@ -58,7 +58,10 @@ pub fn run(inner: &Inner) {
 }
 
 fn has_work(st: &State) -> bool {
-    !st.queue.is_empty() || st.sync_wanted_seq > st.synced_seq || st.space_waiters > 0
+    !st.queue.is_empty()
+        || st.sync_wanted_seq > st.synced_seq
+        || st.space_waiters > 0
+        || reclaim::under_pressure(st)
 }
 
 fn next_wake(inner: &Inner, st: &State) -> Duration {

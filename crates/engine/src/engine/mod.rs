@@ -90,6 +90,8 @@ pub(crate) struct Inner {
     pub recovery: RecoveryReport,
     /// Serialises inline flusher rounds in manual mode.
     pub flusher_lock: Mutex<()>,
+    /// The relocator's segment-sized read buffer, allocated once (only the flusher uses it).
+    pub relocate_buf: Mutex<AlignedBuf>,
 }
 
 /// A cache opened for IO. Cloning gives another handle to the same engine.
@@ -171,6 +173,7 @@ impl Engine {
             seal_interval_ms,
             recovery: report,
             flusher_lock: Mutex::new(()),
+            relocate_buf: Mutex::new(AlignedBuf::new(segment_bytes as usize)),
         });
         {
             let mut st = inner.state.lock();

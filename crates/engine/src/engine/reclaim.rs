@@ -16,7 +16,6 @@ use super::state::{Location, State, RESERVE_SEGMENTS};
 use super::Inner;
 use crate::error::{Error, Result};
 use crate::format::{chunk, crc_block, BLOCK_SIZE_BYTES};
-use crate::io::aligned::AlignedBuf;
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 /// Relocation runs only while live blocks fill at most this share of the ring's data blocks.
@@ -56,6 +55,16 @@ pub fn reclaim<'a>(
     Ok((st, true))
 }
 
+/// Free segments below which the relocator works ahead of writers, so they rarely wait for it.
+pub fn free_segments_low(segment_count: u64) -> u64 {
+    RESERVE_SEGMENTS + 1 + segment_count / 32
+}
+
+/// Whether the relocator should move the head: writers have no room, or soon will not.
+pub fn under_pressure(st: &State) -> bool {
+    !st.open.active || st.free_segments() < free_segments_low(st.geo.segment_count)
+}
+
 /// A live block of the head segment, as it was when the relocator looked.
 struct LiveBlock {
     block_in_segment: u32,
@@ -70,10 +79,7 @@ pub fn relocate_head<'a>(
     inner: &'a Inner,
     st: MutexGuard<'a, State>,
 ) -> Result<(MutexGuard<'a, State>, bool)> {
-    // Only when writers have no room: relocation is copying, and copying ahead of need would
-    // cycle live data around the ring for nothing.
-    let pressure = !st.open.active;
-    if !pressure || st.failed.is_some() {
+    if !under_pressure(&st) || st.failed.is_some() {
         return Ok((st, false));
     }
     let head = st.head_segment_id;
@@ -108,7 +114,7 @@ pub fn relocate_head<'a>(
     inner.pins[slot as usize].fetch_add(1, Ordering::AcqRel);
     drop(st);
     // One sequential read of the whole segment, then checksums, all without the lock.
-    let mut seg_buf = AlignedBuf::new(inner.geo.segment_size_bytes as usize);
+    let mut seg_buf = inner.relocate_buf.lock();
     let off = inner.geo.offset_of(slot, 0);
     let read = inner.cache.read_at(&mut seg_buf, off).map_err(|e| {
         Error::io(
@@ -132,6 +138,7 @@ pub fn relocate_head<'a>(
     let mut moved = 0u64;
     let now = Instant::now();
     for (l, ok) in live.iter().zip(verified) {
+        let seg_buf = &*seg_buf;
         if !ok {
             // A damaged block stays where it is; reads of it report the error.
             st.counters.checksum_errors += 1;

@@ -81,10 +81,15 @@ fn write_block(inner: &Inner, lba: u64, first_sector: usize, src: &[u8]) -> Resu
             st = read_old_copy(inner, st, lba, c, &mut disk_copy)?;
             continue; // the state may have changed while the lock was released
         }
+        let sealed_before = st.counters.chunks_sealed;
         let Some(nc) = st.reserve_block(&inner.buffers, Instant::now(), false) else {
             st = flusher::wait_for_room(inner, st)?;
             continue;
         };
+        if st.counters.chunks_sealed != sealed_before {
+            // A chunk is ready: the flusher may be asleep.
+            inner.flusher_wake.notify_one();
+        }
         // Fill the new block: older data first (if any sector survives), then the new sectors.
         let loc_new = st.locate(nc);
         let Location::OpenChunk { buffer: nbuf } = loc_new else {

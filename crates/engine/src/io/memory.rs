@@ -40,6 +40,16 @@ impl MemDevice {
     ///
     /// Panics if the size is not a multiple of 512 or the address space cannot hold it.
     pub fn new(size_bytes: u64) -> MemDevice {
+        Self::with_flags(size_bytes, 0)
+    }
+
+    /// Like [`MemDevice::new`], but every page is faulted in now (`MAP_POPULATE`), so that
+    /// benchmarks measure the steady state rather than the kernel zeroing fresh pages.
+    pub fn new_prefaulted(size_bytes: u64) -> MemDevice {
+        Self::with_flags(size_bytes, libc::MAP_POPULATE)
+    }
+
+    fn with_flags(size_bytes: u64, extra_flags: libc::c_int) -> MemDevice {
         assert_eq!(
             size_bytes % super::SECTOR_SIZE_BYTES,
             0,
@@ -57,7 +67,7 @@ impl MemDevice {
                 std::ptr::null_mut(),
                 map_len_bytes,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | extra_flags,
                 -1,
                 0,
             )

@@ -1,0 +1,155 @@
+//! `logcache bench engine`: N threads write random 4 KiB blocks through the engine as fast as
+//! they can, on memory-backed devices, with the real flusher thread running.
+//!
+//! The written span is a quarter of the cache, so the log wraps many times per second and the
+//! relocator keeps room (there is no writeback yet to do it).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use logcache_engine::io::memory::MemDevice;
+use logcache_engine::io::BlockDevice;
+use logcache_engine::rng::Rng;
+use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+
+use super::histogram::Histogram;
+
+#[derive(Args)]
+pub struct EngineBenchArgs {
+    /// Writer threads; without it, runs 1 and then 2.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Seconds per run.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Print one JSON object per run.
+    #[arg(long)]
+    json: bool,
+    /// Cache device size in MiB (memory, allocated lazily).
+    #[arg(long, default_value_t = 2048)]
+    cache_mib: u64,
+    /// Segment size in KiB.
+    #[arg(long, default_value_t = 1024)]
+    segment_kib: u64,
+}
+
+struct RunResult {
+    threads: usize,
+    writes: u64,
+    seconds: f64,
+    hist: Histogram,
+    relocated: u64,
+    waits: u64,
+}
+
+pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
+    let threads: Vec<usize> = match args.threads {
+        Some(0) => anyhow::bail!("--threads must be at least 1"),
+        Some(n) => vec![n],
+        None => vec![1, 2],
+    };
+    for n in threads {
+        let r = run_one(args, n)?;
+        let wps = r.writes as f64 / r.seconds;
+        let p50_us = r.hist.quantile_ns(0.50) as f64 / 1000.0;
+        let p99_us = r.hist.quantile_ns(0.99) as f64 / 1000.0;
+        let p999_us = r.hist.quantile_ns(0.999) as f64 / 1000.0;
+        if args.json {
+            let v = serde_json::json!({
+                "threads": r.threads,
+                "writes_per_sec": wps.round() as u64,
+                "p50_us": p50_us,
+                "p99_us": p99_us,
+                "p999_us": p999_us,
+                "writes": r.writes,
+                "seconds": r.seconds,
+                "block_size_bytes": 4096,
+                "segment_size_bytes": args.segment_kib * 1024,
+                "cache_size_bytes": args.cache_mib << 20,
+                "blocks_relocated": r.relocated,
+                "write_waits": r.waits,
+            });
+            println!("{v}");
+        } else {
+            println!(
+                "threads {:>2}: {:>10.0} writes/s  ({:>7.1} MiB/s)  p50 {:>6.2} us  p99 {:>7.2} us  p99.9 {:>8.2} us  ({} writes in {:.2} s, {} blocks relocated, {} waits)",
+                r.threads,
+                wps,
+                wps * 4096.0 / (1 << 20) as f64,
+                p50_us,
+                p99_us,
+                p999_us,
+                r.writes,
+                r.seconds,
+                r.relocated,
+                r.waits
+            );
+        }
+    }
+    Ok(())
+}
+
+fn run_one(args: &EngineBenchArgs, threads: usize) -> anyhow::Result<RunResult> {
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new_prefaulted(args.cache_mib << 20));
+    let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(8 << 30));
+    let fopts = FormatOptions {
+        segment_size_bytes: args.segment_kib * 1024,
+        ..FormatOptions::default()
+    };
+    format(&*cache, &*backing, &fopts).context("formatting the memory cache")?;
+    let engine = Engine::open(cache, backing, OpenOptions::default()).context("opening")?;
+    let span_blocks = (args.cache_mib << 20) / 4096 / 4;
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let e = engine.clone();
+            let stop = stop.clone();
+            std::thread::spawn(move || -> anyhow::Result<(u64, Histogram)> {
+                let mut rng = Rng::new(0x5eed + t as u64);
+                let mut data = vec![0u8; 4096];
+                rng.fill(&mut data);
+                let mut hist = Histogram::default();
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // Check the clock and flag once per batch, not per write.
+                    for _ in 0..256 {
+                        let lba = rng.below(span_blocks);
+                        data[0..8].copy_from_slice(&n.to_le_bytes());
+                        let t0 = Instant::now();
+                        e.write(lba * 4096, &data, false)?;
+                        hist.record(t0.elapsed().as_nanos() as u64);
+                        n += 1;
+                    }
+                }
+                Ok((n, hist))
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(args.seconds));
+    stop.store(true, Ordering::Relaxed);
+    let mut hist = Histogram::default();
+    let mut writes = 0;
+    for w in workers {
+        let (n, h) = w
+            .join()
+            .map_err(|_| anyhow::anyhow!("a writer thread panicked"))??;
+        writes += n;
+        hist.merge(&h);
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let stats = engine.stats();
+    engine.close().context("closing")?;
+    Ok(RunResult {
+        threads,
+        writes,
+        seconds,
+        hist,
+        relocated: stats.counters.blocks_relocated,
+        waits: stats.counters.write_waits,
+    })
+}
