@@ -60,9 +60,10 @@ pub fn free_segments_low(segment_count: u64) -> u64 {
     RESERVE_SEGMENTS + 1 + segment_count / 32
 }
 
-/// Whether the relocator should move the head: writers have no room, or soon will not.
+/// Whether the relocator should move the head: the ring is (nearly) out of free segments.
+/// Writers that wait for a RAM buffer instead wait for the flusher, not for room in the ring.
 pub fn under_pressure(st: &State) -> bool {
-    !st.open.active || st.free_segments() < free_segments_low(st.geo.segment_count)
+    st.free_segments() < free_segments_low(st.geo.segment_count)
 }
 
 /// A live block of the head segment, as it was when the relocator looked.

@@ -1,0 +1,307 @@
+//! Engine behaviours beyond plain read/write: group commit, the periodic seal, a full log,
+//! device faults, checksum errors, and many writer threads.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use logcache_engine::io::fault::{FaultDevice, FaultKind, OpKind};
+use logcache_engine::io::memory::MemDevice;
+use logcache_engine::io::BlockDevice;
+use logcache_engine::rng::Rng;
+use logcache_engine::{format, Engine, Error, FormatOptions, OpenOptions};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1 << 20;
+
+fn manual(ram: u64) -> OpenOptions {
+    OpenOptions {
+        ram_buffer_bytes: ram,
+        manual_flusher: true,
+        seal_interval_ms: Some(0),
+    }
+}
+
+/// A flush after each small write costs a chunk, not a segment: 100 write+flush pairs on
+/// 1 MiB segments fit in one or two segments. A flush with nothing new does no IO.
+#[test]
+fn flushes_do_not_burn_segments() {
+    let pair = SimPair::new(MIB + 64 * MIB, 64 * MIB, MIB);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    for i in 0..100u64 {
+        e.write(i * 4096, &[i as u8; 4096], false).unwrap();
+        e.flush().unwrap();
+    }
+    let s = e.stats();
+    assert_eq!(s.counters.chunks_written, 100);
+    assert!(
+        s.segments_in_use <= 2,
+        "{} segments for 100 flushes",
+        s.segments_in_use
+    );
+    let syncs = pair.cache.flush_count();
+    let writes = pair.cache.write_count();
+    for _ in 0..50 {
+        e.flush().unwrap();
+    }
+    assert_eq!(
+        pair.cache.flush_count(),
+        syncs,
+        "an empty flush synced the device"
+    );
+    assert_eq!(pair.cache.write_count(), writes, "an empty flush wrote");
+}
+
+/// A device whose sync takes a while, so that flushes from many threads overlap.
+struct SlowSync(MemDevice);
+
+impl BlockDevice for SlowSync {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.0.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        std::thread::sleep(Duration::from_millis(5));
+        self.0.flush()
+    }
+    fn discard(&self, offset: u64, len_bytes: u64) -> std::io::Result<()> {
+        self.0.discard(offset, len_bytes)
+    }
+    fn describe(&self) -> String {
+        "slow-sync memory".into()
+    }
+}
+
+/// Group commit: flushes that arrive while a sync is running share the next sync.
+#[test]
+fn concurrent_flushes_share_syncs() {
+    let cache: Arc<dyn BlockDevice> = Arc::new(SlowSync(MemDevice::new(MIB + 32 * MIB)));
+    let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 * MIB));
+    format(&*cache, &*backing, &FormatOptions::default()).unwrap();
+    let e = Engine::open(cache, backing, OpenOptions::default()).unwrap();
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                for i in 0..20u64 {
+                    e.write((t * 100 + i) * 4096, &[t as u8; 4096], false)
+                        .unwrap();
+                    e.flush().unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = e.stats();
+    assert_eq!(s.counters.flushes, 160);
+    assert!(
+        s.counters.cache_syncs < 100,
+        "{} syncs for 160 concurrent flushes: no grouping",
+        s.counters.cache_syncs
+    );
+    e.close().unwrap();
+}
+
+/// Unflushed writes do not stay in RAM forever: once the seal interval passes, the flusher
+/// seals and syncs them on its own.
+#[test]
+fn the_periodic_seal_makes_old_writes_durable() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let opts = OpenOptions {
+        seal_interval_ms: Some(1000),
+        ..manual(4 * SEG_64K)
+    };
+    let e = Engine::open(pair.cache(), pair.backing(), opts.clone()).unwrap();
+    e.write(0, &[7; 4096], false).unwrap();
+    let now = Instant::now();
+    e.seal_if_due(now);
+    e.run_flusher().unwrap();
+    assert_eq!(
+        e.stats().counters.chunks_written,
+        0,
+        "sealed before the interval passed"
+    );
+    e.seal_if_due(now + Duration::from_millis(1500));
+    e.run_flusher().unwrap();
+    assert_eq!(e.stats().counters.periodic_seals, 1);
+    e.crash();
+    pair.cache.crash_lose_all();
+    let e = Engine::open(pair.cache(), pair.backing(), opts).unwrap();
+    let mut b = [0u8; 4096];
+    e.read(0, &mut b).unwrap();
+    assert_eq!(b, [7u8; 4096]);
+}
+
+const SEG_64K: u64 = 64 * KIB;
+
+/// With no writeback yet, a cache full of live data cannot take new blocks: the manual-mode
+/// writer gets a clear error (a threaded writer waits), and everything written stays readable.
+#[test]
+fn a_log_full_of_live_data_refuses_new_blocks() {
+    let pair = SimPair::new(MIB + 8 * SEG_64K, 64 * MIB, SEG_64K);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(2 * SEG_64K)).unwrap();
+    let mut written = 0u64;
+    let err = loop {
+        match e.write(written * 4096, &[written as u8; 4096], false) {
+            Ok(()) => written += 1,
+            Err(err) => break err,
+        }
+        assert!(written < 1000, "more blocks than the cache holds");
+    };
+    assert!(matches!(err, Error::NoSpace(_)), "{err}");
+    assert!(written >= 8 * 10, "only {written} blocks fit");
+    // Overwrites of cached blocks in the open chunk still work, and so do reads.
+    for b in 0..written {
+        let mut buf = [0u8; 4096];
+        e.read(b * 4096, &mut buf).unwrap();
+        assert_eq!(buf, [b as u8; 4096], "block {b}");
+    }
+    e.close().unwrap();
+}
+
+/// A failed write or sync on the cache device stops the engine; what was flushed before
+/// survives a reopen once the device works again.
+#[test]
+fn a_cache_device_error_stops_the_engine_and_loses_nothing_flushed() {
+    let mem = Arc::new(MemDevice::new(MIB + 16 * SEG_64K));
+    let fault = Arc::new(FaultDevice::new(mem.clone()));
+    let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(16 * MIB));
+    let fopts = FormatOptions {
+        segment_size_bytes: SEG_64K,
+        ..FormatOptions::default()
+    };
+    format(&*fault, &*backing, &fopts).unwrap();
+    let e = Engine::open(fault.clone(), backing.clone(), manual(4 * SEG_64K)).unwrap();
+    e.write(0, &[1; 8192], false).unwrap();
+    e.flush().unwrap();
+    fault.fail_next(OpKind::Write, 1, FaultKind::Io);
+    e.write(8192, &[2; 4096], false).unwrap(); // acknowledged from RAM
+    let err = e.flush().unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    assert!(matches!(
+        e.write(0, &[3; 512], false),
+        Err(Error::Failed(_))
+    ));
+    assert!(matches!(e.flush(), Err(Error::Failed(_))));
+    assert!(e.stats().failed.is_some());
+    e.crash();
+    let e = Engine::open(fault.clone(), backing, manual(4 * SEG_64K)).unwrap();
+    let mut b = vec![0u8; 8192];
+    e.read(0, &mut b).unwrap();
+    assert_eq!(b, vec![1u8; 8192]);
+    // A transient read error is reported for that read only.
+    e.close().unwrap();
+}
+
+/// A block whose bytes on the cache device changed is reported as an error, never returned.
+#[test]
+fn a_corrupted_cache_block_is_an_error_not_wrong_data() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(2 * SEG_64K)).unwrap();
+    // Fill more than the RAM buffers so block 5 is read from the cache device.
+    for b in 0..60u64 {
+        e.write(b * 4096, &[b as u8; 4096], false).unwrap();
+    }
+    e.flush().unwrap();
+    assert_eq!(
+        e.stats().counters.blocks_relocated,
+        0,
+        "nothing needed relocating"
+    );
+    e.close().unwrap();
+    // Find block 5's copy on the cache device and flip a bit in it.
+    let image = pair.cache.read_volatile(0, MIB + 16 * SEG_64K);
+    let pos = image
+        .chunks(4096)
+        .position(|c| c == [5u8; 4096])
+        .expect("block 5 is on the cache device");
+    pair.cache.corrupt(pos as u64 * 4096 + 100, 0x01);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(2 * SEG_64K)).unwrap();
+    let mut b = [0u8; 4096];
+    let err = e.read(5 * 4096, &mut b).unwrap_err();
+    assert!(matches!(err, Error::Corruption(_)), "{err}");
+    assert_eq!(e.stats().counters.checksum_errors, 1);
+    e.read(6 * 4096, &mut b).unwrap();
+    assert_eq!(b, [6u8; 4096]);
+    // A read error from the device is reported for that read, and the next one works.
+    let fault = Arc::new(FaultDevice::new(pair.cache()));
+    e.close().unwrap();
+    let e = Engine::open(fault.clone(), pair.backing(), manual(2 * SEG_64K)).unwrap();
+    fault.fail_next(OpKind::Read, 1, FaultKind::Io);
+    assert!(matches!(e.read(6 * 4096, &mut b), Err(Error::Io { .. })));
+    e.read(6 * 4096, &mut b).unwrap();
+    assert_eq!(b, [6u8; 4096]);
+}
+
+/// Many threads, each owning a region, write, read and flush at once with the real flusher
+/// thread; every read matches the thread's model, and so does the image after a reopen.
+#[test]
+fn many_writer_threads() {
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(MIB + 64 * SEG_64K));
+    let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 * MIB));
+    let fopts = FormatOptions {
+        segment_size_bytes: SEG_64K,
+        ..FormatOptions::default()
+    };
+    format(&*cache, &*backing, &fopts).unwrap();
+    let opts = OpenOptions {
+        ram_buffer_bytes: 4 * SEG_64K,
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(cache.clone(), backing.clone(), opts.clone()).unwrap();
+    let region = 256 * KIB;
+    let seed = logcache_engine::rng::seed_from_env("LOGCACHE_SEED");
+    let workers: Vec<_> = (0..4u64)
+        .map(|t| {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(seed ^ t);
+                let base = t * region;
+                let mut model = vec![0u8; region as usize];
+                for _ in 0..3000 {
+                    let off = rng.below(region / 512) * 512;
+                    let len = rng.range(1, ((region - off) / 512).min(24)) * 512;
+                    let range = off as usize..(off + len) as usize;
+                    match rng.below(10) {
+                        0..=5 => {
+                            let mut d = vec![0u8; len as usize];
+                            rng.fill(&mut d);
+                            e.write(base + off, &d, rng.chance(1, 50)).unwrap();
+                            model[range].copy_from_slice(&d);
+                        }
+                        6..=8 => {
+                            let mut d = vec![0u8; len as usize];
+                            e.read(base + off, &mut d).unwrap();
+                            assert!(
+                                d[..] == model[range],
+                                "thread {t} seed {seed}: read differs"
+                            );
+                        }
+                        _ => e.flush().unwrap(),
+                    }
+                }
+                model
+            })
+        })
+        .collect();
+    let models: Vec<Vec<u8>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    e.close().unwrap();
+    let e = Engine::open(cache, backing, opts).unwrap();
+    for (t, m) in models.iter().enumerate() {
+        let mut d = vec![0u8; region as usize];
+        e.read(t as u64 * region, &mut d).unwrap();
+        assert!(
+            d == *m,
+            "thread {t} seed {seed}: image after reopen differs"
+        );
+    }
+}
