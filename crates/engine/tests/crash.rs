@@ -57,7 +57,7 @@ fn run_case(seed: u64) {
     let mut rng = Rng::new(seed);
     let segment = [32 * KIB, 64 * KIB, 128 * KIB][rng.below(3) as usize];
     let cache_bytes = (1 << 20) + segment * rng.range(8, 32);
-    let cache_data_bytes = (cache_bytes - (1 << 20)) / 2;
+    let cache_data_bytes = live_bytes_max(cache_bytes, segment);
     let region_sectors = rng.range(16, (cache_data_bytes / 512).min(1024));
     let opts = OpenOptions {
         ram_buffer_bytes: segment * rng.range(2, 4),

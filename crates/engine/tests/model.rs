@@ -19,9 +19,9 @@ fn run_case(seed: u64) {
     let segment = [32 * KIB, 64 * KIB, 128 * KIB][rng.below(3) as usize];
     let cache_bytes = (1 << 20) + segment * rng.range(6, 40);
     let backing_bytes = 4 << 20;
-    // The hot region at the start of the disk stays within half the cache: without writeback
-    // (a later issue) the log cannot hold more live data than the cache.
-    let cache_data_bytes = (cache_bytes - (1 << 20)) / 2;
+    // The hot region at the start of the disk stays within what the cache can hold live:
+    // without writeback (a later issue) the log cannot hold more.
+    let cache_data_bytes = live_bytes_max(cache_bytes, segment);
     let region_bytes = 512 * rng.range(8, (cache_data_bytes / 512).min(2048));
     let threaded = rng.chance(1, 4);
     let opts = OpenOptions {

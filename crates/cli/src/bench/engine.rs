@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use logcache_engine::io::file::{create_sparse, FileDevice, FileOptions};
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
 use logcache_engine::rng::Rng;
@@ -34,6 +35,9 @@ pub struct EngineBenchArgs {
     /// Segment size in KiB.
     #[arg(long, default_value_t = 1024)]
     segment_kib: u64,
+    /// Put the cache on this file (created sparse, O_DIRECT where possible) instead of memory.
+    #[arg(long)]
+    cache_file: Option<std::path::PathBuf>,
 }
 
 struct RunResult {
@@ -94,7 +98,17 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
 }
 
 fn run_one(args: &EngineBenchArgs, threads: usize) -> anyhow::Result<RunResult> {
-    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new_prefaulted(args.cache_mib << 20));
+    let cache: Arc<dyn BlockDevice> = match &args.cache_file {
+        Some(path) => {
+            create_sparse(path, args.cache_mib << 20)
+                .with_context(|| format!("creating {}", path.display()))?;
+            Arc::new(
+                FileDevice::open(path, FileOptions::default())
+                    .with_context(|| format!("opening {}", path.display()))?,
+            )
+        }
+        None => Arc::new(MemDevice::new_prefaulted(args.cache_mib << 20)),
+    };
     let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(8 << 30));
     let fopts = FormatOptions {
         segment_size_bytes: args.segment_kib * 1024,

@@ -50,10 +50,6 @@ impl Histogram {
         self.total += other.total;
     }
 
-    pub fn count(&self) -> u64 {
-        self.total
-    }
-
     /// The latency in ns below which `q` (0..=1) of the samples fall (a bucket's lower bound).
     pub fn quantile_ns(&self, q: f64) -> u64 {
         if self.total == 0 {

@@ -35,10 +35,6 @@ impl SuperblockWriter {
         }
     }
 
-    pub fn get(&self) -> Superblock {
-        self.current.lock().clone()
-    }
-
     /// Applies `change` and makes the result durable. Serialised by the inner lock, which is
     /// held across the IO: superblock writes are rare (open, close, reclaim) and off the IO path.
     pub fn update(&self, change: impl FnOnce(&mut Superblock)) -> Result<()> {

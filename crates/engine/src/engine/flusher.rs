@@ -18,6 +18,8 @@ use crate::format::{crc_block, BLOCK_SIZE_BYTES};
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 /// At most this many chunks per round, so buffers are released and waiters woken often.
 const CHUNKS_PER_ROUND_MAX: usize = 32;
+/// At most this many head segments relocated per round.
+const RELOCATIONS_PER_ROUND_MAX: usize = 8;
 /// How often an idle flusher looks again at the periodic seal and pinned segments.
 const IDLE_WAKE: Duration = Duration::from_millis(100);
 
@@ -142,11 +144,13 @@ fn step<'a>(
     st.unsynced_bytes += bytes;
     st.release_written_buffers();
 
+    // Sync when a flush waits, when enough is unsynced that recovery's tail check would grow,
+    // or when room is short (dead segments can be reclaimed only once their killers are synced).
     let need_sync = st.written_seq > st.synced_seq
         && (st.sync_wanted_seq > st.synced_seq
-            || st.queue.is_empty()
             || st.unsynced_bytes >= SYNC_EVERY_BYTES
-            || st.space_waiters > 0);
+            || ((st.space_waiters > 0 || reclaim::under_pressure(&st))
+                && st.head_waits_for_sync()));
     if need_sync {
         let target = st.written_seq;
         drop(st);
@@ -163,7 +167,22 @@ fn step<'a>(
         progressed = true;
     }
     let (st, reclaimed) = reclaim::reclaim(inner, st)?;
-    let (st, relocated) = reclaim::relocate_head(inner, st)?;
+    // Several head segments per round, so that one sync lets all of them be reclaimed.
+    let mut relocated = false;
+    let mut st = st;
+    for _ in 0..RELOCATIONS_PER_ROUND_MAX {
+        let (guard, moved) = reclaim::relocate_head(inner, st)?;
+        st = guard;
+        if !moved {
+            break;
+        }
+        relocated = true;
+    }
+    if relocated {
+        st.seal(&inner.buffers);
+        let last = st.next_seq - 1;
+        st.sync_wanted_seq = st.sync_wanted_seq.max(last);
+    }
     inner.progress.notify_all();
     Ok((st, progressed || reclaimed || relocated))
 }
@@ -294,7 +313,10 @@ pub fn wait_for_room<'a>(
 pub fn drain_inline(inner: &Inner, for_room: bool) -> Result<bool> {
     let _serial = inner.flusher_lock.lock();
     let mut any = false;
-    loop {
+    // A backstop against a livelock bug: each pass over the ring nets at least the slack the
+    // relocator's live-data cap leaves, so this many rounds always make room.
+    let rounds_max = 4 * inner.geo.segment_count + 64;
+    for _ in 0..rounds_max {
         let mut st = inner.state.lock();
         if let Some(m) = &st.failed {
             return Err(Error::Failed(m.clone()));
@@ -315,4 +337,5 @@ pub fn drain_inline(inner: &Inner, for_room: bool) -> Result<bool> {
             return Ok(any);
         }
     }
+    panic!("the flusher made progress {rounds_max} rounds in a row without making room");
 }

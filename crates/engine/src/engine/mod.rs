@@ -318,6 +318,7 @@ impl Engine {
             dirty_blocks: st.dirty_blocks,
             ram_buffers: self.inner.buffers.count(),
             ram_buffers_free: st.free_buffers.len() as u32,
+            ram_buffer_bytes: self.inner.buffers.memory_bytes() as u64,
             written_seq: st.written_seq,
             synced_seq: st.synced_seq,
             next_seq: st.next_seq,

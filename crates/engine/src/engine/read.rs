@@ -3,7 +3,9 @@
 
 use std::sync::atomic::Ordering;
 
-use super::state::Location;
+use parking_lot::MutexGuard;
+
+use super::state::{Location, State};
 use super::write::{check_usable, sector_mask, SCRATCH};
 use super::Inner;
 use crate::error::{Error, Result};
@@ -88,35 +90,11 @@ fn read_block(inner: &Inner, lba: u64, first_sector: usize, dst: &mut [u8]) -> R
             st.counters.read_hits_ram += 1;
         }
         Location::Disk => {
-            let (slot, _) = inner.geo.split(c);
-            let crc = st.data_crc[c as usize];
-            inner.pins[slot as usize].fetch_add(1, Ordering::AcqRel);
-            drop(st);
-            let res = SCRATCH.with(|s| {
-                let mut s = s.borrow_mut();
-                inner
-                    .cache
-                    .read_at(&mut s, inner.geo.block_offset(c))
-                    .map_err(|e| Error::io(format!("reading cache block {c} (lba {lba})"), e))?;
-                if crc_block(inner.geo.format_id, lba, &s) != crc {
-                    return Err(Error::Corruption(format!(
-                        "cache block {c} (backing block {lba}) fails its checksum"
-                    )));
-                }
-                dst.copy_from_slice(&s[in_block..in_block + dst.len()]);
-                Ok(())
+            let (guard, res) = read_verified(inner, st, lba, c, |block| {
+                dst.copy_from_slice(&block[in_block..in_block + dst.len()]);
             });
-            inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
-            if let Err(e) = res {
-                let mut st = inner.state.lock();
-                if matches!(e, Error::Corruption(_)) {
-                    st.counters.checksum_errors += 1;
-                } else {
-                    st.counters.io_errors += 1;
-                }
-                return Err(e);
-            }
-            st = inner.state.lock();
+            st = guard;
+            res?;
         }
     }
     drop(st);
@@ -145,4 +123,42 @@ fn read_block(inner: &Inner, lba: u64, first_sector: usize, dst: &mut [u8]) -> R
         )?;
     }
     Ok(false)
+}
+
+/// Reads cache block `c` (the current copy of `lba`) with the state lock released, verifies its
+/// checksum and hands the bytes to `use_block`. The segment is pinned meanwhile, so it cannot be
+/// reclaimed under the read. Errors are counted; the lock is held again on return.
+pub(crate) fn read_verified<'a>(
+    inner: &'a Inner,
+    st: MutexGuard<'a, State>,
+    lba: u64,
+    c: u32,
+    use_block: impl FnOnce(&[u8]),
+) -> (MutexGuard<'a, State>, Result<()>) {
+    let (slot, _) = inner.geo.split(c);
+    let crc = st.data_crc[c as usize];
+    inner.pins[slot as usize].fetch_add(1, Ordering::AcqRel);
+    drop(st);
+    let res = SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        inner
+            .cache
+            .read_at(&mut s, inner.geo.block_offset(c))
+            .map_err(|e| Error::io(format!("reading cache block {c} (lba {lba})"), e))?;
+        if crc_block(inner.geo.format_id, lba, &s) != crc {
+            return Err(Error::Corruption(format!(
+                "cache block {c} (backing block {lba}) fails its checksum"
+            )));
+        }
+        use_block(&s);
+        Ok(())
+    });
+    inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
+    let mut st = inner.state.lock();
+    match &res {
+        Err(Error::Corruption(_)) => st.counters.checksum_errors += 1,
+        Err(_) => st.counters.io_errors += 1,
+        Ok(()) => {}
+    }
+    (st, res)
 }

@@ -74,8 +74,9 @@ struct LiveBlock {
     crc: u32,
 }
 
-/// Under space pressure, copies the head segment's live blocks into the open chunk and seals
-/// it. The head dies once that chunk is synced; the next rounds write, sync and reclaim it.
+/// Under space pressure, copies the live blocks of the oldest segment that has any into the
+/// open chunk. That segment dies once the chunk holding the copies is sealed and synced; the
+/// caller seals, and the next rounds write, sync and reclaim it.
 pub fn relocate_head<'a>(
     inner: &'a Inner,
     st: MutexGuard<'a, State>,
@@ -83,23 +84,35 @@ pub fn relocate_head<'a>(
     if !under_pressure(&st) || st.failed.is_some() {
         return Ok((st, false));
     }
-    let head = st.head_segment_id;
-    let slot = inner.geo.slot_of(head);
-    let seg = &st.segments[slot as usize];
-    let in_open = st.open.active && st.open.slot == slot;
-    if seg.id != head || seg.buffer != NO_BUFFER || !seg.full || in_open || seg.live_blocks == 0 {
-        return Ok((st, false));
-    }
+    // The oldest segment that still has live blocks: segments before it are dead and only wait
+    // for a sync to be reclaimed. Only segments wholly on the cache device qualify.
+    let mut head = st.head_segment_id;
+    let slot = loop {
+        if head >= st.next_segment_id {
+            return Ok((st, false));
+        }
+        let slot = inner.geo.slot_of(head);
+        let seg = &st.segments[slot as usize];
+        let in_open = st.open.active && st.open.slot == slot;
+        if seg.id != head || seg.buffer != NO_BUFFER || !seg.full || in_open {
+            return Ok((st, false));
+        }
+        if seg.live_blocks > 0 {
+            break slot;
+        }
+        head += 1;
+    };
     // Moving blocks only makes room if there is room to make: with live data near the ring's
     // capacity, relocation would cycle the same blocks forever. Below the limit, each pass over
     // the ring compacts it and frees at least the slack.
-    let usable_segments = inner.geo.segment_count - RESERVE_SEGMENTS - 1;
+    // Usable: all but the reserve, the open segment and one for writers to open.
+    let usable_segments = inner.geo.segment_count - RESERVE_SEGMENTS - 2;
     let data_per_segment = chunk::plan(inner.geo.blocks_per_segment).1 as u64;
     let live_max = usable_segments * data_per_segment * RELOCATE_LIVE_MAX_PERCENT / 100;
     if st.index.len() as u64 > live_max {
         return Ok((st, false));
     }
-    let mut live = Vec::with_capacity(seg.live_blocks as usize);
+    let mut live = Vec::with_capacity(st.segments[slot as usize].live_blocks as usize);
     for b in 0..inner.geo.blocks_per_segment {
         let c = inner.geo.cache_block(slot, b);
         if let Some(lba) = st.index.lba_of(c) {
@@ -169,10 +182,6 @@ pub fn relocate_head<'a>(
     }
     inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
     st.counters.blocks_relocated += moved;
-    if moved > 0 {
-        st.seal(&inner.buffers);
-        let last = st.next_seq - 1;
-        st.sync_wanted_seq = st.sync_wanted_seq.max(last);
-    }
+    // The caller seals once after a batch of relocations, so they share one chunk.
     Ok((st, moved > 0))
 }

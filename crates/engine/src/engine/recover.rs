@@ -166,6 +166,8 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
         }
         max_synced = cp.end_seq;
     } else {
+        // The open that wrote this superblock synced every chunk up to its cut.
+        max_synced = max_synced.max(cp.cut_seq);
         probe_for_lost_durable_chunk(&mut reader, sb, seg_id, block, seq)?;
     }
 
@@ -387,7 +389,9 @@ impl Recovered {
             first_write_at: None,
         };
         let next_segment_id;
+        let mut ram_segments = VecDeque::new();
         if self.end_block > 0 {
+            ram_segments.push_back(end_slot);
             // Continue in the segment the log ended in; its earlier blocks stay on disk.
             let seg = &mut self.segments[end_slot as usize];
             assert_eq!(seg.id, self.end_segment_id);
@@ -421,6 +425,7 @@ impl Recovered {
             next_segment_id,
             open,
             free_buffers,
+            ram_segments,
             queue: VecDeque::new(),
             next_seq,
             epoch,

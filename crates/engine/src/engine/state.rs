@@ -106,6 +106,8 @@ pub struct State {
     pub next_segment_id: u64,
     pub open: OpenChunk,
     pub free_buffers: Vec<u32>,
+    /// Slots of the segments holding a RAM buffer, oldest first.
+    pub ram_segments: VecDeque<u32>,
     pub queue: VecDeque<SealedChunk>,
     /// Sequence the next sealed chunk gets (the open chunk's).
     pub next_seq: u64,
@@ -315,6 +317,7 @@ impl State {
             last_sealed_seq: 0,
         };
         self.next_segment_id += 1;
+        self.ram_segments.push_back(slot);
         self.open_chunk_at(slot, id, 0);
         true
     }
@@ -322,15 +325,16 @@ impl State {
     /// After chunks up to `written_seq` reached the cache device: release the buffers of full
     /// segments whose chunks are all written.
     pub fn release_written_buffers(&mut self) {
-        for seg in self.segments.iter_mut() {
-            if seg.id != 0
-                && seg.buffer != NO_BUFFER
-                && seg.full
-                && seg.last_sealed_seq <= self.written_seq
-            {
-                self.free_buffers.push(seg.buffer);
-                seg.buffer = NO_BUFFER;
+        // Segments are written in id order, so the in-RAM ones form a FIFO.
+        while let Some(&slot) = self.ram_segments.front() {
+            let seg = &mut self.segments[slot as usize];
+            assert_ne!(seg.buffer, NO_BUFFER);
+            if !seg.full || seg.last_sealed_seq > self.written_seq {
+                break;
             }
+            self.free_buffers.push(seg.buffer);
+            seg.buffer = NO_BUFFER;
+            self.ram_segments.pop_front();
         }
     }
 
@@ -354,6 +358,15 @@ impl State {
             id += 1;
         }
         id
+    }
+
+    /// Whether the head segment is dead and only waits for the chunks that killed it to sync.
+    pub fn head_waits_for_sync(&self) -> bool {
+        let seg = &self.segments[self.geo.slot_of(self.head_segment_id) as usize];
+        seg.id == self.head_segment_id
+            && seg.full
+            && seg.live_blocks == 0
+            && seg.dead_by_seq > self.synced_seq
     }
 
     /// Frees the slots of segments before `new_head`, whose reclaim the superblock now records.

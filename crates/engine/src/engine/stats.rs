@@ -69,6 +69,7 @@ pub struct Stats {
     pub dirty_blocks: u64,
     pub ram_buffers: u32,
     pub ram_buffers_free: u32,
+    pub ram_buffer_bytes: u64,
     pub written_seq: u64,
     pub synced_seq: u64,
     pub next_seq: u64,

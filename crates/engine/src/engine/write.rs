@@ -7,10 +7,11 @@ use std::time::Instant;
 use parking_lot::MutexGuard;
 
 use super::flusher;
+use super::read::read_verified;
 use super::state::{Location, State};
 use super::Inner;
 use crate::error::{Error, Result};
-use crate::format::{crc_block, BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
+use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
 use crate::io::aligned::AlignedBuf;
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
@@ -46,7 +47,6 @@ pub fn write(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
 /// Older data a partial write merges with, read from the cache device outside the lock.
 struct OnDiskCopy {
     block: u32,
-    data_valid: bool,
 }
 
 fn write_block(inner: &Inner, lba: u64, first_sector: usize, src: &[u8]) -> Result<()> {
@@ -113,7 +113,6 @@ fn write_block(inner: &Inner, lba: u64, first_sector: usize, src: &[u8]) -> Resu
                 Location::Disk => {
                     let d = disk_copy.as_ref().expect("read above");
                     assert_eq!(d.block, c);
-                    assert!(d.data_valid);
                     SCRATCH.with(|s| dst.copy_from_slice(&s.borrow()));
                 }
             }
@@ -155,8 +154,8 @@ pub(crate) fn check_usable(st: &State) -> Result<()> {
     Ok(())
 }
 
-/// Reads cache block `c` (the current copy of `lba`) into this thread's scratch buffer with the
-/// lock released, pinning its segment so it cannot be reclaimed meanwhile.
+/// Reads the on-disk copy `c` of `lba` into this thread's scratch buffer (see
+/// `read::read_verified`), for a partial write to merge with.
 fn read_old_copy<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
@@ -164,43 +163,11 @@ fn read_old_copy<'a>(
     c: u32,
     out: &mut Option<OnDiskCopy>,
 ) -> Result<MutexGuard<'a, State>> {
-    let (slot, _) = inner.geo.split(c);
-    let crc = st.data_crc[c as usize];
-    inner.pins[slot as usize].fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     st.counters.write_merge_reads += 1;
-    drop(st);
-    let res = SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        inner
-            .cache
-            .read_at(&mut s, inner.geo.block_offset(c))
-            .map_err(|e| Error::io(format!("reading cache block {c} (lba {lba})"), e))?;
-        if crc_block(inner.geo.format_id, lba, &s) != crc {
-            return Err(Error::Corruption(format!(
-                "cache block {c} (backing block {lba}) fails its checksum"
-            )));
-        }
-        Ok(())
-    });
-    inner.pins[slot as usize].fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
-    let mut st = inner.state.lock();
-    match res {
-        Ok(()) => {
-            *out = Some(OnDiskCopy {
-                block: c,
-                data_valid: true,
-            });
-            Ok(st)
-        }
-        Err(e) => {
-            if matches!(e, Error::Corruption(_)) {
-                st.counters.checksum_errors += 1;
-            } else {
-                st.counters.io_errors += 1;
-            }
-            Err(e)
-        }
-    }
+    let (st, res) = read_verified(inner, st, lba, c, |_| {});
+    res?;
+    *out = Some(OnDiskCopy { block: c });
+    Ok(st)
 }
 
 #[cfg(test)]

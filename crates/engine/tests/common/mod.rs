@@ -37,6 +37,9 @@ pub fn for_each_seed(name: &str, count: u64, case: impl Fn(u64)) {
     let n = if fixed { 1 } else { count };
     for i in 0..n {
         let seed = base.wrapping_add(i.wrapping_mul(0x2545_F491_4F6C_DD1D));
+        if std::env::var("LOGCACHE_PRINT_SEEDS").is_ok() {
+            eprintln!("{name}: seed {seed}");
+        }
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(seed)));
         if let Err(e) = r {
             eprintln!(
@@ -74,4 +77,12 @@ impl SimPair {
     pub fn backing(&self) -> Arc<dyn BlockDevice> {
         Arc::new(self.backing.clone())
     }
+}
+
+/// How much live data a test may keep in a cache without writeback (which a later issue adds):
+/// 80% of what the relocator can compact into (all segments but the reserve, the open one and
+/// one to open, each less its metadata block).
+pub fn live_bytes_max(cache_bytes: u64, segment_bytes: u64) -> u64 {
+    let segments = (cache_bytes - (1 << 20)) / segment_bytes;
+    (segments - 3) * (segment_bytes - 4096) * 8 / 10
 }

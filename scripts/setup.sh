@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what logcache's build, tests and benchmarks need and the machine lacks.
+# Safe to run again: it installs only what is missing.
+set -euo pipefail
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: cargo is not installed; install the Rust toolchain (rustup) first" >&2
+    exit 1
+fi
+for component in rustfmt clippy; do
+    if ! cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1; then
+        echo "setup: cargo $component is missing; run: rustup component add $component" >&2
+        exit 1
+    fi
+done
+
+# Debian packages used by tests and benchmarks. The engine needs none yet; the NBD server's
+# tests will add real clients here (nbdkit, libnbd-bin, python3-libnbd, fio, qemu-utils, ...).
+APT_PACKAGES=()
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    sudo_cmd=""
+    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
+fi
