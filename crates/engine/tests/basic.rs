@@ -185,3 +185,21 @@ fn user_errors_are_typed() {
         Err(Error::NoSpace(_))
     ));
 }
+
+/// The in-memory index costs at most 32 bytes per cache block (dm-writeboost: about 48), at
+/// every cache size, whether the cache is empty or full.
+#[test]
+fn index_memory_is_at_most_32_bytes_per_block() {
+    for cache_mib in [5u64, 17, 64, 257] {
+        let (cache, backing) = devices(cache_mib, 2 * cache_mib);
+        format(&*cache, &*backing, &FormatOptions::default()).unwrap();
+        let e = Engine::open(cache, backing, manual()).unwrap();
+        let s = e.stats();
+        let per_block = s.index_memory_bytes as f64 / s.cache_blocks as f64;
+        assert!(
+            per_block <= 32.0,
+            "{cache_mib} MiB cache: {per_block:.1} bytes per block"
+        );
+        assert!(per_block > 8.0, "the accounting counts the index itself");
+    }
+}

@@ -155,6 +155,6 @@ fn crash_recovery_keeps_the_durability_contract() {
     let cases = std::env::var("LOGCACHE_CRASH_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1500);
+        .unwrap_or(3000);
     for_each_seed("crash", cases, run_case);
 }
