@@ -152,9 +152,9 @@ fn run_case(seed: u64) {
 
 #[test]
 fn crash_recovery_keeps_the_durability_contract() {
-    let cases = std::env::var("LOGCACHE_CRASH_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3000);
-    for_each_seed("crash", cases, run_case);
+    for_each_seed(
+        "crash",
+        cases_from_env("LOGCACHE_CRASH_CASES", 3000),
+        run_case,
+    );
 }

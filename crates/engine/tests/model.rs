@@ -81,9 +81,9 @@ fn run_case(seed: u64) {
 
 #[test]
 fn model_based() {
-    let cases = std::env::var("LOGCACHE_MODEL_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
-    for_each_seed("model", cases, run_case);
+    for_each_seed(
+        "model",
+        cases_from_env("LOGCACHE_MODEL_CASES", 300),
+        run_case,
+    );
 }

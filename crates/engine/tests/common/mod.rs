@@ -29,6 +29,17 @@ pub fn identify(sector: u64, bytes: &[u8]) -> Option<u64> {
     (expect[..] == bytes[..]).then_some(w)
 }
 
+/// How many cases to run: the environment variable `var`, or `default`.
+pub fn cases_from_env(var: &str, default: u64) -> u64 {
+    match std::env::var(var) {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{var} must be a whole number, got {v:?}")),
+        Err(_) => default,
+    }
+}
+
 /// Runs `case` for each seed: `LOGCACHE_SEED` alone if set, else `count` seeds from a base the
 /// clock picks. A failure says how to replay it.
 pub fn for_each_seed(name: &str, count: u64, case: impl Fn(u64)) {
