@@ -303,7 +303,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn seed() -> u64 {
-        seed_from_env("LOGCACHE_TEST_SEED")
+        seed_from_env("LOGCACHE_SEED")
     }
 
     /// Compares the index with the model in full.
