@@ -155,10 +155,10 @@ impl Engine {
             s.checkpoint.head_seq = recovered.head_seq;
         })?;
         recovered.report.duration_us = started.elapsed().as_micros() as u64;
+        let report = recovered.report.clone();
         let mut state = recovered.into_state(geo.clone(), epoch, buffer_count);
         state.counters.superblock_writes += 1;
         let pins = (0..geo.segment_count).map(|_| AtomicU32::new(0)).collect();
-        let report = state_report(&mut state);
         let inner = Arc::new(Inner {
             geo,
             cache,
@@ -356,10 +356,6 @@ impl Drop for Engine {
             self.stop_thread();
         }
     }
-}
-
-fn state_report(state: &mut State) -> RecoveryReport {
-    std::mem::take(&mut state.recovery_report)
 }
 
 /// Checks the backing device is the one the cache was formatted for.

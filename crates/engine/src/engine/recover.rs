@@ -438,7 +438,6 @@ impl Recovered {
             space_waiters: 0,
             dirty_blocks: self.dirty_blocks,
             counters: Counters::default(),
-            recovery_report: self.report,
         }
     }
 }

@@ -127,8 +127,6 @@ pub struct State {
     /// Live blocks with at least one dirty sector.
     pub dirty_blocks: u64,
     pub counters: Counters,
-    /// What recovery found; moved into the engine at open.
-    pub recovery_report: super::stats::RecoveryReport,
 }
 
 impl State {
