@@ -53,6 +53,9 @@ pub enum ProtocolError {
         what: &'static str,
         length_bytes: u64,
     },
+    /// A field holds a value the spec forbids (e.g. a zero errno in an error chunk).
+    #[error("{what} has forbidden value {value}")]
+    InvalidValue { what: &'static str, value: u64 },
     /// An option error reply was requested with a reply type lacking bit 31.
     #[error("reply type {reply_type:#x} is not an error type")]
     NotAnErrorType { reply_type: u32 },
