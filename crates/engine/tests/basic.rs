@@ -203,3 +203,22 @@ fn index_memory_is_at_most_32_bytes_per_block() {
         assert!(per_block > 8.0, "the accounting counts the index itself");
     }
 }
+
+/// Reads and writes are counted once per request; each block of a read is a hit (every wanted
+/// sector cached) or a miss.
+#[test]
+fn request_counters() {
+    let (cache, backing) = devices(8, 16);
+    format(&*cache, &*backing, &small_format()).unwrap();
+    let e = Engine::open(cache, backing, manual()).unwrap();
+    e.write(0, &[1; 8192], false).unwrap(); // blocks 0 and 1
+    e.write(4 * 4096, &[2; 512], false).unwrap(); // one sector of block 4
+    let mut buf = vec![0u8; 6 * 4096];
+    e.read(0, &mut buf).unwrap(); // blocks 0..6: hits 0, 1; misses 2, 3, 4 (partial), 5
+    e.read(4 * 4096, &mut buf[..512]).unwrap(); // the cached sector of block 4: a hit
+    let c = e.stats().counters;
+    assert_eq!((c.writes, c.write_bytes), (2, 8192 + 512));
+    assert_eq!((c.reads, c.read_bytes), (2, 6 * 4096 + 512));
+    assert_eq!((c.read_hits, c.read_misses), (3, 4));
+    assert_eq!(&buf[4 * 4096 + 512..4 * 4096 + 1024], &[0u8; 512][..]);
+}

@@ -103,15 +103,11 @@ fn step<'a>(
     let mut progressed = !batch.is_empty();
     drop(st);
 
-    let mut crcs: Vec<Vec<u32>> = Vec::with_capacity(batch.len());
     let mut bytes = 0u64;
     let mut write_err = None;
     for sc in &batch {
         match write_chunk(inner, sc, synced_for_headers) {
-            Ok(c) => {
-                bytes += (sc.meta_blocks + sc.data_count) as u64 * BLOCK_SIZE_BYTES;
-                crcs.push(c);
-            }
+            Ok(()) => bytes += (sc.meta_blocks + sc.data_count) as u64 * BLOCK_SIZE_BYTES,
             Err(e) => {
                 write_err = Some(e);
                 break;
@@ -122,14 +118,18 @@ fn step<'a>(
     if let Some(e) = write_err {
         return Err(fail(inner, st, e));
     }
-    // Publish: checksums for reads from the cache device, then free fully written buffers.
-    for (sc, c) in batch.iter().zip(&crcs) {
-        for (i, crc) in c.iter().enumerate() {
-            if sc.lbas[i] != u64::MAX {
+    // Publish the data checksums (for reads from the cache device) from the chunks' own entries,
+    // then free fully written buffers.
+    for sc in &batch {
+        // SAFETY: the flusher still owns the metadata blocks; buffers are released below.
+        let meta = unsafe { chunk_meta(inner, sc) };
+        for i in 0..sc.data_count {
+            let e = chunk::entry_at(meta, i as usize);
+            if e.kind == chunk::KIND_DATA {
                 let cb = inner
                     .geo
-                    .cache_block(sc.slot, sc.start_block + sc.meta_blocks + i as u32);
-                st.data_crc[cb as usize] = *crc;
+                    .cache_block(sc.slot, sc.start_block + sc.meta_blocks + i);
+                st.data_crc[cb as usize] = e.data_crc;
             }
         }
         assert_eq!(
@@ -187,29 +187,41 @@ fn step<'a>(
     Ok((st, progressed || reclaimed || relocated))
 }
 
-/// Fills in a sealed chunk's checksums and writes it. Returns the data CRC of each data block.
-fn write_chunk(inner: &Inner, sc: &SealedChunk, synced_seq: u64) -> Result<Vec<u32>> {
+/// The metadata blocks of a queued chunk.
+///
+/// # Safety
+/// Only the flusher may call this, between taking the chunk off the queue and releasing its
+/// buffer (the metadata blocks are the flusher's then; see buffers.rs).
+#[allow(clippy::mut_from_ref)]
+unsafe fn chunk_meta<'a>(inner: &'a Inner, sc: &SealedChunk) -> &'a mut [u8] {
+    inner.buffers.slice_mut(
+        sc.buffer,
+        sc.start_block as usize * BLOCK,
+        sc.meta_blocks as usize * BLOCK,
+    )
+}
+
+/// Fills in a sealed chunk's checksums (data CRCs from its entries, `synced_seq`, the header
+/// CRC) and writes it as one IO.
+fn write_chunk(inner: &Inner, sc: &SealedChunk, synced_seq: u64) -> Result<()> {
     let format_id = inner.geo.format_id;
     let meta_len = sc.meta_blocks as usize * BLOCK;
     let meta_off = sc.start_block as usize * BLOCK;
     let total_len = meta_len + sc.data_count as usize * BLOCK;
-    // SAFETY: a queued chunk's metadata blocks belong to the flusher; its data blocks are
+    // SAFETY: called by the flusher on a chunk it took off the queue; its data blocks are
     // immutable, and others only read them (see buffers.rs).
-    let meta = unsafe { inner.buffers.slice_mut(sc.buffer, meta_off, meta_len) };
+    let meta = unsafe { chunk_meta(inner, sc) };
     let data = unsafe {
         inner
             .buffers
             .slice(sc.buffer, meta_off + meta_len, total_len - meta_len)
     };
-    let mut crcs = Vec::with_capacity(sc.data_count as usize);
-    for (i, lba) in sc.lbas.iter().enumerate() {
-        if *lba == u64::MAX {
-            crcs.push(0);
-            continue;
+    for i in 0..sc.data_count as usize {
+        let e = chunk::entry_at(meta, i);
+        if e.kind == chunk::KIND_DATA {
+            let crc = crc_block(format_id, e.lba, &data[i * BLOCK..(i + 1) * BLOCK]);
+            chunk::put_entry_crc(meta, i, crc);
         }
-        let crc = crc_block(format_id, *lba, &data[i * BLOCK..(i + 1) * BLOCK]);
-        chunk::put_entry_crc(meta, i, crc);
-        crcs.push(crc);
     }
     chunk::put_synced_seq(meta, synced_seq);
     chunk::seal(meta, format_id, sc.data_count as u16);
@@ -219,8 +231,7 @@ fn write_chunk(inner: &Inner, sc: &SealedChunk, synced_seq: u64) -> Result<Vec<u
     inner
         .cache
         .write_at(whole, off)
-        .map_err(|e| Error::io(format!("writing chunk {} at offset {off}", sc.seq), e))?;
-    Ok(crcs)
+        .map_err(|e| Error::io(format!("writing chunk {} at offset {off}", sc.seq), e))
 }
 
 pub(crate) fn fail(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {

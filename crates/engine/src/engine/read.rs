@@ -18,29 +18,22 @@ pub fn read(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<()> {
     let mut done = 0usize;
     // A pending run of bytes that no cache block covers: [miss_start, done) of `buf`.
     let mut miss_start: Option<usize> = None;
-    let (mut hits, mut misses) = (0u64, 0u64);
     while done < buf.len() {
         let pos = offset + done as u64;
         let lba = pos / BLOCK_SIZE_BYTES;
         let in_block = (pos % BLOCK_SIZE_BYTES) as usize;
         let len = (BLOCK - in_block).min(buf.len() - done);
-        let cached = {
-            let st = inner.state.lock();
-            check_usable(&st)?;
-            st.index.get(lba).is_some()
-        };
-        if !cached {
-            miss_start.get_or_insert(done);
-            misses += 1;
-        } else {
-            if let Some(start) = miss_start.take() {
-                read_backing(inner, offset + start as u64, &mut buf[start..done])?;
+        // The request is counted under the first block's lock hold, not with a lock of its own.
+        let request_bytes = if done == 0 { buf.len() as u64 } else { 0 };
+        let dst = &mut buf[done..done + len];
+        match read_block(inner, lba, in_block / SECTOR, dst, request_bytes)? {
+            BlockRead::NotCached => {
+                miss_start.get_or_insert(done);
             }
-            let hit = read_block(inner, lba, in_block / SECTOR, &mut buf[done..done + len])?;
-            if hit {
-                hits += 1;
-            } else {
-                misses += 1;
+            BlockRead::Done => {
+                if let Some(start) = miss_start.take() {
+                    read_backing(inner, offset + start as u64, &mut buf[start..done])?;
+                }
             }
         }
         done += len;
@@ -48,12 +41,16 @@ pub fn read(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<()> {
     if let Some(start) = miss_start {
         read_backing(inner, offset + start as u64, &mut buf[start..])?;
     }
-    let mut st = inner.state.lock();
-    st.counters.reads += 1;
-    st.counters.read_bytes += buf.len() as u64;
-    st.counters.read_hits += hits;
-    st.counters.read_misses += misses;
     Ok(())
+}
+
+/// What `read_block` did with one block.
+enum BlockRead {
+    /// Not in the cache: the caller reads it from the backing device, merged with its
+    /// neighbours into one IO.
+    NotCached,
+    /// `dst` holds the block's newest data.
+    Done,
 }
 
 fn read_backing(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -69,18 +66,32 @@ fn read_backing(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<()> {
     })
 }
 
-/// Reads part of one block that is (or was, a moment ago) in the cache. Returns whether every
-/// requested sector came from the cache.
-fn read_block(inner: &Inner, lba: u64, first_sector: usize, dst: &mut [u8]) -> Result<bool> {
+/// Reads part of one block if it is cached, taking the state lock once. Counts the block as a
+/// hit (every wanted sector in the cache) or a miss, and the request when `request_bytes > 0`.
+fn read_block(
+    inner: &Inner,
+    lba: u64,
+    first_sector: usize,
+    dst: &mut [u8],
+    request_bytes: u64,
+) -> Result<BlockRead> {
     let want = sector_mask(first_sector, dst.len() / SECTOR);
     let in_block = first_sector * SECTOR;
     let mut st = inner.state.lock();
+    check_usable(&st)?;
+    if request_bytes > 0 {
+        st.counters.reads += 1;
+        st.counters.read_bytes += request_bytes;
+    }
     let Some(c) = st.index.get(lba) else {
-        drop(st);
-        // Dropped from the cache since the caller looked: the backing device has it.
-        read_backing(inner, lba * BLOCK_SIZE_BYTES + in_block as u64, dst)?;
-        return Ok(false);
+        st.counters.read_misses += 1;
+        return Ok(BlockRead::NotCached);
     };
+    if want & !st.valid_mask[c as usize] == 0 {
+        st.counters.read_hits += 1;
+    } else {
+        st.counters.read_misses += 1;
+    }
     let valid = st.valid_mask[c as usize];
     match st.locate(c) {
         Location::OpenChunk { buffer } | Location::Ram { buffer } => {
@@ -100,7 +111,7 @@ fn read_block(inner: &Inner, lba: u64, first_sector: usize, dst: &mut [u8]) -> R
     drop(st);
     let missing = want & !valid;
     if missing == 0 {
-        return Ok(true);
+        return Ok(BlockRead::Done);
     }
     // Sectors the cache never held come from the backing device, one read per run.
     debug_assert!(valid != FULL_MASK);
@@ -122,7 +133,7 @@ fn read_block(inner: &Inner, lba: u64, first_sector: usize, dst: &mut [u8]) -> R
             &mut dst[from..to],
         )?;
     }
-    Ok(false)
+    Ok(BlockRead::Done)
 }
 
 /// Reads cache block `c` (the current copy of `lba`) with the state lock released, verifies its

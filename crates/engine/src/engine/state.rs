@@ -77,8 +77,6 @@ pub struct SealedChunk {
     pub start_block: u32,
     pub meta_blocks: u32,
     pub data_count: u32,
-    /// Backing block of each data block, `u64::MAX` for holes.
-    pub lbas: Vec<u64>,
 }
 
 /// Where the newest copy of a cached block is.
@@ -201,7 +199,6 @@ impl State {
         let o = self.open.clone();
         let seg_buffer = self.segments[o.slot as usize].buffer;
         assert_ne!(seg_buffer, NO_BUFFER);
-        let mut lbas = Vec::with_capacity(o.data_count as usize);
         // SAFETY: the metadata blocks of the open chunk are owned by the lock holder until it
         // is queued below.
         let meta = unsafe {
@@ -226,20 +223,14 @@ impl State {
         for i in 0..o.data_count {
             let c = self.geo.cache_block(o.slot, o.data_start() + i);
             let entry = match self.index.lba_of(c) {
-                Some(lba) => {
-                    lbas.push(lba);
-                    Entry {
-                        lba,
-                        data_crc: 0,
-                        kind: KIND_DATA,
-                        dirty_mask: self.dirty_mask[c as usize],
-                        valid_mask: self.valid_mask[c as usize],
-                    }
-                }
-                None => {
-                    lbas.push(u64::MAX);
-                    Entry::hole()
-                }
+                Some(lba) => Entry {
+                    lba,
+                    data_crc: 0,
+                    kind: KIND_DATA,
+                    dirty_mask: self.dirty_mask[c as usize],
+                    valid_mask: self.valid_mask[c as usize],
+                },
+                None => Entry::hole(),
             };
             chunk::put_entry(meta, i as usize, &entry);
         }
@@ -250,7 +241,6 @@ impl State {
             start_block: o.start_block,
             meta_blocks: o.meta_blocks,
             data_count: o.data_count,
-            lbas,
         });
         self.counters.chunks_sealed += 1;
         self.segments[o.slot as usize].last_sealed_seq = o.seq;

@@ -35,12 +35,17 @@ pub fn write(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
         let lba = pos / BLOCK_SIZE_BYTES;
         let in_block = (pos % BLOCK_SIZE_BYTES) as usize;
         let len = (BLOCK - in_block).min(data.len() - done);
-        write_block(inner, lba, in_block / SECTOR, &data[done..done + len])?;
+        // The request is counted under the first block's lock hold, not with a lock of its own.
+        let request_bytes = if done == 0 { data.len() as u64 } else { 0 };
+        write_block(
+            inner,
+            lba,
+            in_block / SECTOR,
+            &data[done..done + len],
+            request_bytes,
+        )?;
         done += len;
     }
-    let mut st = inner.state.lock();
-    st.counters.writes += 1;
-    st.counters.write_bytes += data.len() as u64;
     Ok(())
 }
 
@@ -49,12 +54,23 @@ struct OnDiskCopy {
     block: u32,
 }
 
-fn write_block(inner: &Inner, lba: u64, first_sector: usize, src: &[u8]) -> Result<()> {
+fn write_block(
+    inner: &Inner,
+    lba: u64,
+    first_sector: usize,
+    src: &[u8],
+    request_bytes: u64,
+) -> Result<()> {
     debug_assert_eq!(src.len() % SECTOR, 0);
     let new_mask = sector_mask(first_sector, src.len() / SECTOR);
     let in_block = first_sector * SECTOR;
     let mut disk_copy: Option<OnDiskCopy> = None;
     let mut st = inner.state.lock();
+    check_usable(&st)?;
+    if request_bytes > 0 {
+        st.counters.writes += 1;
+        st.counters.write_bytes += request_bytes;
+    }
     loop {
         check_usable(&st)?;
         let old = st.index.get(lba);

@@ -131,6 +131,19 @@ pub fn put_entry(meta: &mut [u8], index: usize, e: &Entry) {
     b[15] = 0;
 }
 
+/// Reads entry `index` as encoded, without validating it (for the writer's own metadata).
+pub fn entry_at(meta: &[u8], index: usize) -> Entry {
+    let off = HEADER_SIZE_BYTES + index * ENTRY_SIZE_BYTES;
+    let b = &meta[off..off + ENTRY_SIZE_BYTES];
+    Entry {
+        lba: get_u64(b, 0),
+        data_crc: get_u32(b, 8),
+        kind: b[12],
+        dirty_mask: b[13],
+        valid_mask: b[14],
+    }
+}
+
 /// Sets the `synced_seq` field of an encoded header (the flusher knows it only at write time).
 pub fn put_synced_seq(meta: &mut [u8], synced_seq: u64) {
     put_u64(meta, 32, synced_seq);
@@ -204,22 +217,15 @@ pub fn decode_entries(meta: &[u8], format_id: u64, h: &ChunkHeader) -> Result<Ve
     let mut entries = Vec::with_capacity(h.entry_count as usize);
     let mut blocks = 0u32;
     for i in 0..h.entry_count as usize {
-        let off = HEADER_SIZE_BYTES + i * ENTRY_SIZE_BYTES;
-        let b = &meta[off..off + ENTRY_SIZE_BYTES];
-        let e = Entry {
-            lba: get_u64(b, 0),
-            data_crc: get_u32(b, 8),
-            kind: b[12],
-            dirty_mask: b[13],
-            valid_mask: b[14],
-        };
+        let e = entry_at(meta, i);
+        let reserved = meta[HEADER_SIZE_BYTES + i * ENTRY_SIZE_BYTES + 15];
         let ok = match e.kind {
             KIND_HOLE => true,
             KIND_DATA => e.valid_mask != 0 && e.dirty_mask & !e.valid_mask == 0,
             KIND_ZERO => e.data_crc != 0,
             _ => false,
         };
-        if !ok || b[15] != 0 {
+        if !ok || reserved != 0 {
             return Err(Error::Corruption(format!(
                 "chunk seq {} entry {i} is invalid: {e:?}",
                 h.seq
