@@ -14,9 +14,10 @@ for component in rustfmt clippy; do
     fi
 done
 
-# Debian packages used by tests and benchmarks. The engine needs none yet; the NBD server's
-# tests will add real clients here (nbdkit, libnbd-bin, python3-libnbd, fio, qemu-utils, ...).
-APT_PACKAGES=()
+# Debian packages used by tests and benchmarks: real NBD clients and servers (libnbd-bin has
+# nbdinfo, nbdcopy, nbdsh and nbdfuse; qemu-utils has qemu-img, qemu-io and qemu-nbd), fio for
+# load, xfsprogs and fuse3 for the filesystem test.
+APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd fio qemu-utils xfsprogs fuse3 util-linux)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

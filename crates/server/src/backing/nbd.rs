@@ -1,0 +1,1 @@
+//! A backing device served over NBD (filled in by the NBD client work).
