@@ -1,7 +1,16 @@
-//! The `logcache` command. This first subcommand is `bench engine`; the serving and
-//! administration commands grow here.
+//! The `logcache` command: format, serve, administer and inspect a cache. Subcommand names,
+//! flags and JSON keys are a contract scripts rely on (see README).
 
 mod bench;
+mod cmd;
+mod control;
+mod defaults;
+mod devices;
+mod metrics;
+mod offline;
+mod served;
+mod size;
+mod sockets;
 
 use std::process::ExitCode;
 
@@ -11,7 +20,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "logcache",
     version,
-    about = "A log-structured write-back cache for block devices"
+    about = "A log-structured write-back cache for block devices, served over NBD"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -20,6 +29,22 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Make a cache device ready to cache a backing device (fast: O(1) in the cache size).
+    Format(cmd::format::FormatArgs),
+    /// Serve the cached disk over NBD until SIGTERM or SIGINT. With neither --cache nor
+    /// --backing, serves the embedded default under ./logcache-data.
+    Serve(cmd::serve::ServeArgs),
+    /// Show what a running serve is doing.
+    Status(cmd::admin::StatusArgs),
+    /// Change tunables of a running serve (KEY=VALUE...); with none, list them.
+    Set(cmd::admin::SetArgs),
+    /// Write every dirty block back to the backing device, with progress; returns when none
+    /// is dirty.
+    Drain(cmd::admin::DrainArgs),
+    /// Verify a cache that is not being served, and say what was found.
+    Check(cmd::inspect::CheckArgs),
+    /// Print a cache's segment metadata for humans.
+    Dump(cmd::inspect::DumpArgs),
     /// Measure logcache's speed.
     Bench {
         #[command(subcommand)]
@@ -30,6 +55,17 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Format(a) => cmd::format::run(&a),
+        Command::Serve(a) => cmd::serve::run(&a),
+        Command::Status(a) => cmd::admin::status(&a),
+        Command::Set(a) => cmd::admin::set(&a),
+        Command::Drain(a) => cmd::admin::drain(&a),
+        Command::Check(a) => match cmd::inspect::check(&a) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(1),
+            Err(e) => Err(e),
+        },
+        Command::Dump(a) => cmd::inspect::dump(&a),
         Command::Bench { what } => bench::run(what),
     };
     match result {

@@ -6,6 +6,9 @@
 pub const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
 /// ASCII "IHAVEOPT": newstyle greeting magic, also prefixes every client option.
 pub const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+/// Second magic of an oldstyle greeting (instead of IHAVEOPT); only recognised, to say clearly
+/// that oldstyle servers are not supported.
+pub const OLDSTYLE_MAGIC: u64 = 0x0000_4202_8186_1253;
 /// Prefix of every fixed-newstyle option reply.
 pub const OPTION_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 /// Prefix of every transmission-phase request.
@@ -25,6 +28,8 @@ pub const CLIENT_FLAGS_BYTES: usize = 4;
 pub const OPTION_HEADER_BYTES: usize = 16;
 /// Option reply header: magic + option + reply type + length.
 pub const OPTION_REPLY_HEADER_BYTES: usize = 20;
+/// Size and transmission flags at the start of an `OPT_EXPORT_NAME` reply.
+pub const EXPORT_NAME_REPLY_BYTES: usize = 10;
 /// Reserved zeroes after an `OPT_EXPORT_NAME` reply unless `NO_ZEROES` was negotiated.
 pub const EXPORT_NAME_ZEROES_BYTES: usize = 124;
 /// Request header: magic + flags + type + cookie + offset + length.

@@ -6,12 +6,15 @@
 //! decoder returns a [`ProtocolError`] for malformed input instead of panicking, because all of
 //! these bytes come from an untrusted peer. Everything is big-endian, as the spec requires.
 
+/// A blocking client over std sockets: unlike the codec modules, this one does IO.
+pub mod client;
 pub mod consts;
 pub mod error;
 pub mod handshake;
 pub mod option_reply;
 pub mod reply;
 pub mod request;
+pub mod uri;
 mod wire;
 
 pub use error::{ProtocolError, Result};

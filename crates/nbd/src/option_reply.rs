@@ -2,9 +2,9 @@
 //! `OPT_EXPORT_NAME` reply.
 
 use crate::consts::{
-    EXPORT_NAME_ZEROES_BYTES, INFO_BLOCK_SIZE, INFO_DESCRIPTION, INFO_EXPORT, INFO_NAME,
-    OPTION_REPLY_HEADER_BYTES, OPTION_REPLY_MAGIC, REP_ACK, REP_FLAG_ERROR, REP_INFO,
-    REP_META_CONTEXT, REP_SERVER,
+    EXPORT_NAME_REPLY_BYTES, EXPORT_NAME_ZEROES_BYTES, INFO_BLOCK_SIZE, INFO_DESCRIPTION,
+    INFO_EXPORT, INFO_NAME, OPTION_REPLY_HEADER_BYTES, OPTION_REPLY_MAGIC, REP_ACK, REP_FLAG_ERROR,
+    REP_INFO, REP_META_CONTEXT, REP_SERVER,
 };
 use crate::error::{ProtocolError, Result};
 use crate::wire::{check_string_length, to_u32, validate_string, Reader};
@@ -225,6 +225,17 @@ pub fn encode_export_name_reply(
     out
 }
 
+/// Decodes the size and transmission flags that start an `OPT_EXPORT_NAME` reply (client side);
+/// the caller then skips the reserved zeroes unless `NO_ZEROES` was negotiated.
+pub fn decode_export_name_reply(bytes: &[u8; EXPORT_NAME_REPLY_BYTES]) -> (u64, u16) {
+    let mut size = [0u8; 8];
+    size.copy_from_slice(&bytes[..8]);
+    (
+        u64::from_be_bytes(size),
+        u16::from_be_bytes([bytes[8], bytes[9]]),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,5 +381,7 @@ mod tests {
         assert!(padded[10..].iter().all(|&byte| byte == 0));
         let bare = encode_export_name_reply(4096, FLAG_HAS_FLAGS, true);
         assert_eq!(bare, padded[..10]);
+        let head: [u8; EXPORT_NAME_REPLY_BYTES] = bare.as_slice().try_into().unwrap();
+        assert_eq!(decode_export_name_reply(&head), (4096, FLAG_HAS_FLAGS));
     }
 }

@@ -1,4 +1,32 @@
 //! logcache's NBD server: serves an [`logcache_engine::Engine`] to NBD clients over Unix and TCP
 //! sockets, and opens backing devices given as a path or an NBD URI.
+//!
+//! Server modules, one job each: `config` (what is exported), `server` (life cycle),
+//! `listener` (accept loops), `connection` (one client's thread), `negotiate` (handshake),
+//! `transmission` (the request loop), `workers` (slow commands), `ops` (block operations on the
+//! engine), `reply` (reply encoding), `sink` (serialised reply writing), `input` (the request
+//! buffer), `stream` (socket calls), `errno`, `limits`, `stats`, `error`.
 
 pub mod backing;
+mod config;
+mod connection;
+mod errno;
+mod error;
+mod input;
+mod limits;
+mod listener;
+mod negotiate;
+mod ops;
+mod reply;
+mod server;
+mod sink;
+mod stats;
+mod stream;
+mod transmission;
+mod workers;
+
+pub use config::{ServerConfig, DEFAULT_DESCRIPTION, DEFAULT_EXPORT_NAME};
+pub use error::ServerError;
+pub use limits::MAX_PAYLOAD_BYTES;
+pub use server::Server;
+pub use stats::ServerStats;

@@ -8,7 +8,7 @@ use crate::format::*;
 use crate::io::aligned::AlignedBuf;
 use crate::io::BlockDevice;
 
-use super::checkpoint;
+use super::{checkpoint, tunables};
 
 #[derive(Clone, Debug)]
 pub struct FormatOptions {
@@ -146,12 +146,12 @@ pub fn format(
             end_seq: 0,
             writeback_seq: 0,
         },
-        tunables: PersistedTunables {
-            seal_interval_ms: match opts.seal_interval_ms {
-                None => 0,
-                Some(0) => u32::MAX,
-                Some(v) => v,
-            },
+        tunables: {
+            let mut t = PersistedTunables::default();
+            if let Some(ms) = opts.seal_interval_ms {
+                t.put(tunables::SPECS[tunables::SEAL_INTERVAL_MS].slot, ms as u64);
+            }
+            t
         },
     };
     sb.validate()?;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::MutexGuard;
 
-use super::reclaim;
+use super::{reclaim, tunables, writeback};
 use super::state::{SealedChunk, State};
 use super::write::check_usable;
 use super::{Inner, SYNC_EVERY_BYTES};
@@ -60,16 +60,19 @@ pub fn run(inner: &Inner) {
 }
 
 fn has_work(st: &State) -> bool {
-    !st.queue.is_empty()
-        || st.sync_wanted_seq > st.synced_seq
-        || st.space_waiters > 0
-        || reclaim::under_pressure(st)
+    let durability_work = !st.queue.is_empty() || st.sync_wanted_seq > st.synced_seq;
+    // Closing: only what close waits for. Room-making may never finish (a log full of dirty
+    // blocks waits for writeback, which has stopped) and nobody needs it any more.
+    if st.closing {
+        return durability_work;
+    }
+    durability_work || st.space_waiters > 0 || reclaim::under_pressure(st)
 }
 
 fn next_wake(inner: &Inner, st: &State) -> Duration {
-    match (inner.seal_interval_ms, st.open.first_write_at) {
+    match (inner.seal_interval_ms(), st.open.first_write_at) {
         (ms, Some(t)) if ms > 0 => {
-            let due = t + Duration::from_millis(ms as u64);
+            let due = t + Duration::from_millis(ms);
             due.saturating_duration_since(Instant::now())
                 .clamp(Duration::from_millis(1), IDLE_WAKE)
         }
@@ -79,11 +82,12 @@ fn next_wake(inner: &Inner, st: &State) -> Duration {
 
 /// Seals the open chunk if its oldest write waited the seal interval, and asks for a sync.
 pub fn seal_if_due(inner: &Inner, st: &mut State, now: Instant) {
-    if inner.seal_interval_ms == 0 || st.failed.is_some() {
+    let interval_ms = inner.seal_interval_ms();
+    if interval_ms == 0 || st.failed.is_some() {
         return;
     }
     let due = st.open.first_write_at.is_some_and(|t| {
-        now.saturating_duration_since(t) >= Duration::from_millis(inner.seal_interval_ms as u64)
+        now.saturating_duration_since(t) >= Duration::from_millis(interval_ms)
     });
     if due && st.seal(&inner.buffers) {
         st.sync_wanted_seq = st.sync_wanted_seq.max(st.next_seq - 1);
@@ -138,6 +142,9 @@ fn step<'a>(
             "chunks must reach the device in order"
         );
         st.written_seq = sc.seq;
+        let id = st.segments[sc.slot as usize].id;
+        let end_block = sc.start_block + sc.meta_blocks + sc.data_count;
+        st.unsynced_ends.push((sc.slot, id, end_block));
     }
     st.counters.chunks_written += batch.len() as u64;
     st.counters.chunk_bytes_written += bytes;
@@ -163,6 +170,11 @@ fn step<'a>(
         }
         st.synced_seq = target;
         st.unsynced_bytes = 0;
+        st.mark_written_synced();
+        // Newly durable chunks are what a waiting writeback can take.
+        if st.drain_requests > 0 || st.space_waiters > 0 {
+            inner.writeback_wake.notify_one();
+        }
         st.counters.cache_syncs += 1;
         progressed = true;
     }
@@ -302,7 +314,16 @@ pub fn wait_for_room<'a>(
     st.counters.write_waits += 1;
     if inner.manual {
         drop(st);
-        let progressed = drain_inline(inner, true)?;
+        let mut progressed = drain_inline(inner, true)?;
+        if !inner.state.lock().open.active {
+            // The log is full of dirty blocks: make it durable, write back, then reclaim.
+            wait_durable(inner)?;
+            let batch = inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize;
+            if writeback::step(inner, batch)? > 0 {
+                drain_inline(inner, true)?;
+                progressed = true;
+            }
+        }
         let st = inner.state.lock();
         if !progressed && !st.open.active {
             return Err(Error::NoSpace(
@@ -313,6 +334,8 @@ pub fn wait_for_room<'a>(
     }
     st.space_waiters += 1;
     inner.flusher_wake.notify_one();
+    // A log full of dirty blocks needs writeback to make room.
+    inner.writeback_wake.notify_one();
     inner.progress.wait(&mut st);
     st.space_waiters -= 1;
     Ok(st)

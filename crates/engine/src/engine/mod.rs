@@ -15,12 +15,15 @@ mod checkpoint;
 mod create;
 mod flusher;
 pub mod geometry;
+mod inspect;
 mod read;
 mod reclaim;
 mod recover;
 mod state;
 pub mod stats;
+pub mod tunables;
 mod write;
+mod writeback;
 
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
@@ -30,12 +33,19 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 
 pub use self::create::{format, FormatOptions};
+pub use self::inspect::{
+    check, dump, kind_name, BackingReport, BadBlock, BadChunk, CheckReport, ChunkDump, CopyState,
+    DumpReport, Finding, Layout, LogEnd, LogReport, Reject, SegmentDump, Severity, SuperblockCopy,
+    TunableReport, WalkStop,
+};
 pub use self::stats::{Counters, RecoveryReport, Stats};
+pub use self::writeback::DrainProgress;
 
 use self::buffers::SegmentBuffers;
 use self::checkpoint::SuperblockWriter;
 use self::geometry::Geometry;
 use self::state::State;
+use self::tunables::{TunableValue, Tunables};
 use crate::error::{Error, Result};
 use crate::format::superblock::{Superblock, CHECKPOINT_CLEAN};
 use crate::format::{label, BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
@@ -44,8 +54,6 @@ use crate::io::BlockDevice;
 
 /// Default total size of the RAM segment buffers (the seed's 64 MiB).
 pub const RAM_BUFFER_DEFAULT_BYTES: u64 = 64 << 20;
-/// Default periodic seal interval.
-pub const SEAL_INTERVAL_DEFAULT_MS: u32 = 1000;
 /// The flusher syncs the cache device at least once per this many bytes written, which bounds
 /// how much data recovery must read to verify the unsynced tail.
 pub const SYNC_EVERY_BYTES: u64 = 64 << 20;
@@ -81,12 +89,14 @@ pub(crate) struct Inner {
     pub flusher_wake: Condvar,
     /// Wakes writers waiting for room and flushes waiting for a sync.
     pub progress: Condvar,
+    /// Wakes the writeback thread (drain requested, closing, writers short of room).
+    pub writeback_wake: Condvar,
     pub buffers: SegmentBuffers,
     /// Per slot: readers currently reading blocks of this segment from the cache device.
     pub pins: Vec<AtomicU32>,
     pub superblock: SuperblockWriter,
     pub manual: bool,
-    pub seal_interval_ms: u32,
+    pub tunables: Tunables,
     pub recovery: RecoveryReport,
     /// Serialises inline flusher rounds in manual mode.
     pub flusher_lock: Mutex<()>,
@@ -94,11 +104,18 @@ pub(crate) struct Inner {
     pub relocate_buf: Mutex<AlignedBuf>,
 }
 
+impl Inner {
+    pub fn seal_interval_ms(&self) -> u64 {
+        self.tunables.get(tunables::SEAL_INTERVAL_MS)
+    }
+}
+
 /// A cache opened for IO. Cloning gives another handle to the same engine.
 #[derive(Clone)]
 pub struct Engine {
     inner: Arc<Inner>,
-    thread: Arc<Mutex<Option<JoinHandle<()>>>>,
+    /// The flusher and writeback threads.
+    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Engine {
@@ -132,14 +149,10 @@ impl Engine {
             .clamp(2, geo.segment_count - 1)
             .min(u32::MAX as u64 - 1) as u32;
         let buffers = SegmentBuffers::new(buffer_count, segment_bytes);
-        let seal_interval_ms = match opts.seal_interval_ms {
-            Some(v) => v,
-            None => match sb.tunables.seal_interval_ms {
-                0 => SEAL_INTERVAL_DEFAULT_MS,
-                u32::MAX => 0,
-                v => v,
-            },
-        };
+        let tunables = Tunables::from_persisted(&sb.tunables);
+        if let Some(ms) = opts.seal_interval_ms {
+            tunables.set(tunables::SEAL_INTERVAL_MS, ms as u64);
+        }
         let epoch = sb.checkpoint.epoch + 1;
         let last_seq = recovered.last_seq;
         let superblock = SuperblockWriter::new(cache.clone(), sb);
@@ -150,6 +163,9 @@ impl Engine {
             s.checkpoint.flags &= !CHECKPOINT_CLEAN;
             s.checkpoint.epoch = epoch;
             s.checkpoint.cut_seq = last_seq;
+            // Sequences after the cut are reused by this session: a writeback position past
+            // it would make their new dirty chunks replay as clean.
+            s.checkpoint.writeback_seq = s.checkpoint.writeback_seq.min(last_seq);
             s.checkpoint.end_seq = 0;
             s.checkpoint.head_segment_id = recovered.head_segment_id;
             s.checkpoint.head_seq = recovered.head_seq;
@@ -166,11 +182,12 @@ impl Engine {
             state: Mutex::new(state),
             flusher_wake: Condvar::new(),
             progress: Condvar::new(),
+            writeback_wake: Condvar::new(),
             buffers,
             pins,
             superblock,
             manual: opts.manual_flusher,
-            seal_interval_ms,
+            tunables,
             recovery: report,
             flusher_lock: Mutex::new(()),
             relocate_buf: Mutex::new(AlignedBuf::new(segment_bytes as usize)),
@@ -181,20 +198,34 @@ impl Engine {
                 st.open_segment(false);
             }
         }
-        let thread = if inner.manual {
-            None
-        } else {
+        let mut threads = Vec::new();
+        if !inner.manual {
             let i = inner.clone();
-            Some(
+            threads.push(
                 std::thread::Builder::new()
                     .name("logcache-flusher".into())
                     .spawn(move || flusher::run(&i))
                     .map_err(|e| Error::io("starting the flusher thread", e))?,
-            )
-        };
+            );
+            let i = inner.clone();
+            let wb = std::thread::Builder::new()
+                .name("logcache-writeback".into())
+                .spawn(move || writeback::run(&i));
+            match wb {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    inner.state.lock().closing = true;
+                    inner.flusher_wake.notify_all();
+                    for t in threads {
+                        let _ = t.join();
+                    }
+                    return Err(Error::io("starting the writeback thread", e));
+                }
+            }
+        }
         Ok(Engine {
             inner,
-            thread: Arc::new(Mutex::new(thread)),
+            threads: Arc::new(Mutex::new(threads)),
         })
     }
 
@@ -268,16 +299,18 @@ impl Engine {
         };
         self.stop_thread();
         res?;
-        let (end_seq, head, head_seq) = {
+        let (end_seq, head, head_seq, wb_seq) = {
             let st = self.inner.state.lock();
             assert!(st.queue.is_empty());
-            (st.next_seq - 1, st.head_segment_id, st.head_seq())
+            let wb_seq = writeback::writeback_position(&st).max(st.writeback_seq);
+            (st.next_seq - 1, st.head_segment_id, st.head_seq(), wb_seq)
         };
         self.inner.superblock.update(|s| {
             s.checkpoint.flags |= CHECKPOINT_CLEAN;
             s.checkpoint.end_seq = end_seq;
             s.checkpoint.head_segment_id = head;
             s.checkpoint.head_seq = head_seq;
+            s.checkpoint.writeback_seq = wb_seq;
         })
     }
 
@@ -287,8 +320,10 @@ impl Engine {
             st.closing = true;
         }
         self.inner.flusher_wake.notify_all();
-        if let Some(t) = self.thread.lock().take() {
-            // A panicking flusher already recorded nothing more useful than its message.
+        self.inner.writeback_wake.notify_all();
+        let threads = std::mem::take(&mut *self.threads.lock());
+        for t in threads {
+            // A panicking thread already recorded nothing more useful than its message.
             let _ = t.join();
         }
     }
@@ -301,6 +336,55 @@ impl Engine {
             st.failed = Some("crashed".into());
         }
         self.stop_thread();
+    }
+
+    /// Writes every dirty block back to the backing device and syncs it; returns once none is
+    /// dirty, calling `progress` a few times a second. Writes arriving meanwhile are drained
+    /// too, so under a steady write load this returns when writeback has caught up.
+    pub fn drain(&self, progress: impl FnMut(DrainProgress)) -> Result<()> {
+        self.check_usable()?;
+        writeback::drain(&self.inner, progress)
+    }
+
+    /// Manual mode (tests): one writeback batch of up to `max_blocks` durable dirty blocks,
+    /// regardless of policy. Returns how many blocks became clean.
+    pub fn writeback_step(&self, max_blocks: usize) -> Result<u64> {
+        self.check_usable()?;
+        writeback::step(&self.inner, max_blocks)
+    }
+
+    /// Every tunable with its current value, default and range.
+    pub fn tunables(&self) -> Vec<TunableValue> {
+        self.inner.tunables.list()
+    }
+
+    /// Changes a tunable while serving and persists it in the superblock, so a restart keeps
+    /// it. Unknown names, values out of range and tunables that cannot change online are
+    /// `InvalidArgument` errors that say what is allowed.
+    pub fn set_tunable(&self, name: &str, value: &str) -> Result<()> {
+        let (index, value) = tunables::parse(name, value)?;
+        if !tunables::SPECS[index].online {
+            return Err(Error::InvalidArgument(format!(
+                "{name} cannot change while the cache is served; stop it and pass --set {name}=... to serve"
+            )));
+        }
+        self.set_tunable_value(index, value)
+    }
+
+    fn set_tunable_value(&self, index: usize, value: u64) -> Result<()> {
+        self.check_usable()?;
+        self.inner.tunables.set(index, value);
+        let persisted = self.inner.tunables.to_persisted();
+        self.inner.superblock.update(|s| s.tunables = persisted)?;
+        self.inner.state.lock().counters.superblock_writes += 1;
+        // The flusher's sleep depends on the seal interval.
+        self.inner.flusher_wake.notify_all();
+        Ok(())
+    }
+
+    fn check_usable(&self) -> Result<()> {
+        let st = self.inner.state.lock();
+        write::check_usable(&st)
     }
 
     pub fn stats(&self) -> Stats {
@@ -316,6 +400,9 @@ impl Engine {
             cache_blocks: g.cache_block_count() as u64,
             cached_blocks: st.index.len() as u64,
             dirty_blocks: st.dirty_blocks,
+            writeback_rate_blocks_per_s: st.writeback_rate_blocks_per_s,
+            writeback_seq: st.writeback_seq,
+            writeback_error: st.writeback_error.clone(),
             ram_buffers: self.inner.buffers.count(),
             ram_buffers_free: st.free_buffers.len() as u32,
             ram_buffer_bytes: self.inner.buffers.memory_bytes() as u64,
@@ -352,7 +439,7 @@ impl Drop for Engine {
     fn drop(&mut self) {
         // The last user handle going away without close() stops the flusher: an unclean stop,
         // which the next open recovers from like a crash.
-        if Arc::strong_count(&self.thread) == 1 {
+        if Arc::strong_count(&self.threads) == 1 {
             self.stop_thread();
         }
     }

@@ -1,9 +1,8 @@
 //! Making room in the ring: reclaim dead segments at the head, and under space pressure
 //! relocate the head segment's live blocks to the open chunk so it can die.
 //!
-//! Writeback (a later module) will add a cheaper way for a head block to die: once written back
-//! it is clean and can be dropped. Until then relocation is what keeps the log from jamming on a
-//! few long-lived blocks.
+//! Clean blocks (written back, see `writeback.rs`) are dropped rather than moved; relocation of
+//! dirty blocks keeps the log from jamming on a few long-lived blocks while writeback catches up.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -79,7 +78,7 @@ struct LiveBlock {
 /// caller seals, and the next rounds write, sync and reclaim it.
 pub fn relocate_head<'a>(
     inner: &'a Inner,
-    st: MutexGuard<'a, State>,
+    mut st: MutexGuard<'a, State>,
 ) -> Result<(MutexGuard<'a, State>, bool)> {
     if !under_pressure(&st) || st.failed.is_some() {
         return Ok((st, false));
@@ -102,15 +101,30 @@ pub fn relocate_head<'a>(
         }
         head += 1;
     };
-    // Moving blocks only makes room if there is room to make: with live data near the ring's
-    // capacity, relocation would cycle the same blocks forever. Below the limit, each pass over
-    // the ring compacts it and frees at least the slack.
+    // Clean blocks are the cheapest room there is: their data is on the backing device, so
+    // they are dropped, not moved. Only dirty blocks need relocating.
+    let mut evicted = false;
+    if st.segments[slot as usize].dirty_blocks < st.segments[slot as usize].live_blocks {
+        for b in 0..inner.geo.blocks_per_segment {
+            let c = inner.geo.cache_block(slot, b);
+            if st.index.lba_of(c).is_some() && st.dirty_mask[c as usize] == 0 {
+                st.evict(c);
+                evicted = true;
+            }
+        }
+        if st.segments[slot as usize].live_blocks == 0 {
+            return Ok((st, true));
+        }
+    }
+    // Moving blocks only makes room if there is room to make: with dirty data near the ring's
+    // capacity, relocation would cycle the same blocks forever; writers then wait for
+    // writeback. Below the limit, each pass over the ring compacts it and frees the slack.
     // Usable: all but the reserve, the open segment and one for writers to open.
     let usable_segments = inner.geo.segment_count - RESERVE_SEGMENTS - 2;
     let data_per_segment = chunk::plan(inner.geo.blocks_per_segment).1 as u64;
     let live_max = usable_segments * data_per_segment * RELOCATE_LIVE_MAX_PERCENT / 100;
-    if st.index.len() as u64 > live_max {
-        return Ok((st, false));
+    if st.dirty_blocks > live_max {
+        return Ok((st, evicted));
     }
     let mut live = Vec::with_capacity(st.segments[slot as usize].live_blocks as usize);
     for b in 0..inner.geo.blocks_per_segment {
@@ -173,8 +187,9 @@ pub fn relocate_head<'a>(
         unsafe { inner.buffers.slice_mut(buffer, noff, BLOCK) }
             .copy_from_slice(&seg_buf[b..b + BLOCK]);
         let c = l.cache_block as usize;
-        st.dirty_mask[nc as usize] = st.dirty_mask[c];
-        st.valid_mask[nc as usize] = st.valid_mask[c];
+        let (dirty, valid) = (st.dirty_mask[c], st.valid_mask[c]);
+        st.set_dirty_mask(nc, dirty);
+        st.valid_mask[nc as usize] = valid;
         let prev = st.index.insert(l.lba, nc);
         assert_eq!(prev, Some(l.cache_block));
         st.kill(l.cache_block);
@@ -183,5 +198,5 @@ pub fn relocate_head<'a>(
     inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
     st.counters.blocks_relocated += moved;
     // The caller seals once after a batch of relocations, so they share one chunk.
-    Ok((st, moved > 0))
+    Ok((st, moved > 0 || evicted))
 }

@@ -11,6 +11,9 @@
 //!
 //! Only the walk's end can be torn. If a chunk that a later chunk proves durable fails to
 //! verify, the cache device is damaged and recovery refuses to guess.
+//!
+//! The passes' pieces (`walk`, `judge_end`, `tail_cut`, `check_replayable`) are shared with
+//! `inspect`, so an offline check reports exactly what an open would do.
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -31,9 +34,9 @@ const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 
 /// Where a chunk of the recovered chain lives.
 #[derive(Clone, Copy, Debug)]
-struct ChunkPos {
-    header: ChunkHeader,
-    slot: u32,
+pub(crate) struct ChunkPos {
+    pub header: ChunkHeader,
+    pub slot: u32,
 }
 
 pub struct Recovered {
@@ -49,40 +52,95 @@ pub struct Recovered {
     data_crc: Vec<u32>,
     segments: Vec<SegmentInfo>,
     dirty_blocks: u64,
+    /// The persisted writeback position: chunks up to it replay as clean.
+    writeback_seq: u64,
     pub report: RecoveryReport,
 }
 
+/// Why no chunk continues the log at the place the walk expected one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reject {
+    /// No chunk header there: never written since the device was new, or overwritten.
+    NoChunk,
+    /// A chunk header of an earlier format of this device.
+    OtherFormat,
+    /// A chunk header whose fields are out of range: torn or damaged.
+    BadHeader(String),
+    /// A well-formed header that belongs elsewhere in the log (most often an older lap of the
+    /// ring that was never overwritten).
+    Elsewhere {
+        segment_id: u64,
+        start_block: u16,
+        seq: u64,
+    },
+    /// A chunk after the checkpoint's cut from another session: the tail of a crashed session
+    /// that its successor's recovery discarded.
+    StaleEpoch { epoch: u64 },
+    /// A chunk of an older session than the chunk before it.
+    EpochBackwards { epoch: u64, previous_epoch: u64 },
+    /// The header checksum or an entry does not verify: a torn or damaged chunk.
+    BadMetadata(String),
+}
+
+impl Reject {
+    /// Whether the place held a damaged chunk rather than something that simply is not part of
+    /// this log (the usual end of a log).
+    pub fn is_damage(&self) -> bool {
+        matches!(self, Reject::BadHeader(_) | Reject::BadMetadata(_))
+    }
+}
+
+/// A decoder's complaint, in words, without the error kind's prefix.
+fn reason(e: Error) -> String {
+    match e {
+        Error::Corruption(why) => why,
+        other => other.to_string(),
+    }
+}
+
+/// Why the walk of the log stopped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WalkStop {
+    /// It visited every segment slot of the ring.
+    RingFull,
+    /// The checkpoint is clean and the walk reached the last chunk it records.
+    CleanEnd,
+    /// The expected place holds no chunk that continues the log.
+    Rejected(Reject),
+}
+
 /// Reads chunk metadata into a reusable buffer.
-struct MetaReader<'a> {
+pub(crate) struct MetaReader<'a> {
     cache: &'a dyn BlockDevice,
     geo: &'a Geometry,
     buf: AlignedBuf,
-    bytes_read: u64,
+    pub bytes_read: u64,
 }
 
-impl MetaReader<'_> {
+impl<'a> MetaReader<'a> {
+    pub fn new(cache: &'a dyn BlockDevice, geo: &'a Geometry) -> MetaReader<'a> {
+        let max_meta_blocks = chunk::plan(geo.blocks_per_segment).0 as usize;
+        MetaReader {
+            cache,
+            geo,
+            buf: AlignedBuf::new(max_meta_blocks * BLOCK),
+            bytes_read: 0,
+        }
+    }
+
     /// Reads and fully verifies the chunk expected at (`segment_id`, `block`) with sequence
-    /// `seq`. `Ok(None)`: no valid chunk there (the log ends).
-    fn read(
+    /// `seq`. `Ok(Err(_))`: no valid chunk there (the log ends), and why.
+    pub fn read(
         &mut self,
         segment_id: u64,
         block: u32,
         seq: u64,
         sb: &Superblock,
         prev_epoch: u64,
-    ) -> Result<Option<(ChunkHeader, Vec<Entry>)>> {
-        let slot = self.geo.slot_of(segment_id);
-        let off = self.geo.offset_of(slot, block);
-        self.cache
-            .read_at(&mut self.buf[..BLOCK], off)
-            .map_err(|e| Error::io(format!("reading chunk metadata at offset {off}"), e))?;
-        self.bytes_read += BLOCK as u64;
-        let Ok(h) = chunk::decode_header(
-            &self.buf[..BLOCK],
-            self.geo.format_id,
-            self.geo.blocks_per_segment,
-        ) else {
-            return Ok(None);
+    ) -> Result<std::result::Result<(ChunkHeader, Vec<Entry>), Reject>> {
+        let h = match self.read_header(self.geo.slot_of(segment_id), block)? {
+            Ok(h) => h,
+            Err(r) => return Ok(Err(r)),
         };
         let cp = &sb.checkpoint;
         let epoch_ok = if h.seq > cp.cut_seq {
@@ -90,63 +148,132 @@ impl MetaReader<'_> {
         } else {
             h.epoch <= cp.epoch
         };
-        if h.segment_id != segment_id
-            || h.start_block as u32 != block
-            || h.seq != seq
-            || !epoch_ok
-            || h.epoch < prev_epoch
-        {
-            return Ok(None);
+        if h.segment_id != segment_id || h.start_block as u32 != block || h.seq != seq {
+            return Ok(Err(Reject::Elsewhere {
+                segment_id: h.segment_id,
+                start_block: h.start_block,
+                seq: h.seq,
+            }));
         }
+        if !epoch_ok {
+            return Ok(Err(Reject::StaleEpoch { epoch: h.epoch }));
+        }
+        if h.epoch < prev_epoch {
+            return Ok(Err(Reject::EpochBackwards {
+                epoch: h.epoch,
+                previous_epoch: prev_epoch,
+            }));
+        }
+        self.read_entries(self.geo.slot_of(segment_id), block, &h)
+    }
+
+    /// Reads and decodes the header at `block` of `slot`, with no expectations about it.
+    pub fn read_header(
+        &mut self,
+        slot: u32,
+        block: u32,
+    ) -> Result<std::result::Result<ChunkHeader, Reject>> {
+        self.bytes_read += BLOCK as u64;
+        self.read_header_uncounted(slot, block)
+    }
+
+    /// `read_header` without counting the read (the recovery report never counted its probe).
+    fn read_header_uncounted(
+        &mut self,
+        slot: u32,
+        block: u32,
+    ) -> Result<std::result::Result<ChunkHeader, Reject>> {
+        let off = self.geo.offset_of(slot, block);
+        self.cache
+            .read_at(&mut self.buf[..BLOCK], off)
+            .map_err(|e| Error::io(format!("reading chunk metadata at offset {off}"), e))?;
+        let first = &self.buf[..BLOCK];
+        match chunk::decode_header(first, self.geo.format_id, self.geo.blocks_per_segment) {
+            Ok(h) => Ok(Ok(h)),
+            Err(_) if first[..8] != chunk::CHUNK_MAGIC.to_le_bytes() => Ok(Err(Reject::NoChunk)),
+            Err(_) if first[8..16] != self.geo.format_id.to_le_bytes() => {
+                Ok(Err(Reject::OtherFormat))
+            }
+            Err(e) => Ok(Err(Reject::BadHeader(reason(e)))),
+        }
+    }
+
+    /// Reads the rest of the metadata of the chunk whose header `read_header` just decoded from
+    /// `block` of `slot`, verifies its checksum and decodes the entries.
+    pub fn read_entries(
+        &mut self,
+        slot: u32,
+        block: u32,
+        h: &ChunkHeader,
+    ) -> Result<std::result::Result<(ChunkHeader, Vec<Entry>), Reject>> {
+        let off = self.geo.offset_of(slot, block);
         let meta_len = h.meta_block_count as usize * BLOCK;
+        // No chunk has more metadata blocks than one that fills a whole segment (the buffer's
+        // size); a header claiming more is damaged, though its checksum is not checked yet.
+        if meta_len > self.buf.len() {
+            return Ok(Err(Reject::BadHeader(format!(
+                "chunk header claims {} metadata blocks; chunks of this segment size have at \
+                 most {}",
+                h.meta_block_count,
+                self.buf.len() / BLOCK
+            ))));
+        }
         if meta_len > BLOCK {
             self.cache
                 .read_at(&mut self.buf[BLOCK..meta_len], off + BLOCK as u64)
                 .map_err(|e| Error::io(format!("reading chunk metadata at offset {off}"), e))?;
             self.bytes_read += (meta_len - BLOCK) as u64;
         }
-        match chunk::decode_entries(&self.buf[..meta_len], self.geo.format_id, &h) {
-            Ok(entries) => Ok(Some((h, entries))),
-            Err(_) => Ok(None),
+        match chunk::decode_entries(&self.buf[..meta_len], self.geo.format_id, h) {
+            Ok(entries) => Ok(Ok((*h, entries))),
+            Err(e) => Ok(Err(Reject::BadMetadata(reason(e)))),
         }
     }
 }
 
-pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<Recovered> {
-    let started = Instant::now();
-    let clean = sb.is_clean();
-    let max_meta_blocks = chunk::plan(geo.blocks_per_segment).0 as usize;
-    let mut reader = MetaReader {
-        cache,
-        geo,
-        buf: AlignedBuf::new(max_meta_blocks * BLOCK),
-        bytes_read: 0,
-    };
-    let mut report = RecoveryReport {
-        clean,
-        ..RecoveryReport::default()
-    };
+/// The chain of chunks pass 1 accepted, and where it stopped.
+pub(crate) struct Walk {
+    pub chain: VecDeque<ChunkPos>,
+    /// Where the next chunk would go: block `next_block` of segment `next_segment_id`, with
+    /// sequence `next_seq`.
+    pub next_segment_id: u64,
+    pub next_block: u32,
+    pub next_seq: u64,
+    /// The largest `synced_seq` any accepted chunk records.
+    pub max_synced_seq: u64,
+    pub stop: WalkStop,
+}
 
-    // Pass 1: walk the chain.
+/// Pass 1: follows the chain of chunks from the checkpoint's head, reading only metadata.
+/// `visit` sees each accepted chunk's header and entries, in log order.
+pub(crate) fn walk(
+    reader: &mut MetaReader,
+    sb: &Superblock,
+    mut visit: impl FnMut(&ChunkHeader, Vec<Entry>),
+) -> Result<Walk> {
+    let geo = reader.geo;
     let cp = &sb.checkpoint;
+    let clean = sb.is_clean();
     let mut chain: VecDeque<ChunkPos> = VecDeque::new();
     let (mut seg_id, mut block, mut seq) = (cp.head_segment_id, 0u32, cp.head_seq);
     let mut prev_epoch = 0;
     let mut max_synced = 0;
-    loop {
+    let stop = loop {
         if seg_id - cp.head_segment_id >= geo.segment_count {
-            break; // every slot visited
+            break WalkStop::RingFull; // every slot visited
         }
         if clean && seq > cp.end_seq {
-            break;
+            break WalkStop::CleanEnd;
         }
-        let Some((h, _)) = reader.read(seg_id, block, seq, sb, prev_epoch)? else {
-            break;
+        let (h, entries) = match reader.read(seg_id, block, seq, sb, prev_epoch)? {
+            Ok(chunk) => chunk,
+            Err(reject) => break WalkStop::Rejected(reject),
         };
         chain.push_back(ChunkPos {
             header: h,
             slot: geo.slot_of(seg_id),
         });
+        visit(&h, entries);
         max_synced = max_synced.max(h.synced_seq);
         prev_epoch = h.epoch;
         seq += 1;
@@ -155,53 +282,122 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
             seg_id += 1;
             block = 0;
         }
-    }
-    if clean {
-        if seq != cp.end_seq + 1 {
-            return Err(Error::Corruption(format!(
+    };
+    Ok(Walk {
+        chain,
+        next_segment_id: seg_id,
+        next_block: block,
+        next_seq: seq,
+        max_synced_seq: max_synced,
+        stop,
+    })
+}
+
+/// What the end of the walk means, as recovery judges it.
+pub(crate) struct WalkEnd {
+    /// Every chunk with a sequence at or below this is known durable; only later ones may be
+    /// torn.
+    pub synced_seq: u64,
+    /// Why the log cannot be trusted as walked (recovery refuses to open), if it cannot.
+    pub damage: Option<String>,
+}
+
+/// Judges the walk's end: with a clean checkpoint the log must end exactly at `end_seq`;
+/// otherwise no later chunk of this session may prove the missing chunk durable.
+pub(crate) fn judge_end(reader: &mut MetaReader, sb: &Superblock, w: &Walk) -> Result<WalkEnd> {
+    let cp = &sb.checkpoint;
+    if sb.is_clean() {
+        let damage = (w.next_seq != cp.end_seq + 1).then(|| {
+            format!(
                 "the cache closed cleanly at chunk {} but its log ends at chunk {}; the cache device is damaged",
                 cp.end_seq,
-                seq - 1
-            )));
-        }
-        max_synced = cp.end_seq;
-    } else {
-        // The open that wrote this superblock synced every chunk up to its cut.
-        max_synced = max_synced.max(cp.cut_seq);
-        probe_for_lost_durable_chunk(&mut reader, sb, seg_id, block, seq)?;
+                w.next_seq - 1
+            )
+        });
+        return Ok(WalkEnd {
+            synced_seq: cp.end_seq,
+            damage,
+        });
     }
+    // The open that wrote this superblock synced every chunk up to its cut.
+    let damage =
+        probe_for_lost_durable_chunk(reader, sb, w.next_segment_id, w.next_block, w.next_seq)?;
+    Ok(WalkEnd {
+        synced_seq: w.max_synced_seq.max(cp.cut_seq),
+        damage,
+    })
+}
+
+/// Pass 2's rule: chunks after `synced_seq` may be torn, and the first of them whose data
+/// fails (`data_ok(index in chain, chunk)` is false) ends the log there. Returns the index of
+/// the first chunk cut off, if any.
+pub(crate) fn tail_cut(
+    chain: &VecDeque<ChunkPos>,
+    synced_seq: u64,
+    mut data_ok: impl FnMut(usize, &ChunkPos) -> Result<bool>,
+) -> Result<Option<usize>> {
+    let Some(first_unsynced) = chain.iter().position(|p| p.header.seq > synced_seq) else {
+        return Ok(None);
+    };
+    for (i, p) in chain.iter().enumerate().skip(first_unsynced) {
+        if !data_ok(i, p)? {
+            return Ok(Some(i));
+        }
+    }
+    Ok(None)
+}
+
+pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<Recovered> {
+    let started = Instant::now();
+    let clean = sb.is_clean();
+    let mut reader = MetaReader::new(cache, geo);
+    let mut report = RecoveryReport {
+        clean,
+        ..RecoveryReport::default()
+    };
+
+    // Pass 1: walk the chain.
+    let cp = &sb.checkpoint;
+    let w = walk(&mut reader, sb, |_, _| {})?;
+    let end = judge_end(&mut reader, sb, &w)?;
+    if let Some(damage) = end.damage {
+        return Err(Error::Corruption(damage));
+    }
+    let Walk {
+        mut chain,
+        next_segment_id: mut seg_id,
+        next_block: mut block,
+        next_seq: mut seq,
+        ..
+    } = w;
 
     // Pass 2: verify the data of chunks that may be torn; cut the log at the first bad one.
     let mut data_buf = AlignedBuf::new(geo.segment_size_bytes as usize);
-    if let Some(first_unsynced) = chain.iter().position(|p| p.header.seq > max_synced) {
-        for i in first_unsynced..chain.len() {
-            let p = chain[i];
-            report.chunks_data_verified += 1;
-            let h = p.header;
-            let Some((_, entries)) =
-                reader.read(h.segment_id, h.start_block as u32, h.seq, sb, 0)?
-            else {
-                return Err(Error::Corruption(format!(
-                    "chunk {} changed during recovery",
-                    h.seq
-                )));
-            };
-            let data_len = h.data_block_count as usize * BLOCK;
-            let off = geo.offset_of(p.slot, h.start_block as u32 + h.meta_block_count as u32);
-            cache.read_at(&mut data_buf[..data_len], off).map_err(|e| {
-                Error::io(format!("reading chunk {} data at offset {off}", h.seq), e)
-            })?;
-            report.data_bytes_read += data_len as u64;
-            if !data_verifies(geo, &entries, &data_buf[..data_len]) {
-                report.chunks_discarded = (chain.len() - i) as u64;
-                let cut = &chain[i].header;
-                seg_id = cut.segment_id;
-                block = cut.start_block as u32;
-                seq = cut.seq;
-                chain.truncate(i);
-                break;
-            }
-        }
+    let cut = tail_cut(&chain, end.synced_seq, |_, p| {
+        report.chunks_data_verified += 1;
+        let h = p.header;
+        let Ok((_, entries)) = reader.read(h.segment_id, h.start_block as u32, h.seq, sb, 0)?
+        else {
+            return Err(Error::Corruption(format!(
+                "chunk {} changed during recovery",
+                h.seq
+            )));
+        };
+        let data_len = h.data_block_count as usize * BLOCK;
+        let off = geo.offset_of(p.slot, h.start_block as u32 + h.meta_block_count as u32);
+        cache
+            .read_at(&mut data_buf[..data_len], off)
+            .map_err(|e| Error::io(format!("reading chunk {} data at offset {off}", h.seq), e))?;
+        report.data_bytes_read += data_len as u64;
+        Ok(data_verifies(geo, &entries, &data_buf[..data_len]))
+    })?;
+    if let Some(i) = cut {
+        report.chunks_discarded = (chain.len() - i) as u64;
+        let cut = &chain[i].header;
+        seg_id = cut.segment_id;
+        block = cut.start_block as u32;
+        seq = cut.seq;
+        chain.truncate(i);
     }
 
     // Pass 3: replay.
@@ -224,11 +420,12 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
             geo.segment_count as usize
         ],
         dirty_blocks: 0,
+        writeback_seq: cp.writeback_seq,
         report: RecoveryReport::default(),
     };
     for p in &chain {
         let h = p.header;
-        let Some((_, entries)) = reader.read(h.segment_id, h.start_block as u32, h.seq, sb, 0)?
+        let Ok((_, entries)) = reader.read(h.segment_id, h.start_block as u32, h.seq, sb, 0)?
         else {
             return Err(Error::Corruption(format!(
                 "chunk {} changed during recovery",
@@ -246,63 +443,74 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
     Ok(r)
 }
 
+/// The data blocks of a chunk whose checksums fail, as (data block index in the chunk, entry).
+/// `data` holds the chunk's data blocks, which `decode_entries` proved match its entries.
+pub(crate) fn failing_data_blocks<'a>(
+    geo: &'a Geometry,
+    entries: &'a [Entry],
+    data: &'a [u8],
+) -> impl Iterator<Item = (usize, &'a Entry)> + 'a {
+    entries
+        .iter()
+        .filter(|e| e.has_block())
+        .enumerate()
+        .filter(move |(k, e)| {
+            e.kind == KIND_DATA
+                && crc_block(geo.format_id, e.lba, &data[k * BLOCK..(k + 1) * BLOCK]) != e.data_crc
+        })
+}
+
 fn data_verifies(geo: &Geometry, entries: &[Entry], data: &[u8]) -> bool {
-    let mut k = 0usize;
-    for e in entries {
-        if !e.has_block() {
-            continue;
-        }
-        if e.kind == KIND_DATA
-            && crc_block(geo.format_id, e.lba, &data[k * BLOCK..(k + 1) * BLOCK]) != e.data_crc
-        {
-            return false;
-        }
-        k += 1;
+    failing_data_blocks(geo, entries, data).next().is_none()
+}
+
+/// Whether replay can apply `e` of chunk `h`: data within the exported disk, and no zero
+/// ranges (this build cannot replay them). The error says why not.
+pub(crate) fn check_replayable(geo: &Geometry, h: &ChunkHeader, e: &Entry) -> Result<()> {
+    match e.kind {
+        KIND_DATA if e.lba >= geo.exported_block_count => Err(Error::Corruption(format!(
+            "chunk {} maps backing block {} past the end of the disk",
+            h.seq, e.lba
+        ))),
+        KIND_ZERO => Err(Error::Corruption(format!(
+            "chunk {} holds a zero-range entry, which this build cannot replay",
+            h.seq
+        ))),
+        _ => Ok(()),
     }
-    true
 }
 
 /// The walk ended at (`seg_id`, `block`) expecting chunk `seq`. If the next segment starts with
 /// a chunk of this session that says chunk `seq` was already synced, the end is not a torn tail
-/// but damage to durable data.
+/// but damage to durable data: returns what was lost, in words.
 fn probe_for_lost_durable_chunk(
     reader: &mut MetaReader,
     sb: &Superblock,
     seg_id: u64,
     block: u32,
     seq: u64,
-) -> Result<()> {
+) -> Result<Option<String>> {
     // Whether the walk stopped mid-segment or at a segment's start, the log's next segment (if
     // the log went on) starts at block 0 of the following id.
     let probe = seg_id + 1;
-    let _ = block;
     if probe - sb.checkpoint.head_segment_id >= reader.geo.segment_count {
-        return Ok(());
+        return Ok(None);
     }
     let slot = reader.geo.slot_of(probe);
-    let off = reader.geo.offset_of(slot, 0);
-    reader
-        .cache
-        .read_at(&mut reader.buf[..BLOCK], off)
-        .map_err(|e| Error::io(format!("reading chunk metadata at offset {off}"), e))?;
-    if let Ok(h) = chunk::decode_header(
-        &reader.buf[..BLOCK],
-        reader.geo.format_id,
-        reader.geo.blocks_per_segment,
-    ) {
+    if let Ok(h) = reader.read_header_uncounted(slot, 0)? {
         if h.segment_id == probe
             && h.epoch == sb.checkpoint.epoch
             && h.seq > seq
             && h.synced_seq >= seq
         {
-            return Err(Error::Corruption(format!(
+            return Ok(Some(format!(
                 "chunk {seq} (segment {seg_id}, block {block}) does not verify, yet chunk {} of \
                  segment {probe} records it as synced: the cache device lost durable data",
                 h.seq
             )));
         }
     }
-    Ok(())
+    Ok(None)
 }
 
 impl Recovered {
@@ -328,20 +536,22 @@ impl Recovered {
                 first_seq: h.seq,
                 full: true,
                 last_sealed_seq: h.seq,
+                dirty_blocks: 0,
+                synced_blocks: 0,
             };
         }
         seg.last_sealed_seq = h.seq;
+        // Every replayed chunk is durable once open syncs the new epoch.
+        seg.synced_blocks =
+            h.start_block as u32 + h.meta_block_count as u32 + h.data_block_count as u32;
+        // Chunks up to the writeback position were written back: their blocks are clean.
+        let written_back = h.seq <= self.writeback_seq;
         let mut blk = h.start_block as u32 + h.meta_block_count as u32;
         for e in entries {
+            check_replayable(geo, h, e)?;
             match e.kind {
                 KIND_HOLE => blk += 1,
                 KIND_DATA => {
-                    if e.lba >= geo.exported_block_count {
-                        return Err(Error::Corruption(format!(
-                            "chunk {} maps backing block {} past the end of the disk",
-                            h.seq, e.lba
-                        )));
-                    }
                     let c = geo.cache_block(slot, blk);
                     blk += 1;
                     if let Some(prev) = self.index.insert(e.lba, c) {
@@ -349,22 +559,21 @@ impl Recovered {
                         self.segments[ps as usize].live_blocks -= 1;
                         if self.dirty_mask[prev as usize] != 0 {
                             self.dirty_blocks -= 1;
+                            self.segments[ps as usize].dirty_blocks -= 1;
+                            self.dirty_mask[prev as usize] = 0;
                         }
                     }
+                    let dirty_mask = if written_back { 0 } else { e.dirty_mask };
                     self.segments[slot as usize].live_blocks += 1;
-                    self.dirty_mask[c as usize] = e.dirty_mask;
+                    self.dirty_mask[c as usize] = dirty_mask;
                     self.valid_mask[c as usize] = e.valid_mask;
                     self.data_crc[c as usize] = e.data_crc;
-                    if e.dirty_mask != 0 {
+                    if dirty_mask != 0 {
                         self.dirty_blocks += 1;
+                        self.segments[slot as usize].dirty_blocks += 1;
                     }
                 }
-                KIND_ZERO => {
-                    return Err(Error::Corruption(format!(
-                        "chunk {} holds a zero-range entry, which this build cannot replay",
-                        h.seq
-                    )))
-                }
+                KIND_ZERO => unreachable!("check_replayable rejects zero ranges"),
                 k => unreachable!("decode_entries rejects kind {k}"),
             }
         }
@@ -437,6 +646,12 @@ impl Recovered {
             closing: false,
             space_waiters: 0,
             dirty_blocks: self.dirty_blocks,
+            unsynced_ends: Vec::new(),
+            drain_requests: 0,
+            writeback_seq: self.writeback_seq.min(self.last_seq),
+            writeback_busy: false,
+            writeback_rate_blocks_per_s: 0,
+            writeback_error: None,
             counters: Counters::default(),
         }
     }

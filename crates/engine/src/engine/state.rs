@@ -43,6 +43,12 @@ pub struct SegmentInfo {
     pub full: bool,
     /// Sequence of the last chunk sealed in this segment (0: none yet).
     pub last_sealed_seq: u64,
+    /// Live blocks of this segment with at least one dirty sector.
+    pub dirty_blocks: u32,
+    /// Blocks `0..synced_blocks` belong to chunks that are durable on the cache device; only
+    /// those may be written back (a chunk that might still be lost must not reach the backing
+    /// device before it is durable in the log).
+    pub synced_blocks: u32,
 }
 
 /// The chunk writers append to.
@@ -124,6 +130,19 @@ pub struct State {
     pub unsynced_bytes: u64,
     /// Live blocks with at least one dirty sector.
     pub dirty_blocks: u64,
+    /// Chunks written since the last sync: (slot, segment id, end block). A sync makes them
+    /// durable and advances their segments' `synced_blocks`.
+    pub unsynced_ends: Vec<(u32, u64, u32)>,
+    /// Callers of `drain` waiting: writeback runs at full speed while any do.
+    pub drain_requests: u32,
+    /// The writeback position last persisted in the checkpoint.
+    pub writeback_seq: u64,
+    /// The writeback thread is between collecting a batch and applying it.
+    pub writeback_busy: bool,
+    /// Current writeback rate target, blocks per second (for statistics).
+    pub writeback_rate_blocks_per_s: u64,
+    /// The last writeback error, cleared by a successful batch.
+    pub writeback_error: Option<String>,
     pub counters: Counters,
 }
 
@@ -149,17 +168,67 @@ impl State {
         b as usize * BLOCK_SIZE_BYTES as usize
     }
 
-    /// Marks a block the index no longer points at as dead in its segment.
+    /// Sets a live block's dirty sectors, keeping the dirty block counts (global and per
+    /// segment) in step.
+    pub fn set_dirty_mask(&mut self, c: CacheBlock, mask: u8) {
+        let old = self.dirty_mask[c as usize];
+        self.dirty_mask[c as usize] = mask;
+        let (slot, _) = self.geo.split(c);
+        let seg = &mut self.segments[slot as usize];
+        match (old != 0, mask != 0) {
+            (false, true) => {
+                self.dirty_blocks += 1;
+                seg.dirty_blocks += 1;
+            }
+            (true, false) => {
+                assert!(self.dirty_blocks > 0 && seg.dirty_blocks > 0);
+                self.dirty_blocks -= 1;
+                seg.dirty_blocks -= 1;
+            }
+            _ => {}
+        }
+    }
+
+    /// Marks a block the index no longer points at as dead in its segment. The chunk being
+    /// filled now records its replacement, so the segment may be reclaimed only once that
+    /// chunk is durable (`dead_by_seq`).
     pub fn kill(&mut self, c: CacheBlock) {
+        self.drop_live(c);
         let (slot, _) = self.geo.split(c);
         let killer_seq = self.next_seq;
+        let seg = &mut self.segments[slot as usize];
+        seg.dead_by_seq = seg.dead_by_seq.max(killer_seq);
+    }
+
+    /// Drops a clean block from the cache (its data is on the backing device). No log entry
+    /// records this: if a crash brings the block back, it holds what the backing device holds.
+    pub fn evict(&mut self, c: CacheBlock) {
+        assert_eq!(self.dirty_mask[c as usize], 0, "evicting a dirty block");
+        let lba = self.index.remove_block(c).expect("evicting a block not in the index");
+        debug_assert!(self.index.get(lba).is_none());
+        self.drop_live(c);
+        self.counters.blocks_evicted += 1;
+    }
+
+    fn drop_live(&mut self, c: CacheBlock) {
+        self.set_dirty_mask(c, 0);
+        self.valid_mask[c as usize] = 0;
+        let (slot, _) = self.geo.split(c);
         let seg = &mut self.segments[slot as usize];
         assert!(
             seg.live_blocks > 0,
             "killing a block of a segment with no live blocks"
         );
         seg.live_blocks -= 1;
-        seg.dead_by_seq = seg.dead_by_seq.max(killer_seq);
+    }
+
+    /// After a sync: every chunk written before it is durable.
+    pub fn mark_written_synced(&mut self) {
+        for (slot, id, end) in std::mem::take(&mut self.unsynced_ends) {
+            let seg = &mut self.segments[slot as usize];
+            assert_eq!(seg.id, id, "a segment with unsynced chunks was reclaimed");
+            seg.synced_blocks = seg.synced_blocks.max(end);
+        }
     }
 
     /// Takes the next data block of the open chunk, sealing and opening chunks and segments as
@@ -186,6 +255,8 @@ impl State {
         }
         let c = self.geo.cache_block(o.slot, b);
         self.segments[o.slot as usize].live_blocks += 1;
+        debug_assert_eq!(self.dirty_mask[c as usize], 0);
+        self.valid_mask[c as usize] = 0;
         Some(c)
     }
 
@@ -303,6 +374,8 @@ impl State {
             first_seq: self.next_seq,
             full: false,
             last_sealed_seq: 0,
+            dirty_blocks: 0,
+            synced_blocks: 0,
         };
         self.next_segment_id += 1;
         self.ram_segments.push_back(slot);
@@ -362,6 +435,7 @@ impl State {
         while self.head_segment_id < new_head {
             let slot = self.geo.slot_of(self.head_segment_id) as usize;
             assert_eq!(self.segments[slot].live_blocks, 0);
+            assert_eq!(self.segments[slot].dirty_blocks, 0);
             self.segments[slot] = SegmentInfo {
                 buffer: NO_BUFFER,
                 ..SegmentInfo::default()

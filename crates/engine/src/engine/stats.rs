@@ -37,6 +37,54 @@ pub struct Counters {
     pub write_waits: u64,
     pub checksum_errors: u64,
     pub io_errors: u64,
+    /// Writes that made a clean (or uncached) block dirty: the rate writeback must match.
+    pub blocks_dirtied: u64,
+    /// Blocks written back to the backing device.
+    pub writeback_blocks: u64,
+    pub writeback_bytes: u64,
+    /// Writeback batches (each ends with a sync of the backing device).
+    pub writeback_batches: u64,
+    /// Clean blocks dropped to make room.
+    pub blocks_evicted: u64,
+}
+
+impl Counters {
+    /// Every counter by name, for status output and metrics (names are part of the CLI's JSON
+    /// contract: add, never rename).
+    pub fn fields(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("reads", self.reads),
+            ("read_bytes", self.read_bytes),
+            ("read_hits", self.read_hits),
+            ("read_misses", self.read_misses),
+            ("read_hits_ram", self.read_hits_ram),
+            ("writes", self.writes),
+            ("write_bytes", self.write_bytes),
+            ("write_hits", self.write_hits),
+            ("write_misses", self.write_misses),
+            ("write_partial", self.write_partial),
+            ("write_in_place", self.write_in_place),
+            ("write_merge_reads", self.write_merge_reads),
+            ("flushes", self.flushes),
+            ("fua_writes", self.fua_writes),
+            ("chunks_sealed", self.chunks_sealed),
+            ("periodic_seals", self.periodic_seals),
+            ("chunks_written", self.chunks_written),
+            ("chunk_bytes_written", self.chunk_bytes_written),
+            ("cache_syncs", self.cache_syncs),
+            ("segments_reclaimed", self.segments_reclaimed),
+            ("blocks_relocated", self.blocks_relocated),
+            ("superblock_writes", self.superblock_writes),
+            ("write_waits", self.write_waits),
+            ("checksum_errors", self.checksum_errors),
+            ("io_errors", self.io_errors),
+            ("blocks_dirtied", self.blocks_dirtied),
+            ("writeback_blocks", self.writeback_blocks),
+            ("writeback_bytes", self.writeback_bytes),
+            ("writeback_batches", self.writeback_batches),
+            ("blocks_evicted", self.blocks_evicted),
+        ]
+    }
 }
 
 /// What recovery found when the cache was opened.
@@ -55,6 +103,23 @@ pub struct RecoveryReport {
     pub duration_us: u64,
 }
 
+impl RecoveryReport {
+    /// Every field by name, for status output and metrics.
+    pub fn fields(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("clean", self.clean as u64),
+            ("chunks_replayed", self.chunks_replayed),
+            ("segments_replayed", self.segments_replayed),
+            ("chunks_discarded", self.chunks_discarded),
+            ("chunks_data_verified", self.chunks_data_verified),
+            ("blocks_recovered", self.blocks_recovered),
+            ("metadata_bytes_read", self.metadata_bytes_read),
+            ("data_bytes_read", self.data_bytes_read),
+            ("duration_us", self.duration_us),
+        ]
+    }
+}
+
 /// A consistent snapshot of the engine.
 #[derive(Clone, Debug)]
 pub struct Stats {
@@ -67,6 +132,9 @@ pub struct Stats {
     pub cache_blocks: u64,
     pub cached_blocks: u64,
     pub dirty_blocks: u64,
+    pub writeback_rate_blocks_per_s: u64,
+    pub writeback_seq: u64,
+    pub writeback_error: Option<String>,
     pub ram_buffers: u32,
     pub ram_buffers_free: u32,
     pub ram_buffer_bytes: u64,

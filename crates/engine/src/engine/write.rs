@@ -80,7 +80,11 @@ fn write_block(
                 let off = st.offset_in_buffer(c) + in_block;
                 // SAFETY: open-chunk blocks are written only under the state lock, held here.
                 unsafe { inner.buffers.slice_mut(buffer, off, src.len()) }.copy_from_slice(src);
-                st.dirty_mask[c as usize] |= new_mask;
+                let old_dirty = st.dirty_mask[c as usize];
+                if old_dirty == 0 {
+                    st.counters.blocks_dirtied += 1;
+                }
+                st.set_dirty_mask(c, old_dirty | new_mask);
                 st.valid_mask[c as usize] |= new_mask;
                 st.counters.write_hits += 1;
                 st.counters.write_in_place += 1;
@@ -137,13 +141,12 @@ fn write_block(
         }
         dst[in_block..in_block + src.len()].copy_from_slice(src);
         st.valid_mask[nc as usize] = old_valid | new_mask;
-        st.dirty_mask[nc as usize] = old_dirty | new_mask;
-        st.dirty_blocks += 1;
+        st.set_dirty_mask(nc, old_dirty | new_mask);
+        if old_dirty == 0 {
+            st.counters.blocks_dirtied += 1;
+        }
         if let Some(prev) = st.index.insert(lba, nc) {
             assert_eq!(Some(prev), old);
-            if st.dirty_mask[prev as usize] != 0 {
-                st.dirty_blocks -= 1;
-            }
             st.kill(prev);
             st.counters.write_hits += 1;
         } else {

@@ -23,7 +23,7 @@
 //! |  96 |    8 | exported_size_bytes         |
 //! | 104 |    8 | format_time_unix_s          |
 //! | 128 |  ... | checkpoint record (below)   |
-//! | 256 |  ... | tunables (below)            |
+//! | 256 |  264 | tunables (present mask, 32 u64 slots) |
 //! |4092 |    4 | CRC32C of bytes 0..4092     |
 //! ```
 
@@ -61,11 +61,28 @@ pub struct Checkpoint {
     pub writeback_seq: u64,
 }
 
-/// Tunables persisted so a restart keeps them. A zero field means "the built-in default".
+/// Slots in the superblock's tunables area.
+pub const TUNABLE_SLOTS: usize = 32;
+const TUNABLES_OFFSET: usize = 256;
+
+/// Tunables persisted so a restart keeps them: a bit per slot saying whether it holds a value
+/// (absent slots take the built-in default), then one u64 per slot. What each slot means is
+/// `engine::tunables::SPECS`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PersistedTunables {
-    /// Periodic seal interval in milliseconds; `u32::MAX` means off, 0 means the default.
-    pub seal_interval_ms: u32,
+    pub present_mask: u32,
+    pub values: [u64; TUNABLE_SLOTS],
+}
+
+impl PersistedTunables {
+    pub fn get(&self, slot: usize) -> Option<u64> {
+        (self.present_mask & (1 << slot) != 0).then_some(self.values[slot])
+    }
+
+    pub fn put(&mut self, slot: usize, value: u64) {
+        self.present_mask |= 1 << slot;
+        self.values[slot] = value;
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,7 +126,10 @@ impl Superblock {
         put_u64(&mut b, 160, c.cut_seq);
         put_u64(&mut b, 168, c.end_seq);
         put_u64(&mut b, 176, c.writeback_seq);
-        put_u32(&mut b, 256, self.tunables.seal_interval_ms);
+        put_u32(&mut b, TUNABLES_OFFSET, self.tunables.present_mask);
+        for (i, v) in self.tunables.values.iter().enumerate() {
+            put_u64(&mut b, TUNABLES_OFFSET + 8 + 8 * i, *v);
+        }
         let crc = crc32c::crc32c(&b[..CRC_OFFSET]);
         put_u32(&mut b, CRC_OFFSET, crc);
         b
@@ -160,7 +180,8 @@ impl Superblock {
                 writeback_seq: get_u64(b, 176),
             },
             tunables: PersistedTunables {
-                seal_interval_ms: get_u32(b, 256),
+                present_mask: get_u32(b, TUNABLES_OFFSET),
+                values: std::array::from_fn(|i| get_u64(b, TUNABLES_OFFSET + 8 + 8 * i)),
             },
         };
         sb.validate()?;
@@ -272,8 +293,11 @@ mod tests {
                 end_seq: 20,
                 writeback_seq: 0,
             },
-            tunables: PersistedTunables {
-                seal_interval_ms: 500,
+            tunables: {
+                let mut t = PersistedTunables::default();
+                t.put(0, 500);
+                t.put(5, 0);
+                t
             },
         }
     }

@@ -51,7 +51,11 @@ pub fn for_each_seed(name: &str, count: u64, case: impl Fn(u64)) {
         if std::env::var("LOGCACHE_PRINT_SEEDS").is_ok() {
             eprintln!("{name}: seed {seed}");
         }
+        let started = std::time::Instant::now();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(seed)));
+        if std::env::var("LOGCACHE_PRINT_SEEDS").is_ok() {
+            eprintln!("{name}: seed {seed} took {:?}", started.elapsed());
+        }
         if let Err(e) = r {
             eprintln!(
                 "\n{name} failed with seed {seed}; replay it with:\n  LOGCACHE_SEED={seed} cargo test -p logcache-engine --test {name}\n"

@@ -1,1 +1,227 @@
-//! A backing device served over NBD (filled in by the NBD client work).
+//! A backing device served over NBD, so the cache's slow device can be any NBD export (qemu-nbd,
+//! nbdkit, another logcache).
+//!
+//! [`NbdDevice`] keeps a small pool of blocking [`Client`] connections, each behind its own
+//! mutex, so calls from several threads run in parallel (one request in flight per connection).
+//! A broken connection fails the whole device for good: see [`NbdDevice`].
+
+use std::fmt;
+use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use logcache_engine::io::{BlockDevice, SECTOR_SIZE_BYTES};
+use logcache_nbd::client::{Client, ExportInfo};
+use logcache_nbd::uri::NbdUri;
+use parking_lot::{Mutex, MutexGuard};
+
+/// Connections opened when the caller has no better number and the server allows several.
+pub const DEFAULT_CONNECTIONS: usize = 4;
+
+/// An NBD export as a [`BlockDevice`].
+///
+/// Failure policy: once any connection breaks (the server died, the network dropped, the server
+/// broke the protocol), every later call fails, on every connection. Nothing reconnects: the
+/// server may have acknowledged writes that it had not yet flushed, and whether those survived
+/// is unknowable from here, so the error has to reach the engine (which stops) and the operator.
+pub struct NbdDevice {
+    uri: String,
+    info: ExportInfo,
+    connections: Vec<Mutex<Client>>,
+    /// Where the next call starts looking for a free connection (round robin).
+    next_connection: AtomicUsize,
+    /// Why the device stopped working; set by the first call that broke a connection.
+    failure: OnceLock<String>,
+}
+
+impl NbdDevice {
+    /// Connects to the export at `uri` (`nbd://HOST[:PORT][/EXPORT]` or
+    /// `nbd+unix:///[EXPORT]?socket=PATH`).
+    ///
+    /// Opens `connections` connections if the server advertises `CAN_MULTI_CONN`, otherwise
+    /// exactly one: without multi-conn a flush on one connection need not cover writes completed
+    /// on another, so spreading writes over several connections would make `flush` meaningless.
+    pub fn open(uri: &str, connections: usize) -> io::Result<NbdDevice> {
+        let parsed = NbdUri::parse(uri)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        if connections == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{uri}: at least one NBD connection is needed"),
+            ));
+        }
+        let first = Client::connect(&parsed)?;
+        let info = *first.info();
+        let sector_bytes = SECTOR_SIZE_BYTES as u32;
+        // The engine issues 512-byte-aligned IO of any multiple of 512 bytes; a server that
+        // needs larger units would see requests it may reject.
+        if info.minimum_block_bytes > sector_bytes || info.max_request_bytes < sector_bytes {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "{uri}: the server's block size limits (minimum {} bytes, maximum {} bytes) \
+                     do not allow 512-byte requests, which the cache needs",
+                    info.minimum_block_bytes, info.max_request_bytes
+                ),
+            ));
+        }
+        let count = if info.can_multi_conn() {
+            connections
+        } else {
+            1
+        };
+        let mut clients = Vec::with_capacity(count);
+        clients.push(Mutex::new(first));
+        for _ in 1..count {
+            let client = Client::connect(&parsed)?;
+            let other = client.info();
+            if other.size_bytes != info.size_bytes
+                || other.transmission_flags != info.transmission_flags
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{uri}: connections to the same export disagree (size {} vs {} bytes, \
+                         flags {:#x} vs {:#x})",
+                        info.size_bytes,
+                        other.size_bytes,
+                        info.transmission_flags,
+                        other.transmission_flags
+                    ),
+                ));
+            }
+            clients.push(Mutex::new(client));
+        }
+        Ok(NbdDevice {
+            uri: uri.to_owned(),
+            info,
+            connections: clients,
+            next_connection: AtomicUsize::new(0),
+            failure: OnceLock::new(),
+        })
+    }
+
+    /// What the handshake established (size, flags, block size limits).
+    pub fn info(&self) -> &ExportInfo {
+        &self.info
+    }
+
+    /// Connections in the pool (1 unless the server advertises `CAN_MULTI_CONN`).
+    pub fn connection_count(&self) -> usize {
+        self.connections.len()
+    }
+
+    /// Whether a connection failure made the device unusable.
+    pub fn has_failed(&self) -> bool {
+        self.failure.get().is_some()
+    }
+
+    fn check_failed(&self) -> io::Result<()> {
+        match self.failure.get() {
+            None => Ok(()),
+            Some(reason) => Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                format!(
+                    "NBD backing device {} is unusable after an earlier connection failure \
+                     ({reason}); it does not reconnect by itself, because writes the server \
+                     acknowledged but had not flushed may have been lost",
+                    self.uri
+                ),
+            )),
+        }
+    }
+
+    /// Runs `op` on a free connection (the first that `try_lock` gets, starting round robin),
+    /// or waits for the starting one if all are busy.
+    fn with_connection<T>(&self, op: impl FnOnce(&mut Client) -> io::Result<T>) -> io::Result<T> {
+        self.check_failed()?;
+        let count = self.connections.len();
+        let start = self.next_connection.fetch_add(1, Ordering::Relaxed) % count;
+        let mut client: MutexGuard<'_, Client> = (0..count)
+            .find_map(|step| self.connections[(start + step) % count].try_lock())
+            .unwrap_or_else(|| self.connections[start].lock());
+        let result = op(&mut client);
+        if let Some(reason) = client.broken_reason() {
+            // Only the first failure is kept: it is the cause, later ones are consequences.
+            let _ = self.failure.set(reason.to_owned());
+        }
+        result
+    }
+
+    fn check_range(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        if offset % SECTOR_SIZE_BYTES != 0 || len_bytes % SECTOR_SIZE_BYTES != 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("unaligned device IO: offset {offset} length {len_bytes}"),
+            ));
+        }
+        match offset.checked_add(len_bytes) {
+            Some(end) if end <= self.info.size_bytes => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "device IO past the end: offset {offset} length {len_bytes} size {}",
+                    self.info.size_bytes
+                ),
+            )),
+        }
+    }
+}
+
+impl BlockDevice for NbdDevice {
+    /// The export size rounded down to whole 512-byte sectors.
+    fn size_bytes(&self) -> u64 {
+        self.info.size_bytes
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        self.with_connection(|client| client.read_at(buf, offset))
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        if self.info.is_read_only() {
+            return Err(io::Error::from_raw_os_error(libc::EROFS));
+        }
+        self.with_connection(|client| client.write_at(buf, offset, false))
+    }
+
+    /// `NBD_CMD_FLUSH` on one connection. That covers every connection's completed writes: with
+    /// one connection trivially, with several because the server advertised `CAN_MULTI_CONN`,
+    /// whose meaning is exactly that a flush's effect is visible across connections.
+    ///
+    /// If the server does not advertise flush this is a no-op: such a server is claiming that a
+    /// write is durable once it has replied to it (and the spec forbids sending the command).
+    fn flush(&self) -> io::Result<()> {
+        if !self.info.can_flush() {
+            return self.check_failed();
+        }
+        self.with_connection(|client| client.flush())
+    }
+
+    /// `NBD_CMD_TRIM` when the server advertises it; otherwise (or on a read-only export) Ok and
+    /// nothing, as the trait allows.
+    fn discard(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        self.check_range(offset, len_bytes)?;
+        if !self.info.can_trim() || self.info.is_read_only() || len_bytes == 0 {
+            return self.check_failed();
+        }
+        self.with_connection(|client| client.trim(offset, len_bytes))
+    }
+
+    fn describe(&self) -> String {
+        self.uri.clone()
+    }
+}
+
+impl fmt::Debug for NbdDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NbdDevice")
+            .field("uri", &self.uri)
+            .field("info", &self.info)
+            .field("connections", &self.connections.len())
+            .field("failure", &self.failure.get())
+            .finish()
+    }
+}

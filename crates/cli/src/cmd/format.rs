@@ -1,0 +1,52 @@
+//! `logcache format --cache PATH --backing SPEC [--segment-size SIZE] [--force]`
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use logcache_engine::{format, FormatOptions};
+
+use crate::devices::{lock_cache, open_backing, open_cache};
+use crate::size::parse_size;
+
+#[derive(Args)]
+pub struct FormatArgs {
+    /// The cache device: a file or block device (it must exist).
+    #[arg(long)]
+    pub cache: PathBuf,
+    /// The backing device: a file or block device path, or an NBD URI.
+    #[arg(long)]
+    pub backing: String,
+    /// Segment size, a multiple of 4K from 32K to 16M.
+    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    pub segment_size: u64,
+    /// Format even if the cache may hold data not yet written back, or the backing device
+    /// carries another cache's label.
+    #[arg(long)]
+    pub force: bool,
+}
+
+pub fn run(args: &FormatArgs) -> Result<()> {
+    let cache = open_cache(&args.cache)?;
+    let _lock = lock_cache(&args.cache)?;
+    let backing = open_backing(&args.backing)?;
+    let sb = format(
+        &*cache,
+        &*backing,
+        &FormatOptions {
+            segment_size_bytes: args.segment_size,
+            force: args.force,
+            seal_interval_ms: None,
+        },
+    )
+    .with_context(|| format!("formatting {}", args.cache.display()))?;
+    println!(
+        "formatted {}: {} segments of {} KiB caching {} ({} bytes exported)",
+        args.cache.display(),
+        sb.segment_count,
+        sb.segment_size_bytes / 1024,
+        args.backing,
+        sb.exported_size_bytes
+    );
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! `logcache check` and `logcache dump`: offline, read-only looks at a cache that is not served.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::devices::{lock_cache, open_backing, open_cache};
+use crate::offline;
+
+#[derive(Args)]
+pub struct CheckArgs {
+    #[arg(long)]
+    pub cache: PathBuf,
+    /// Also check that this backing device is the one the cache belongs to.
+    #[arg(long)]
+    pub backing: Option<String>,
+}
+
+#[derive(Args)]
+pub struct DumpArgs {
+    #[arg(long)]
+    pub cache: PathBuf,
+    /// Only this segment.
+    #[arg(long)]
+    pub segment: Option<u64>,
+}
+
+/// Returns whether the check found no errors.
+pub fn check(args: &CheckArgs) -> Result<bool> {
+    let cache = open_cache(&args.cache)?;
+    // A served cache changes under the reader; refuse rather than report nonsense.
+    let _lock = lock_cache(&args.cache)?;
+    let backing = args.backing.as_deref().map(open_backing).transpose()?;
+    offline::check(cache, backing)
+}
+
+pub fn dump(args: &DumpArgs) -> Result<()> {
+    let cache = open_cache(&args.cache)?;
+    let _lock = lock_cache(&args.cache)?;
+    offline::dump(cache, args.segment)
+}

@@ -1,0 +1,6 @@
+//! One file per group of subcommands.
+
+pub mod admin;
+pub mod format;
+pub mod inspect;
+pub mod serve;

@@ -1,0 +1,292 @@
+//! `logcache serve`: resume the cache, serve it over NBD until SIGTERM or SIGINT, then stop
+//! cleanly (finish requests in flight, seal, checkpoint) and exit 0.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use logcache_engine::io::BlockDevice;
+use logcache_engine::{format, Engine, Error as EngineError, FormatOptions, OpenOptions};
+use logcache_server::{Server, ServerConfig};
+
+use crate::cmd::admin::parse_assignments;
+use crate::control::server::ControlServer;
+use crate::defaults;
+use crate::devices::{control_path_for, lock_cache, open_backing, open_cache};
+use crate::metrics::MetricsServer;
+use crate::served::Served;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The cache device (file or block device), formatted with `logcache format`.
+    #[arg(long)]
+    pub cache: Option<PathBuf>,
+    /// The backing device: a path or an NBD URI.
+    #[arg(long)]
+    pub backing: Option<String>,
+    /// Serve NBD on this Unix socket.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Serve NBD on this TCP address (HOST:PORT).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// The control socket for status/set/drain (default: beside the cache, `<cache>.ctl`).
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics and JSON at /status.
+    #[arg(long)]
+    pub metrics: Option<String>,
+    /// Set a tunable before serving (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Refuse writes.
+    #[arg(long)]
+    pub read_only: bool,
+}
+
+struct Plan {
+    cache: PathBuf,
+    backing: String,
+    socket: Option<PathBuf>,
+    listen: Option<String>,
+    control: PathBuf,
+    embedded: bool,
+}
+
+fn plan(args: &ServeArgs) -> Result<Plan> {
+    match (&args.cache, &args.backing) {
+        (Some(cache), Some(backing)) => {
+            let socket = match (&args.socket, &args.listen) {
+                (None, None) => {
+                    let mut s = cache.as_os_str().to_owned();
+                    s.push(".sock");
+                    Some(PathBuf::from(s))
+                }
+                (s, _) => s.clone(),
+            };
+            Ok(Plan {
+                cache: cache.clone(),
+                backing: backing.clone(),
+                socket,
+                listen: args.listen.clone(),
+                control: args.control.clone().unwrap_or_else(|| control_path_for(cache)),
+                embedded: false,
+            })
+        }
+        (None, None) => Ok(Plan {
+            cache: defaults::cache_path(),
+            backing: defaults::backing_path().to_string_lossy().into_owned(),
+            socket: Some(args.socket.clone().unwrap_or_else(defaults::socket_path)),
+            listen: Some(
+                args.listen
+                    .clone()
+                    .unwrap_or_else(|| defaults::TCP_LISTEN.to_string()),
+            ),
+            control: args.control.clone().unwrap_or_else(defaults::control_path),
+            embedded: true,
+        }),
+        _ => bail!(
+            "give both --cache and --backing, or neither to serve the embedded default under ./{}",
+            defaults::DATA_DIR
+        ),
+    }
+}
+
+pub fn run(args: &ServeArgs) -> Result<()> {
+    // Before any thread exists, so every thread inherits the mask and only sigwait sees them.
+    let signals = block_termination_signals()?;
+    let tunable_sets = parse_assignments(&args.set)?;
+    let plan = plan(args)?;
+    if plan.embedded {
+        defaults::ensure_files()?;
+    }
+    let cache = open_cache(&plan.cache)?;
+    let _lock = lock_cache(&plan.cache)?;
+    let backing = open_backing(&plan.backing)?;
+    let engine = open_engine(&plan, cache, backing)?;
+    for (k, v) in &tunable_sets {
+        engine
+            .set_tunable(k, v)
+            .with_context(|| format!("--set {k}={v}"))?;
+    }
+    let server = Server::new(
+        engine.clone(),
+        ServerConfig {
+            read_only: args.read_only,
+            ..ServerConfig::default()
+        },
+    );
+    let served = Arc::new(Served {
+        engine: engine.clone(),
+        server: server.clone(),
+        started: Instant::now(),
+    });
+    let result = serve_until_signal(&plan, args, &server, &served, &signals);
+    // Whatever happened, stop serving and leave a clean checkpoint if the engine allows.
+    server.shutdown();
+    let closed = engine.close();
+    result?;
+    closed.context("closing the cache")?;
+    eprintln!("logcache: stopped cleanly; the cache is checkpointed");
+    Ok(())
+}
+
+fn serve_until_signal(
+    plan: &Plan,
+    args: &ServeArgs,
+    server: &Server,
+    served: &Arc<Served>,
+    signals: &libc::sigset_t,
+) -> Result<()> {
+    let mut endpoints = Vec::new();
+    if let Some(sock) = &plan.socket {
+        server
+            .listen_unix(sock)
+            .with_context(|| format!("serving NBD on {}", sock.display()))?;
+        endpoints.push(format!("nbd+unix:///?socket={}", absolute(sock).display()));
+    }
+    if let Some(addr) = &plan.listen {
+        let bound = server
+            .listen_tcp(addr)
+            .with_context(|| format!("serving NBD on {addr}"))?;
+        endpoints.push(format!("nbd://{bound}"));
+    }
+    let mut control = ControlServer::start(&plan.control, served.clone())?;
+    let mut metrics = args
+        .metrics
+        .as_deref()
+        .map(|addr| MetricsServer::start(addr, served.clone()))
+        .transpose()?;
+    let s = served.engine.stats();
+    println!(
+        "logcache: serving {} ({} MiB disk, cache {} with {} segments) on {}",
+        plan.backing,
+        s.exported_size_bytes >> 20,
+        plan.cache.display(),
+        s.segment_count,
+        endpoints.join(" and ")
+    );
+    println!("  control: {}", plan.control.display());
+    if let Some(m) = &metrics {
+        println!("  metrics: http://{}/metrics", m.local_addr());
+    }
+    if plan.embedded {
+        print_how_to_connect(&endpoints[0]);
+    }
+    let sig = wait_for_signal(signals);
+    eprintln!("logcache: {sig}: finishing requests in flight and checkpointing");
+    control.stop();
+    if let Some(m) = metrics.as_mut() {
+        m.stop();
+    }
+    Ok(())
+}
+
+fn print_how_to_connect(uri: &str) {
+    println!(
+        "\nConnect with:\n  nbdinfo '{uri}'\n  qemu-io -f raw '{uri}' -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'\n  fio --name=w --ioengine=nbd --uri='{uri}' --rw=randwrite --bs=4k --iodepth=64 --size=1g --runtime=30 --time_based\n  mkdir -p /tmp/lc && nbdfuse /tmp/lc/disk '{uri}' &   # then: losetup -f --show /tmp/lc/disk; mkfs.xfs; mount\nStatus: logcache status   Stop: Ctrl-C (or SIGTERM); everything is checkpointed.\n"
+    );
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// Opens the engine; on the embedded default, formats a cache that holds no superblock yet.
+/// Prints an elapsed-time line if recovery takes more than a moment.
+fn open_engine(
+    plan: &Plan,
+    cache: Arc<dyn BlockDevice>,
+    backing: Arc<dyn BlockDevice>,
+) -> Result<Engine> {
+    let done = Arc::new(AtomicBool::new(false));
+    let ticker = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let tty = std::io::stderr().is_terminal();
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(100));
+                let t = start.elapsed();
+                if t >= Duration::from_secs(1) && !done.load(Ordering::Relaxed) {
+                    if tty {
+                        eprint!("\rlogcache: recovering the cache log... {:.1} s", t.as_secs_f64());
+                    } else if t.as_millis() % 5000 < 100 {
+                        eprintln!("logcache: recovering the cache log... {:.0} s", t.as_secs_f64());
+                    }
+                }
+            }
+        })
+    };
+    let mut res = Engine::open(cache.clone(), backing.clone(), OpenOptions::default());
+    if plan.embedded {
+        if let Err(EngineError::NotFormatted(_)) = res {
+            format(&*cache, &*backing, &FormatOptions::default())
+                .context("formatting the embedded default cache")?;
+            eprintln!(
+                "logcache: formatted the embedded default ({} GiB cache, {} GiB backing) under ./{}",
+                defaults::CACHE_SIZE_BYTES >> 30,
+                defaults::BACKING_SIZE_BYTES >> 30,
+                defaults::DATA_DIR
+            );
+            res = Engine::open(cache, backing, OpenOptions::default());
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    let _ = ticker.join();
+    match res {
+        Ok(engine) => {
+            let r = engine.stats().recovery;
+            if !r.clean {
+                eprintln!(
+                    "logcache: recovered after an unclean stop in {:.3} s: {} chunks replayed, {} discarded, {} blocks",
+                    r.duration_us as f64 / 1e6,
+                    r.chunks_replayed,
+                    r.chunks_discarded,
+                    r.blocks_recovered
+                );
+            }
+            Ok(engine)
+        }
+        Err(EngineError::NotFormatted(msg)) => bail!(
+            "{msg}: run logcache format --cache {} --backing {}",
+            plan.cache.display(),
+            plan.backing
+        ),
+        Err(e) => Err(e).with_context(|| format!("opening cache {}", plan.cache.display())),
+    }
+}
+
+fn block_termination_signals() -> Result<libc::sigset_t> {
+    // SAFETY: plain libc signal-mask calls on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            bail!("blocking SIGTERM/SIGINT failed: errno {rc}");
+        }
+        Ok(set)
+    }
+}
+
+fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
+    loop {
+        let mut sig: libc::c_int = 0;
+        // SAFETY: `set` was initialised by block_termination_signals.
+        let rc = unsafe { libc::sigwait(set, &mut sig) };
+        if rc == 0 {
+            return if sig == libc::SIGINT {
+                "SIGINT"
+            } else {
+                "SIGTERM"
+            };
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! The control socket: a Unix socket beside the cache through which `status`, `set` and
+//! `drain` talk to a running `serve`. One JSON object per line each way.
+//!
+//! Requests: `{"cmd":"status"}`, `{"cmd":"set","key":K,"value":V}`, `{"cmd":"tunables"}`,
+//! `{"cmd":"drain"}`. Replies: `{"ok":true,...}` or `{"ok":false,"error":"..."}`; a drain
+//! first streams `{"progress":{...}}` lines.
+
+pub mod client;
+pub mod server;

@@ -1,0 +1,82 @@
+//! Opening the cache and backing devices named on the command line, and the lock that keeps a
+//! cache from being served twice.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use logcache_engine::io::file::{FileDevice, FileOptions};
+use logcache_engine::io::BlockDevice;
+use logcache_nbd::uri::is_nbd_uri;
+use logcache_server::backing::nbd::NbdDevice;
+
+/// Connections the NBD backing client opens when the server allows several.
+const NBD_BACKING_CONNECTIONS: usize = 4;
+
+/// Opens the cache device (a file or block device) for reading and writing.
+pub fn open_cache(path: &Path) -> Result<Arc<dyn BlockDevice>> {
+    if !path.exists() {
+        bail!(
+            "cache {} does not exist; create it (e.g. truncate -s 1G {}) and run logcache format",
+            path.display(),
+            path.display()
+        );
+    }
+    let dev = FileDevice::open(path, FileOptions::default())
+        .with_context(|| format!("opening cache {}", path.display()))?;
+    Ok(Arc::new(dev))
+}
+
+/// Opens a backing SPEC: an NBD URI or a file/block device path.
+pub fn open_backing(spec: &str) -> Result<Arc<dyn BlockDevice>> {
+    if is_nbd_uri(spec) {
+        let dev = NbdDevice::open(spec, NBD_BACKING_CONNECTIONS)
+            .with_context(|| format!("connecting to backing device {spec}"))?;
+        return Ok(Arc::new(dev));
+    }
+    if spec.contains("://") {
+        bail!("backing device {spec:?} is neither a path nor an nbd:// or nbd+unix:// URI");
+    }
+    let path = PathBuf::from(spec);
+    if !path.exists() {
+        bail!(
+            "backing device {} does not exist; give a file, a block device or an NBD URI",
+            path.display()
+        );
+    }
+    let dev = FileDevice::open(&path, FileOptions::default())
+        .with_context(|| format!("opening backing device {}", path.display()))?;
+    Ok(Arc::new(dev))
+}
+
+/// An exclusive advisory lock on the cache file, held while the process lives: a second
+/// `serve` (or `format`) of the same cache fails at once instead of corrupting it.
+pub struct CacheLock {
+    _file: File,
+}
+
+pub fn lock_cache(path: &Path) -> Result<CacheLock> {
+    let file = File::open(path).with_context(|| format!("opening {} to lock it", path.display()))?;
+    // SAFETY: flock on a descriptor we own.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            bail!(
+                "cache {} is in use by another logcache process; stop it first (logcache status shows it)",
+                path.display()
+            );
+        }
+        return Err(err).with_context(|| format!("locking {}", path.display()));
+    }
+    Ok(CacheLock { _file: file })
+}
+
+/// The control socket beside a cache file: `<cache>.ctl`.
+pub fn control_path_for(cache: &Path) -> PathBuf {
+    let mut name = cache.as_os_str().to_owned();
+    name.push(".ctl");
+    PathBuf::from(name)
+}

@@ -1,0 +1,157 @@
+//! What a running `serve` exposes to the control socket and the metrics endpoint: the engine,
+//! the NBD server, and their status as JSON and as Prometheus text.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use logcache_engine::Engine;
+use logcache_server::Server;
+use serde_json::{json, Map, Value};
+
+pub struct Served {
+    pub engine: Engine,
+    pub server: Server,
+    pub started: Instant,
+}
+
+/// One metric: name, value, and whether it only grows (a Prometheus counter).
+struct Metric {
+    name: String,
+    value: f64,
+    counter: bool,
+}
+
+impl Served {
+    fn metrics(&self) -> (Vec<Metric>, Vec<(String, Value)>) {
+        let s = self.engine.stats();
+        let mut m = Vec::new();
+        let mut gauge = |name: &str, value: f64| {
+            m.push(Metric {
+                name: name.to_string(),
+                value,
+                counter: false,
+            })
+        };
+        gauge("exported_size_bytes", s.exported_size_bytes as f64);
+        gauge("segment_size_bytes", s.segment_size_bytes as f64);
+        gauge("segment_count", s.segment_count as f64);
+        gauge("segments_in_use", s.segments_in_use as f64);
+        gauge("cache_blocks", s.cache_blocks as f64);
+        gauge("cached_blocks", s.cached_blocks as f64);
+        gauge("dirty_blocks", s.dirty_blocks as f64);
+        let ratio = if s.cache_blocks == 0 {
+            0.0
+        } else {
+            s.dirty_blocks as f64 / s.cache_blocks as f64
+        };
+        gauge("dirty_ratio", ratio);
+        gauge("ram_buffers", s.ram_buffers as f64);
+        gauge("ram_buffers_free", s.ram_buffers_free as f64);
+        gauge("ram_buffer_bytes", s.ram_buffer_bytes as f64);
+        gauge("index_memory_bytes", s.index_memory_bytes as f64);
+        gauge("writeback_rate_blocks_per_s", s.writeback_rate_blocks_per_s as f64);
+        gauge("uptime_s", self.started.elapsed().as_secs_f64());
+        for (name, v) in s.counters.fields() {
+            m.push(Metric {
+                name: name.to_string(),
+                value: v as f64,
+                counter: true,
+            });
+        }
+        for (name, v) in s.recovery.fields() {
+            m.push(Metric {
+                name: format!("recovery_{name}"),
+                value: v as f64,
+                counter: false,
+            });
+        }
+        let n = self.server.stats();
+        for (name, v, counter) in [
+            ("nbd_connections_active", n.connections_active, false),
+            ("nbd_connections_total", n.connections_total, true),
+            ("nbd_requests", n.requests, true),
+            ("nbd_protocol_errors", n.protocol_errors, true),
+        ] {
+            m.push(Metric {
+                name: name.into(),
+                value: v as f64,
+                counter,
+            });
+        }
+        let tunables: Vec<(String, Value)> = self
+            .engine
+            .tunables()
+            .into_iter()
+            .map(|t| (t.name.to_string(), Value::String(t.value)))
+            .collect();
+        let mode = tunables
+            .iter()
+            .find(|(n, _)| n == "cache_mode")
+            .and_then(|(_, v)| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| "write-back".into());
+        let mut extra = vec![
+            ("mode".to_string(), Value::String(mode)),
+            (
+                "state".to_string(),
+                Value::String(match &s.failed {
+                    Some(_) => "failed".into(),
+                    None => "serving".into(),
+                }),
+            ),
+        ];
+        if let Some(f) = s.failed {
+            extra.push(("failure".into(), Value::String(f)));
+        }
+        extra.push(("tunables".into(), Value::Object(tunables.into_iter().collect())));
+        (m, extra)
+    }
+
+    /// The JSON status: the contract keys (`mode`, `cache_blocks`, `dirty_blocks`,
+    /// `segment_size_bytes`, `read_hits`, `read_misses`, `write_hits`, `write_misses`,
+    /// `writeback_blocks`) and every other figure, flat, plus `tunables`.
+    pub fn status(&self) -> Value {
+        let (metrics, extra) = self.metrics();
+        let mut obj = Map::new();
+        for (k, v) in extra {
+            obj.insert(k, v);
+        }
+        for m in metrics {
+            let v = if m.value.fract() == 0.0 && m.value.abs() < 9.0e15 {
+                json!(m.value as i64)
+            } else {
+                json!(m.value)
+            };
+            obj.insert(m.name, v);
+        }
+        Value::Object(obj)
+    }
+
+    pub fn tunables_json(&self) -> Value {
+        Value::Array(
+            self.engine
+                .tunables()
+                .into_iter()
+                .map(|t| {
+                    json!({"name": t.name, "value": t.value, "default": t.default,
+                           "range": t.range, "online": t.online, "help": t.help})
+                })
+                .collect(),
+        )
+    }
+
+    /// Prometheus text exposition format.
+    pub fn prometheus(&self) -> String {
+        let (metrics, extra) = self.metrics();
+        let mut out = String::new();
+        for m in metrics {
+            let kind = if m.counter { "counter" } else { "gauge" };
+            let _ = writeln!(out, "# TYPE logcache_{} {kind}", m.name);
+            let _ = writeln!(out, "logcache_{} {}", m.name, m.value);
+        }
+        if let Some((_, Value::String(mode))) = extra.iter().find(|(k, _)| k == "mode") {
+            let _ = writeln!(out, "# TYPE logcache_mode gauge");
+            let _ = writeln!(out, "logcache_mode{{mode=\"{mode}\"}} 1");
+        }
+        out
+    }
+}

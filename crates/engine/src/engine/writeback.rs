@@ -1,0 +1,573 @@
+//! Writeback: copies dirty blocks from the cache device to the backing device, sorted by
+//! backing address with adjacent blocks merged, syncs the backing device, and only then marks
+//! the blocks clean and persists the new writeback position. Clean blocks are dropped first
+//! when the log needs room (`reclaim.rs`).
+//!
+//! Order of a batch, and why:
+//! 1. Under the lock, take dirty blocks in log order from the oldest segments, only from chunks
+//!    that are durable on the cache device (a chunk a crash may still lose must not reach the
+//!    backing device first), and pin their segments so they cannot be reclaimed.
+//! 2. Without the lock, read them from the cache device in runs of adjacent cache blocks and
+//!    verify their checksums: corrupt data is never written back.
+//! 3. Write them to the backing device in backing-address order, then sync it.
+//! 4. Under the lock, mark clean each block the index still points at with the same dirty
+//!    sectors (a block overwritten meanwhile is dead; its newer copy stays dirty).
+//! 5. Persist `writeback_seq`: every chunk before the oldest segment still holding dirty blocks
+//!    is clean, so recovery replays it as clean.
+//!
+//! The policy (`next_batch_plan`): full speed while a `drain` waits, writers wait for room, or
+//! the front end has been idle for `writeback_idle_ms`; above `writeback_threshold_percent` a
+//! rate that settles the dirty level (the incoming dirtying rate plus the excess over the
+//! threshold spread over `SETTLE_S`); below it, nothing.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use parking_lot::MutexGuard;
+
+use super::flusher::wait_durable;
+use super::state::State;
+use super::tunables;
+use super::Inner;
+use crate::error::{Error, Result};
+use crate::format::{crc_block, BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
+use crate::io::aligned::AlignedBuf;
+
+const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+const SECTOR: usize = SECTOR_SIZE_BYTES as usize;
+/// Above the threshold, the excess is written back over about this many seconds (on top of
+/// the incoming rate), so the dirty level settles instead of growing.
+const SETTLE_S: u64 = 20;
+/// The slowest background rate above the threshold: 1 MiB/s.
+const RATE_MIN_BLOCKS_PER_S: u64 = 256;
+/// How often an idle writeback thread looks at the dirty level.
+const POLL: Duration = Duration::from_millis(100);
+/// The writeback position is persisted at most this often (and at close).
+const PERSIST_EVERY: Duration = Duration::from_secs(1);
+/// Longest run of adjacent blocks read or written in one IO.
+const RUN_BLOCKS_MAX: usize = 256;
+
+/// A dirty block taken for writeback.
+#[derive(Clone, Copy, Debug)]
+struct WbBlock {
+    cache_block: u32,
+    lba: u64,
+    dirty_mask: u8,
+    crc: u32,
+    /// Where its data is in the batch buffer (in cache-block order).
+    buf_index: usize,
+}
+
+/// The writeback thread's reusable memory.
+pub struct WritebackBuffers {
+    data: AlignedBuf,
+    blocks: Vec<WbBlock>,
+    slots: Vec<u32>,
+}
+
+impl WritebackBuffers {
+    pub fn new(batch_blocks_max: usize) -> WritebackBuffers {
+        WritebackBuffers {
+            data: AlignedBuf::new(batch_blocks_max * BLOCK),
+            blocks: Vec::with_capacity(batch_blocks_max),
+            slots: Vec::new(),
+        }
+    }
+}
+
+/// How the next batch should run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plan {
+    /// Nothing to do now.
+    Wait,
+    /// Write back up to this many blocks, then pace to this rate (None: no pacing).
+    Batch {
+        blocks: usize,
+        rate_blocks_per_s: Option<u64>,
+    },
+}
+
+/// What the policy remembers between batches.
+pub struct Pacer {
+    last_ops: u64,
+    last_ops_change: Instant,
+    last_dirtied: u64,
+    last_sample: Instant,
+    /// Exponential moving average of blocks dirtied per second.
+    dirtied_per_s: f64,
+    last_persist: Instant,
+}
+
+impl Pacer {
+    pub fn new(now: Instant) -> Pacer {
+        Pacer {
+            last_ops: 0,
+            last_ops_change: now,
+            last_dirtied: 0,
+            last_sample: now,
+            dirtied_per_s: 0.0,
+            last_persist: now,
+        }
+    }
+}
+
+fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instant) -> Plan {
+    let batch_max = inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize;
+    // Sample the front end: idle time and the dirtying rate.
+    let ops = st.counters.reads + st.counters.writes;
+    if ops != pacer.last_ops {
+        pacer.last_ops = ops;
+        pacer.last_ops_change = now;
+    }
+    let dt = now.saturating_duration_since(pacer.last_sample).as_secs_f64();
+    if dt >= 0.05 {
+        let dirtied = st.counters.blocks_dirtied - pacer.last_dirtied;
+        let inst = dirtied as f64 / dt;
+        // About a 2-second memory.
+        let alpha = (dt / 2.0).min(1.0);
+        pacer.dirtied_per_s += alpha * (inst - pacer.dirtied_per_s);
+        pacer.last_dirtied = st.counters.blocks_dirtied;
+        pacer.last_sample = now;
+    }
+    if st.dirty_blocks == 0 {
+        return Plan::Wait;
+    }
+    let full = Plan::Batch {
+        blocks: batch_max,
+        rate_blocks_per_s: None,
+    };
+    if st.drain_requests > 0 || st.space_waiters > 0 {
+        return full;
+    }
+    let rate_max_blocks =
+        inner.tunables.get(tunables::WRITEBACK_RATE_MAX_MIB) * (1 << 20) / BLOCK_SIZE_BYTES;
+    let capped = |rate: Option<u64>| -> Plan {
+        let rate = match (rate, rate_max_blocks) {
+            (r, 0) => r,
+            (None, m) => Some(m),
+            (Some(r), m) => Some(r.min(m)),
+        };
+        match rate {
+            None => full,
+            Some(r) => Plan::Batch {
+                // About four batches a second, so pacing stays smooth.
+                blocks: ((r / 4) as usize).clamp(16, batch_max),
+                rate_blocks_per_s: Some(r.max(1)),
+            },
+        }
+    };
+    let idle_ms = inner.tunables.get(tunables::WRITEBACK_IDLE_MS);
+    if idle_ms > 0
+        && now.saturating_duration_since(pacer.last_ops_change) >= Duration::from_millis(idle_ms)
+    {
+        return capped(None);
+    }
+    let threshold_percent = inner.tunables.get(tunables::WRITEBACK_THRESHOLD_PERCENT);
+    let threshold_blocks = inner.geo.cache_block_count() as u64 * threshold_percent / 100;
+    if st.dirty_blocks <= threshold_blocks {
+        return Plan::Wait;
+    }
+    let excess = st.dirty_blocks - threshold_blocks;
+    let rate = (pacer.dirtied_per_s as u64 + excess / SETTLE_S).max(RATE_MIN_BLOCKS_PER_S);
+    capped(Some(rate))
+}
+
+/// The writeback thread's loop.
+pub fn run(inner: &Inner) {
+    let batch_max = tunables::SPECS[tunables::WRITEBACK_BATCH_BLOCKS].max_value() as usize;
+    let mut bufs = WritebackBuffers::new(batch_max);
+    let mut pacer = Pacer::new(Instant::now());
+    let mut st = inner.state.lock();
+    loop {
+        if st.failed.is_some() || st.closing {
+            break;
+        }
+        let now = Instant::now();
+        let plan = next_batch_plan(inner, &st, &mut pacer, now);
+        st.writeback_rate_blocks_per_s = match plan {
+            Plan::Wait => 0,
+            Plan::Batch {
+                rate_blocks_per_s, ..
+            } => rate_blocks_per_s.unwrap_or(u64::MAX),
+        };
+        let Plan::Batch {
+            blocks,
+            rate_blocks_per_s,
+        } = plan
+        else {
+            maybe_persist(inner, &mut st, &mut pacer, now);
+            inner.writeback_wake.wait_for(&mut st, POLL);
+            continue;
+        };
+        let started = Instant::now();
+        let (guard, res) = batch(inner, st, &mut bufs, blocks);
+        st = guard;
+        let done = match res {
+            Ok(n) => n,
+            Err(e) => {
+                st.writeback_error = Some(e.to_string());
+                inner.progress.notify_all();
+                // The backing device failed; try again later rather than spin.
+                inner.writeback_wake.wait_for(&mut st, Duration::from_secs(1));
+                continue;
+            }
+        };
+        maybe_persist(inner, &mut st, &mut pacer, Instant::now());
+        if done == 0 {
+            // Dirty blocks exist but none is durable in the log yet: ask for a sync.
+            if st.dirty_blocks > 0 {
+                st.sync_wanted_seq = st.sync_wanted_seq.max(st.written_seq);
+                inner.flusher_wake.notify_one();
+            }
+            inner.writeback_wake.wait_for(&mut st, POLL / 10);
+            continue;
+        }
+        if let Some(rate) = rate_blocks_per_s {
+            let budget = Duration::from_secs_f64(done as f64 / rate as f64);
+            let deadline = started + budget;
+            while Instant::now() < deadline && !st.closing && st.drain_requests == 0 {
+                inner.writeback_wake.wait_until(&mut st, deadline);
+            }
+        }
+    }
+    // Record the final position in the close checkpoint (done by close, which reads it).
+    drop(st);
+}
+
+/// Persists the writeback position if it moved and the last write was a while ago (or a
+/// drain waits for it).
+fn maybe_persist(inner: &Inner, st: &mut MutexGuard<'_, State>, pacer: &mut Pacer, now: Instant) {
+    let pos = writeback_position(st);
+    if pos <= st.writeback_seq {
+        return;
+    }
+    if now.saturating_duration_since(pacer.last_persist) < PERSIST_EVERY && st.drain_requests == 0
+    {
+        return;
+    }
+    pacer.last_persist = now;
+    if persist_position(inner, st, pos).is_err() {
+        // `persist_position` recorded the failure; the engine stops.
+    }
+}
+
+/// The newest chunk sequence recovery may replay as clean: every chunk before the oldest
+/// segment that still holds dirty blocks, or whose blocks died by writes not yet durable.
+/// (A dirty block killed by an unsynced overwrite is dirty again if a crash loses that
+/// overwrite, so its segment must hold the position back.) Never past the durable log: a new
+/// session's chunks reuse sequence numbers after a discarded tail.
+pub fn writeback_position(st: &State) -> u64 {
+    let mut id = st.head_segment_id;
+    while id < st.next_segment_id {
+        let seg = &st.segments[st.geo.slot_of(id) as usize];
+        if seg.dirty_blocks > 0 || seg.dead_by_seq > st.synced_seq {
+            return seg.first_seq.saturating_sub(1).min(st.synced_seq);
+        }
+        id += 1;
+    }
+    st.synced_seq
+}
+
+fn persist_position(inner: &Inner, st: &mut MutexGuard<'_, State>, pos: u64) -> Result<()> {
+    let res = MutexGuard::unlocked(st, || {
+        inner
+            .superblock
+            .update(|s| s.checkpoint.writeback_seq = s.checkpoint.writeback_seq.max(pos))
+    });
+    match res {
+        Ok(()) => {
+            st.writeback_seq = st.writeback_seq.max(pos);
+            st.counters.superblock_writes += 1;
+            Ok(())
+        }
+        Err(e) => {
+            if st.failed.is_none() {
+                st.failed = Some(e.to_string());
+            }
+            st.counters.io_errors += 1;
+            inner.progress.notify_all();
+            Err(e)
+        }
+    }
+}
+
+/// Takes dirty blocks from durable chunks in log order, pinning their segments.
+fn collect(inner: &Inner, st: &State, bufs: &mut WritebackBuffers, max_blocks: usize) {
+    bufs.blocks.clear();
+    bufs.slots.clear();
+    let mut id = st.head_segment_id;
+    while id < st.next_segment_id && bufs.blocks.len() < max_blocks {
+        let slot = inner.geo.slot_of(id);
+        let seg = &st.segments[slot as usize];
+        id += 1;
+        if seg.dirty_blocks == 0 {
+            continue;
+        }
+        let before = bufs.blocks.len();
+        for b in 0..seg.synced_blocks {
+            if bufs.blocks.len() == max_blocks {
+                break;
+            }
+            let c = inner.geo.cache_block(slot, b);
+            let dirty_mask = st.dirty_mask[c as usize];
+            if dirty_mask == 0 {
+                continue;
+            }
+            let lba = st
+                .index
+                .lba_of(c)
+                .expect("a dirty block is in the index");
+            bufs.blocks.push(WbBlock {
+                cache_block: c,
+                lba,
+                dirty_mask,
+                crc: st.data_crc[c as usize],
+                buf_index: 0,
+            });
+        }
+        if bufs.blocks.len() > before {
+            inner.pins[slot as usize].fetch_add(1, Ordering::AcqRel);
+            bufs.slots.push(slot);
+        }
+    }
+}
+
+/// One batch: collect, read, write, sync, mark clean. Returns the blocks written back.
+fn batch<'a>(
+    inner: &'a Inner,
+    mut st: MutexGuard<'a, State>,
+    bufs: &mut WritebackBuffers,
+    max_blocks: usize,
+) -> (MutexGuard<'a, State>, Result<u64>) {
+    let max_blocks = max_blocks.min(bufs.data.len() / BLOCK);
+    collect(inner, &st, bufs, max_blocks);
+    if bufs.blocks.is_empty() {
+        return (st, Ok(0));
+    }
+    st.writeback_busy = true;
+    drop(st);
+    let res = copy_out(inner, bufs);
+    let mut st = inner.state.lock();
+    for &slot in &bufs.slots {
+        inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
+    }
+    st.writeback_busy = false;
+    let (bad, bytes) = match res {
+        Ok(v) => v,
+        Err(e) => {
+            st.counters.io_errors += 1;
+            return (st, Err(e));
+        }
+    };
+    let mut cleaned = 0u64;
+    for (i, b) in bufs.blocks.iter().enumerate() {
+        if bad.contains(&i) {
+            continue;
+        }
+        let c = b.cache_block;
+        if st.index.lba_of(c) == Some(b.lba) && st.dirty_mask[c as usize] == b.dirty_mask {
+            st.set_dirty_mask(c, 0);
+            cleaned += 1;
+        }
+    }
+    st.counters.writeback_blocks += cleaned;
+    st.counters.writeback_bytes += bytes;
+    st.counters.writeback_batches += 1;
+    if bad.is_empty() {
+        st.writeback_error = None;
+    } else {
+        st.counters.checksum_errors += bad.len() as u64;
+        let lba = bufs.blocks[bad[0]].lba;
+        st.writeback_error = Some(format!(
+            "{} dirty block(s) failed their checksum on the cache device (first: block {lba}); they stay dirty and are not written back",
+            bad.len()
+        ));
+    }
+    // Clean blocks may be what the relocator needs to make room; drains watch progress.
+    inner.flusher_wake.notify_one();
+    inner.progress.notify_all();
+    (st, Ok(cleaned))
+}
+
+/// Reads the batch from the cache device, verifies it and writes it to the backing device,
+/// then syncs that. Returns the indexes of blocks that failed their checksum (not written)
+/// and the bytes written.
+fn copy_out(inner: &Inner, bufs: &mut WritebackBuffers) -> Result<(Vec<usize>, u64)> {
+    let geo = &inner.geo;
+    // Read in cache order: the log is sequential, so runs are long.
+    bufs.blocks.sort_unstable_by_key(|b| b.cache_block);
+    let mut i = 0;
+    while i < bufs.blocks.len() {
+        let mut j = i + 1;
+        while j < bufs.blocks.len()
+            && j - i < RUN_BLOCKS_MAX
+            && bufs.blocks[j].cache_block == bufs.blocks[j - 1].cache_block + 1
+        {
+            j += 1;
+        }
+        let off = geo.block_offset(bufs.blocks[i].cache_block);
+        inner
+            .cache
+            .read_at(&mut bufs.data[i * BLOCK..j * BLOCK], off)
+            .map_err(|e| Error::io(format!("writeback reading the cache at offset {off}"), e))?;
+        for (k, b) in bufs.blocks[i..j].iter_mut().enumerate() {
+            b.buf_index = i + k;
+        }
+        i = j;
+    }
+    let mut bad = Vec::new();
+    for (k, b) in bufs.blocks.iter().enumerate() {
+        let data = &bufs.data[b.buf_index * BLOCK..(b.buf_index + 1) * BLOCK];
+        if crc_block(geo.format_id, b.lba, data) != b.crc {
+            bad.push(k);
+        }
+    }
+    // Write in backing order, merging runs of whole dirty blocks into one IO; the staging copy
+    // makes a run contiguous in memory.
+    let mut order: Vec<usize> = (0..bufs.blocks.len())
+        .filter(|k| !bad.contains(k))
+        .collect();
+    order.sort_unstable_by_key(|&k| bufs.blocks[k].lba);
+    let mut staging = AlignedBuf::new(RUN_BLOCKS_MAX * BLOCK);
+    let mut bytes = 0u64;
+    let mut i = 0;
+    while i < order.len() {
+        let first = bufs.blocks[order[i]];
+        if first.dirty_mask != FULL_MASK {
+            bytes += write_partial(inner, &bufs.data, &first)?;
+            i += 1;
+            continue;
+        }
+        let mut j = i + 1;
+        while j < order.len() && j - i < RUN_BLOCKS_MAX {
+            let b = bufs.blocks[order[j]];
+            if b.dirty_mask != FULL_MASK || b.lba != bufs.blocks[order[j - 1]].lba + 1 {
+                break;
+            }
+            j += 1;
+        }
+        for (k, &idx) in order[i..j].iter().enumerate() {
+            let src = bufs.blocks[idx].buf_index * BLOCK;
+            staging[k * BLOCK..(k + 1) * BLOCK].copy_from_slice(&bufs.data[src..src + BLOCK]);
+        }
+        let len = (j - i) * BLOCK;
+        let off = first.lba * BLOCK_SIZE_BYTES;
+        inner
+            .backing
+            .write_at(&staging[..len], off)
+            .map_err(|e| Error::io(format!("writeback writing the backing device at {off}"), e))?;
+        bytes += len as u64;
+        i = j;
+    }
+    inner
+        .backing
+        .flush()
+        .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))?;
+    Ok((bad, bytes))
+}
+
+/// Writes only the dirty sectors of a partly dirty block (the others are not in the cache, or
+/// already on the backing device).
+fn write_partial(inner: &Inner, data: &[u8], b: &WbBlock) -> Result<u64> {
+    let base = b.buf_index * BLOCK;
+    let mut bytes = 0u64;
+    let mut s = 0usize;
+    while s < 8 {
+        if b.dirty_mask & (1 << s) == 0 {
+            s += 1;
+            continue;
+        }
+        let mut e = s + 1;
+        while e < 8 && b.dirty_mask & (1 << e) != 0 {
+            e += 1;
+        }
+        let off = b.lba * BLOCK_SIZE_BYTES + (s * SECTOR) as u64;
+        let src = &data[base + s * SECTOR..base + e * SECTOR];
+        inner
+            .backing
+            .write_at(src, off)
+            .map_err(|e| Error::io(format!("writeback writing the backing device at {off}"), e))?;
+        bytes += src.len() as u64;
+        s = e;
+    }
+    Ok(bytes)
+}
+
+/// Progress of a drain, for a progress bar.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DrainProgress {
+    pub dirty_blocks_at_start: u64,
+    pub dirty_blocks: u64,
+    pub written_back_blocks: u64,
+}
+
+/// Writes back everything: returns once no block is dirty and the backing device is synced,
+/// calling `progress` a few times a second. Writes that arrive meanwhile are drained too.
+pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<()> {
+    let (start, wb0) = {
+        let mut st = inner.state.lock();
+        st.drain_requests += 1;
+        (st.dirty_blocks, st.counters.writeback_blocks)
+    };
+    let res = (|| {
+        let mut bufs = inner.manual.then(|| {
+            WritebackBuffers::new(
+                inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize,
+            )
+        });
+        loop {
+            // Writeback takes only durable chunks: seal and sync what is in RAM.
+            wait_durable(inner)?;
+            let mut st = inner.state.lock();
+            let p = DrainProgress {
+                dirty_blocks_at_start: start,
+                dirty_blocks: st.dirty_blocks,
+                written_back_blocks: st.counters.writeback_blocks - wb0,
+            };
+            progress(p);
+            if st.dirty_blocks == 0 {
+                let pos = writeback_position(&st);
+                if pos > st.writeback_seq {
+                    persist_position(inner, &mut st, pos)?;
+                }
+                return Ok(());
+            }
+            if let Some(e) = &st.writeback_error {
+                return Err(Error::Io {
+                    what: "drain stopped: writeback failed".into(),
+                    source: std::io::Error::other(e.clone()),
+                });
+            }
+            if let Some(bufs) = bufs.as_mut() {
+                let batch_blocks = inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize;
+                let (st2, res) = batch(inner, st, bufs, batch_blocks);
+                if let Err(e) = res {
+                    drop(st2);
+                    return Err(e);
+                }
+                continue;
+            }
+            inner.writeback_wake.notify_one();
+            inner.progress.wait_for(&mut st, Duration::from_millis(250));
+            if let Some(m) = &st.failed {
+                return Err(Error::Failed(m.clone()));
+            }
+        }
+    })();
+    inner.state.lock().drain_requests -= 1;
+    res
+}
+
+/// Manual mode: one writeback batch of up to `max_blocks`, ignoring the policy. Returns the
+/// blocks written back.
+pub fn step(inner: &Inner, max_blocks: usize) -> Result<u64> {
+    let mut bufs = WritebackBuffers::new(max_blocks);
+    let st = inner.state.lock();
+    let (mut st, res) = batch(inner, st, &mut bufs, max_blocks);
+    let n = res?;
+    let pos = writeback_position(&st);
+    if pos > st.writeback_seq {
+        persist_position(inner, &mut st, pos)?;
+    }
+    Ok(n)
+}

@@ -1,0 +1,40 @@
+//! The server's fixed limits and tuning constants, in one place so their reasons sit together.
+
+use std::time::Duration;
+
+/// Largest READ or WRITE payload we accept (the spec's portable maximum, 2^25). Advertised as
+/// the maximum in `INFO_BLOCK_SIZE`; a WRITE announcing more is a protocol violation.
+pub const MAX_PAYLOAD_BYTES: u32 = 32 << 20;
+/// Advertised preferred block size: the engine's block, so aligned 4 KiB IO avoids partial blocks.
+pub const PREFERRED_BLOCK_BYTES: u32 = 4096;
+/// Advertised minimum block size: any byte range works (unaligned IO is read-modify-write).
+pub const MIN_BLOCK_BYTES: u32 = 1;
+/// The engine's addressing unit; requests not aligned to it take the slow path.
+pub const SECTOR_BYTES: u64 = logcache_engine::io::SECTOR_SIZE_BYTES;
+
+/// Per-connection input buffer: large so that one read syscall brings many requests.
+pub const INPUT_BUFFER_BYTES: usize = 256 << 10;
+/// The reader writes its batched replies once they reach this size even if more requests are
+/// buffered, so a long burst cannot delay replies (or grow the buffer) without bound.
+pub const OUTPUT_FLUSH_BYTES: usize = 256 << 10;
+/// Reply and large-payload buffers larger than this are shrunk or dropped after use, so one
+/// 32 MiB request does not pin 32 MiB per connection for its lifetime.
+pub const BUFFER_KEEP_BYTES: usize = 4 << 20;
+
+/// Worker threads per connection for slow commands (FLUSH, FUA writes, WRITE_ZEROES, TRIM).
+/// Concurrent flushes share one sync in the engine, so a few are enough to keep them overlapping.
+pub const MAX_WORKERS_PER_CONNECTION: usize = 4;
+/// Recycled payload buffers per connection for writes handed to workers, and the largest
+/// buffer worth keeping there.
+pub const PAYLOAD_POOL_BUFFERS: usize = 8;
+pub const PAYLOAD_POOL_BUFFER_MAX_BYTES: usize = 1 << 20;
+/// WRITE_ZEROES writes through the engine in pieces of at most this many bytes (the size of the
+/// one static zero buffer).
+pub const ZERO_PIECE_BYTES: usize = 1 << 20;
+
+/// A client silent this long during option haggling is dropped, so idle sockets cannot hold
+/// connection threads forever.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long `shutdown` waits for connections to finish their received requests and send the
+/// replies before it closes them hard (a client that stops reading replies would block us).
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);

@@ -1,0 +1,51 @@
+//! The write side of a connection: one mutex so replies from the reader and from workers never
+//! interleave mid-message.
+//!
+//! The reader batches its replies in a buffer of its own and hands the whole batch over at once;
+//! workers hand over one reply each. Whoever holds the lock writes straight to the socket.
+
+use std::io;
+use std::net::Shutdown;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::stream::Stream;
+
+pub(crate) struct ReplySink {
+    stream: Arc<Stream>,
+    write_lock: Mutex<()>,
+    /// Set once a write failed: the stream may hold half a message, so nothing more may follow.
+    failed: AtomicBool,
+}
+
+impl ReplySink {
+    pub(crate) fn new(stream: Arc<Stream>) -> ReplySink {
+        ReplySink {
+            stream,
+            write_lock: Mutex::new(()),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Writes whole messages. After a failure the connection is cut in both directions, which
+    /// also wakes the reader if it is blocked waiting for requests.
+    pub(crate) fn send(&self, bytes: &[u8]) -> io::Result<()> {
+        let _writing = self.write_lock.lock();
+        if self.failed.load(Ordering::Relaxed) {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let result = self.stream.send_all(bytes);
+        if result.is_err() {
+            self.break_connection();
+        }
+        result
+    }
+
+    /// Ends the connection from any thread (a failed write, a panicking worker).
+    pub(crate) fn break_connection(&self) {
+        self.failed.store(true, Ordering::Relaxed);
+        self.stream.shutdown(Shutdown::Both);
+    }
+}

@@ -1,0 +1,41 @@
+//! Server-wide counters: updated with relaxed atomics (the reader adds its request count once per
+//! batch, not per request) and read as a snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A snapshot of the server's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ServerStats {
+    /// Connections accepted since the server started.
+    pub connections_total: u64,
+    /// Connections currently open (in the handshake or transmission phase).
+    pub connections_active: u64,
+    /// Transmission-phase requests received (counted per batch, so it may lag a little).
+    pub requests: u64,
+    /// Client protocol violations: requests rejected as invalid, and connections dropped for a
+    /// bad handshake, bad magic or an oversized payload.
+    pub protocol_errors: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub connections_total: AtomicU64,
+    pub connections_active: AtomicU64,
+    pub requests: AtomicU64,
+    pub protocol_errors: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, amount: u64) {
+        counter.fetch_add(amount, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> ServerStats {
+        ServerStats {
+            connections_total: self.connections_total.load(Ordering::Relaxed),
+            connections_active: self.connections_active.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+            protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! A connected client socket (Unix or TCP) with the few raw operations the server needs.
+//!
+//! Reads and writes go through `recv`/`send` directly: `send` with `MSG_NOSIGNAL` so a client
+//! that went away gives `EPIPE` instead of killing the process with `SIGPIPE`, and `recv` with
+//! `MSG_DONTWAIT` while shutting down, so a connection stops once its queued requests are read.
+//! Both take `&self`, so the reader and the reply writers share one socket without locking reads.
+
+use std::io;
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+pub(crate) enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    fn fd(&self) -> RawFd {
+        match self {
+            Stream::Unix(socket) => socket.as_raw_fd(),
+            Stream::Tcp(socket) => socket.as_raw_fd(),
+        }
+    }
+
+    /// Reads what is available (at least one byte unless `dont_wait`); `Ok(0)` is end of stream.
+    pub(crate) fn recv(&self, buf: &mut [u8], dont_wait: bool) -> io::Result<usize> {
+        let flags = if dont_wait { libc::MSG_DONTWAIT } else { 0 };
+        loop {
+            // SAFETY: `buf` is valid for writes of `buf.len()` bytes, and the descriptor stays
+            // open for as long as `self` is borrowed.
+            let received =
+                unsafe { libc::recv(self.fd(), buf.as_mut_ptr().cast(), buf.len(), flags) };
+            if received >= 0 {
+                return Ok(received as usize);
+            }
+            let error = io::Error::last_os_error();
+            if error.kind() != io::ErrorKind::Interrupted {
+                return Err(error);
+            }
+        }
+    }
+
+    /// Fills `buf` completely, failing with `UnexpectedEof` if the peer closes first.
+    pub(crate) fn recv_exact(&self, mut buf: &mut [u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            let received = self.recv(buf, false)?;
+            if received == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            buf = &mut buf[received..];
+        }
+        Ok(())
+    }
+
+    /// Writes all of `bytes`. Callers serialise concurrent writers (see `sink`).
+    pub(crate) fn send_all(&self, mut bytes: &[u8]) -> io::Result<()> {
+        while !bytes.is_empty() {
+            // SAFETY: `bytes` is valid for reads of `bytes.len()` bytes; the descriptor is open.
+            let sent = unsafe {
+                libc::send(
+                    self.fd(),
+                    bytes.as_ptr().cast(),
+                    bytes.len(),
+                    libc::MSG_NOSIGNAL,
+                )
+            };
+            if sent < 0 {
+                let error = io::Error::last_os_error();
+                if error.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(error);
+            }
+            if sent == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            bytes = &bytes[sent as usize..];
+        }
+        Ok(())
+    }
+
+    /// Shuts down one or both directions. Errors (e.g. the peer already left) change nothing we
+    /// could act on, so they are ignored.
+    pub(crate) fn shutdown(&self, how: Shutdown) {
+        let _ = match self {
+            Stream::Unix(socket) => socket.shutdown(how),
+            Stream::Tcp(socket) => socket.shutdown(how),
+        };
+    }
+
+    pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(socket) => socket.set_read_timeout(timeout),
+            Stream::Tcp(socket) => socket.set_read_timeout(timeout),
+        }
+    }
+
+    /// Undoes a listener's non-blocking mode, which some platforms let accepted sockets inherit.
+    pub(crate) fn set_blocking(&self) -> io::Result<()> {
+        match self {
+            Stream::Unix(socket) => socket.set_nonblocking(false),
+            Stream::Tcp(socket) => socket.set_nonblocking(false),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_recv_and_end_of_stream() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (a, b) = (Stream::Unix(a), Stream::Unix(b));
+        a.send_all(b"hello").unwrap();
+        let mut buf = [0u8; 5];
+        b.recv_exact(&mut buf).unwrap();
+        assert_eq!(&buf, b"hello");
+        let error = b.recv(&mut buf, true).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::WouldBlock);
+        a.shutdown(Shutdown::Write);
+        assert_eq!(b.recv(&mut buf, false).unwrap(), 0);
+        assert_eq!(
+            b.recv_exact(&mut buf).unwrap_err().kind(),
+            io::ErrorKind::UnexpectedEof
+        );
+    }
+
+    #[test]
+    fn sending_to_a_closed_peer_is_an_error_not_a_signal() {
+        let (a, b) = UnixStream::pair().unwrap();
+        drop(b);
+        let a = Stream::Unix(a);
+        assert!(a.send_all(&[0u8; 4096]).is_err());
+    }
+}

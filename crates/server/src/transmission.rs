@@ -1,0 +1,405 @@
+//! The transmission phase of one connection: its thread is the reader.
+//!
+//! The reader pulls many requests per `recv` into a large input buffer and decodes them in
+//! place. READ and (non-FUA) WRITE run inline, since the engine answers them in about a
+//! microsecond: writes go to the engine straight from the input buffer, reads straight into the
+//! reply buffer. Replies accumulate in that buffer and go out in one `send` when the reader is
+//! about to wait for more input (or the batch is large), so a burst of requests costs one
+//! syscall each way instead of one per request. Slow commands (FLUSH, FUA writes, WRITE_ZEROES,
+//! TRIM) go to the connection's workers and reply on their own, possibly out of order.
+//!
+//! Ordering: plain writes run inline before the next request is even decoded, so every one
+//! received before a FLUSH is in the engine by the time the FLUSH is queued, and the engine's
+//! flush covers it. That includes every write already replied to, which is what the spec asks;
+//! FUA writes still on a worker have not been replied to, so they need not be covered.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use logcache_nbd::consts::{
+    CMD_FLAG_DF, CMD_FLAG_FAST_ZERO, CMD_FLAG_FUA, EINVAL, ENOTSUP, EOVERFLOW, EPERM,
+    REQUEST_HEADER_BYTES,
+};
+use logcache_nbd::request::{Command, Request};
+
+use crate::connection::Connection;
+use crate::input::InputBuffer;
+use crate::limits::{BUFFER_KEEP_BYTES, INPUT_BUFFER_BYTES, MAX_PAYLOAD_BYTES, OUTPUT_FLUSH_BYTES};
+use crate::negotiate::BASE_ALLOCATION_CONTEXT_ID;
+use crate::stats::Counters;
+use crate::workers::{Job, WorkerPool};
+use crate::{errno, ops, reply};
+
+/// Why the transmission phase ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// The client sent DISC.
+    Disconnect,
+    /// The client closed its side, or the server is shutting down and no requests are left.
+    InputClosed,
+    /// The client broke the protocol (bad magic, oversized payload); we hang up.
+    Violation,
+    /// The socket failed.
+    Io,
+}
+
+/// Serves requests until the connection ends; every request received by then is finished and
+/// its reply sent before this returns.
+pub(crate) fn serve(connection: &Arc<Connection>) -> End {
+    let mut reader = Reader {
+        connection: connection.clone(),
+        input: InputBuffer::new(INPUT_BUFFER_BYTES),
+        replies: Vec::with_capacity(2 * OUTPUT_FLUSH_BYTES),
+        scratch: Vec::new(),
+        large_payload: Vec::new(),
+        workers: WorkerPool::new(connection.clone()),
+        unpublished_requests: 0,
+    };
+    let end = loop {
+        match reader.serve_one() {
+            Ok(None) => {}
+            Ok(Some(end)) => break end,
+            Err(_) => break End::Io,
+        }
+    };
+    // Inline replies first, then whatever the workers still have (they send their own).
+    let _ = reader.flush_replies();
+    reader.workers.finish();
+    end
+}
+
+struct Reader {
+    connection: Arc<Connection>,
+    input: InputBuffer,
+    /// Batched replies not yet sent.
+    replies: Vec<u8>,
+    /// Covering-range buffer for unaligned reads.
+    scratch: Vec<u8>,
+    /// Payloads too large for the input buffer.
+    large_payload: Vec<u8>,
+    workers: WorkerPool,
+    /// Requests counted since the server-wide counter was last updated.
+    unpublished_requests: u64,
+}
+
+/// A request refused before touching the engine: the error code and a message for the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Rejection {
+    error: u32,
+    message: &'static str,
+}
+
+impl Reader {
+    /// Decodes and handles one request; `Some` when the connection should end.
+    fn serve_one(&mut self) -> io::Result<Option<End>> {
+        if !self.fill_to(REQUEST_HEADER_BYTES)? {
+            return Ok(Some(End::InputClosed));
+        }
+        let Ok((request, _)) = Request::decode_prefix(self.input.buffered()) else {
+            // Bad magic: we have lost (or never had) the request boundaries.
+            return Ok(Some(End::Violation));
+        };
+        self.unpublished_requests += 1;
+        if request.command == Command::Disconnect {
+            self.input.consume(REQUEST_HEADER_BYTES);
+            return Ok(Some(End::Disconnect));
+        }
+        let payload_bytes = request.payload_length_bytes() as usize;
+        if payload_bytes > MAX_PAYLOAD_BYTES as usize {
+            // The spec lets us hang up on a client exceeding the advertised maximum; skipping
+            // an arbitrary amount of data would just waste our time.
+            return Ok(Some(End::Violation));
+        }
+        let verdict = validate(&request, &self.connection);
+        let total_bytes = REQUEST_HEADER_BYTES + payload_bytes;
+        if payload_bytes == 0 {
+            self.input.consume(REQUEST_HEADER_BYTES);
+            self.handle(request, verdict, &[]);
+        } else if total_bytes <= self.input.capacity_bytes() {
+            // The payload is read even for a rejected write, to stay in step with the stream.
+            if !self.fill_to(total_bytes)? {
+                return Ok(Some(End::InputClosed));
+            }
+            let Reader {
+                input,
+                replies,
+                scratch,
+                workers,
+                connection,
+                ..
+            } = self;
+            let payload = &input.buffered()[REQUEST_HEADER_BYTES..total_bytes];
+            handle(
+                connection, replies, scratch, workers, request, verdict, payload,
+            );
+            self.input.consume(total_bytes);
+        } else {
+            self.input.consume(REQUEST_HEADER_BYTES);
+            if !self.read_large_payload(payload_bytes)? {
+                return Ok(Some(End::InputClosed));
+            }
+            let payload = std::mem::take(&mut self.large_payload);
+            self.handle(request, verdict, &payload);
+            self.large_payload = payload;
+            if self.large_payload.capacity() > BUFFER_KEEP_BYTES {
+                self.large_payload = Vec::new();
+            }
+        }
+        if self.replies.len() >= OUTPUT_FLUSH_BYTES {
+            self.flush_replies()?;
+        }
+        Ok(None)
+    }
+
+    fn handle(&mut self, request: Request, verdict: Result<(), Rejection>, payload: &[u8]) {
+        handle(
+            &self.connection,
+            &mut self.replies,
+            &mut self.scratch,
+            &mut self.workers,
+            request,
+            verdict,
+            payload,
+        );
+    }
+
+    /// Makes at least `needed_bytes` available in the input buffer; `false` at end of input.
+    /// Before each read (which may wait for the client) the batched replies are sent.
+    fn fill_to(&mut self, needed_bytes: usize) -> io::Result<bool> {
+        debug_assert!(needed_bytes <= self.input.capacity_bytes());
+        while self.input.buffered_bytes() < needed_bytes {
+            self.flush_replies()?;
+            // While shutting down, serve what the client already sent but wait for nothing.
+            let stopping = self.connection.server.stopping.load(Ordering::Relaxed);
+            match self.input.fill(&self.connection.stream, stopping) {
+                Ok(0) => return Ok(false),
+                Ok(_) => {}
+                Err(error) if stopping && error.kind() == io::ErrorKind::WouldBlock => {
+                    return Ok(false)
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads a payload larger than the input buffer into `large_payload`; `false` at end of
+    /// input.
+    fn read_large_payload(&mut self, payload_bytes: usize) -> io::Result<bool> {
+        let buffered_bytes = payload_bytes.min(self.input.buffered_bytes());
+        self.large_payload.clear();
+        self.large_payload
+            .extend_from_slice(&self.input.buffered()[..buffered_bytes]);
+        self.input.consume(buffered_bytes);
+        self.large_payload.resize(payload_bytes, 0);
+        if buffered_bytes < payload_bytes {
+            self.flush_replies()?;
+            match self
+                .connection
+                .stream
+                .recv_exact(&mut self.large_payload[buffered_bytes..])
+            {
+                Ok(()) => {}
+                Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Sends the batched replies (one syscall) and publishes the request count.
+    fn flush_replies(&mut self) -> io::Result<()> {
+        if self.unpublished_requests > 0 {
+            let counters = &self.connection.server.counters;
+            Counters::add(&counters.requests, self.unpublished_requests);
+            self.unpublished_requests = 0;
+        }
+        if self.replies.is_empty() {
+            return Ok(());
+        }
+        let result = self.connection.sink.send(&self.replies);
+        self.replies.clear();
+        if self.replies.capacity() > BUFFER_KEEP_BYTES {
+            self.replies.shrink_to(2 * OUTPUT_FLUSH_BYTES);
+        }
+        result
+    }
+}
+
+/// Checks a request against the spec and the export before anything runs.
+fn validate(request: &Request, connection: &Connection) -> Result<(), Rejection> {
+    let server = &connection.server;
+    let reject = |error, message| Err(Rejection { error, message });
+    let command = request.command;
+    if matches!(command, Command::Resize | Command::Unknown(_)) {
+        return reject(EINVAL, "unsupported command");
+    }
+    // DF is documented for READ, but only usable when advertised, and we do not advertise it.
+    let permitted_flags = command.permitted_flags() & !CMD_FLAG_DF;
+    if request.flags & !permitted_flags != 0 {
+        return reject(EINVAL, "command flags not supported for this command");
+    }
+    let writes = matches!(
+        command,
+        Command::Write | Command::Trim | Command::WriteZeroes
+    );
+    if writes && server.config.read_only {
+        return reject(EPERM, "the export is read-only");
+    }
+    let length_bytes = request.length_bytes;
+    match command {
+        Command::Read | Command::Write if length_bytes == 0 => {
+            return reject(EINVAL, "zero-length read or write");
+        }
+        Command::Read if length_bytes > MAX_PAYLOAD_BYTES => {
+            // The spec reserves EOVERFLOW for structured replies.
+            let error = if connection.session.structured {
+                EOVERFLOW
+            } else {
+                EINVAL
+            };
+            return reject(error, "read longer than the advertised 32 MiB maximum");
+        }
+        Command::BlockStatus if !connection.session.base_allocation => {
+            return reject(EINVAL, "block status needs the base:allocation context");
+        }
+        Command::BlockStatus if length_bytes == 0 => {
+            return reject(EINVAL, "zero-length block status");
+        }
+        _ => {}
+    }
+    // FLUSH's offset and length are reserved; everything else addresses a range.
+    if command != Command::Flush && !request.within_export(server.export_size_bytes) {
+        return reject(EINVAL, "range runs past the end of the export");
+    }
+    Ok(())
+}
+
+/// Runs one validated request inline or queues it for a worker; inline replies are appended to
+/// `replies`. `payload` is the WRITE data (empty for other commands).
+fn handle(
+    connection: &Arc<Connection>,
+    replies: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+    workers: &mut WorkerPool,
+    request: Request,
+    verdict: Result<(), Rejection>,
+    payload: &[u8],
+) {
+    let structured = connection.session.structured;
+    let cookie = request.cookie;
+    if let Err(rejection) = verdict {
+        Counters::add(&connection.server.counters.protocol_errors, 1);
+        reply::push_error(
+            replies,
+            structured,
+            cookie,
+            rejection.error,
+            rejection.message,
+        );
+        return;
+    }
+    let server = &connection.server;
+    let engine = &server.engine;
+    let result = match request.command {
+        Command::Read => {
+            read(connection, replies, scratch, &request);
+            return;
+        }
+        Command::Write if request.has_flag(CMD_FLAG_FUA) => {
+            // FUA waits for durability, which may take milliseconds: a worker does it.
+            let job = Job {
+                request,
+                payload: Some(connection.copy_payload(payload)),
+            };
+            workers.submit(job);
+            return;
+        }
+        Command::Write => ops::write(
+            engine,
+            &server.unaligned_write_lock,
+            request.offset_bytes,
+            payload,
+            false,
+        ),
+        Command::WriteZeroes if request.has_flag(CMD_FLAG_FAST_ZERO) => {
+            // The spec's meaning of FAST_ZERO: fail at once unless zeroing is faster than
+            // writing zeroes, which for us it is not.
+            reply::push_error(
+                replies,
+                structured,
+                cookie,
+                ENOTSUP,
+                "fast zeroing is not supported",
+            );
+            return;
+        }
+        Command::Flush | Command::Trim | Command::WriteZeroes => {
+            workers.submit(Job {
+                request,
+                payload: None,
+            });
+            return;
+        }
+        // A prefetch hint: the engine reads on demand, so there is nothing to do.
+        Command::Cache => Ok(()),
+        Command::BlockStatus => {
+            // One extent covering the whole request, reported as data: always truthful.
+            reply::push_block_status(
+                replies,
+                cookie,
+                BASE_ALLOCATION_CONTEXT_ID,
+                request.length_bytes,
+            );
+            return;
+        }
+        // `validate` rejects these, and DISC never gets here.
+        Command::Disconnect | Command::Resize | Command::Unknown(_) => {
+            reply::push_error(replies, structured, cookie, EINVAL, "unsupported command");
+            return;
+        }
+    };
+    match result {
+        Ok(()) => reply::push_success(replies, structured, cookie),
+        Err(error) => reply::push_error(
+            replies,
+            structured,
+            cookie,
+            errno::from_engine(&error),
+            &error.to_string(),
+        ),
+    }
+}
+
+/// READ: the reply header, then the data read straight into the reply buffer behind it.
+fn read(connection: &Connection, replies: &mut Vec<u8>, scratch: &mut Vec<u8>, request: &Request) {
+    let structured = connection.session.structured;
+    let length_bytes = request.length_bytes as usize;
+    let reply_start = replies.len();
+    reply::push_read_header(
+        replies,
+        structured,
+        request.cookie,
+        request.offset_bytes,
+        request.length_bytes,
+    );
+    let data_start = replies.len();
+    replies.resize(data_start + length_bytes, 0);
+    let engine = &connection.server.engine;
+    if let Err(error) = ops::read(
+        engine,
+        request.offset_bytes,
+        &mut replies[data_start..],
+        scratch,
+    ) {
+        replies.truncate(reply_start);
+        reply::push_error(
+            replies,
+            structured,
+            request.cookie,
+            errno::from_engine(&error),
+            &error.to_string(),
+        );
+    }
+}
