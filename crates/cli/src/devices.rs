@@ -58,7 +58,8 @@ pub struct CacheLock {
 }
 
 pub fn lock_cache(path: &Path) -> Result<CacheLock> {
-    let file = File::open(path).with_context(|| format!("opening {} to lock it", path.display()))?;
+    let file =
+        File::open(path).with_context(|| format!("opening {} to lock it", path.display()))?;
     // SAFETY: flock on a descriptor we own.
     let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if rc != 0 {

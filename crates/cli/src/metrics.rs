@@ -93,11 +93,7 @@ fn answer(stream: TcpStream, served: &Served) -> std::io::Result<()> {
             "text/plain",
             "try /metrics or /status\n".into(),
         ),
-        _ => (
-            "405 Method Not Allowed",
-            "text/plain",
-            "only GET\n".into(),
-        ),
+        _ => ("405 Method Not Allowed", "text/plain", "only GET\n".into()),
     };
     let mut w = stream;
     write!(

@@ -49,7 +49,10 @@ impl Served {
         gauge("ram_buffers_free", s.ram_buffers_free as f64);
         gauge("ram_buffer_bytes", s.ram_buffer_bytes as f64);
         gauge("index_memory_bytes", s.index_memory_bytes as f64);
-        gauge("writeback_rate_blocks_per_s", s.writeback_rate_blocks_per_s as f64);
+        gauge(
+            "writeback_rate_blocks_per_s",
+            s.writeback_rate_blocks_per_s as f64,
+        );
         gauge("uptime_s", self.started.elapsed().as_secs_f64());
         for (name, v) in s.counters.fields() {
             m.push(Metric {
@@ -102,7 +105,10 @@ impl Served {
         if let Some(f) = s.failed {
             extra.push(("failure".into(), Value::String(f)));
         }
-        extra.push(("tunables".into(), Value::Object(tunables.into_iter().collect())));
+        extra.push((
+            "tunables".into(),
+            Value::Object(tunables.into_iter().collect()),
+        ));
         (m, extra)
     }
 

@@ -6,7 +6,11 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
     let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, suffix) = t.split_at(digits_end);
-    let bad = || format!("{text:?} is not a size; write a number with an optional K, M, G or T suffix, e.g. 1G");
+    let bad = || {
+        format!(
+            "{text:?} is not a size; write a number with an optional K, M, G or T suffix, e.g. 1G"
+        )
+    };
     let n: u64 = digits.parse().map_err(|_| bad())?;
     let shift = match suffix.to_ascii_uppercase().as_str() {
         "" | "B" => 0,

@@ -1,5 +1,5 @@
-//! Engine behaviours beyond plain read/write: group commit, the periodic seal, a full log,
-//! device faults, checksum errors, and many writer threads.
+//! Engine behaviours beyond plain read/write: group commit, the periodic seal, a full log and
+//! writeback, drain, tunables, device faults, checksum errors, and many writer threads.
 
 mod common;
 
@@ -143,12 +143,42 @@ fn the_periodic_seal_makes_old_writes_durable() {
 
 const SEG_64K: u64 = 64 * KIB;
 
-/// With no writeback yet, a cache full of live data cannot take new blocks: the manual-mode
-/// writer gets a clear error (a threaded writer waits), and everything written stays readable.
+/// A log full of dirty blocks makes room by writing back (the manual-mode writer does it
+/// inline; a threaded writer waits for the writeback thread): four times the cache's capacity
+/// of distinct blocks all fit, and all read back.
 #[test]
-fn a_log_full_of_live_data_refuses_new_blocks() {
+fn a_log_full_of_dirty_data_makes_room_by_writeback() {
+    for threaded in [false, true] {
+        let pair = SimPair::new(MIB + 8 * SEG_64K, 64 * MIB, SEG_64K);
+        let opts = OpenOptions {
+            manual_flusher: !threaded,
+            ..manual(2 * SEG_64K)
+        };
+        let e = Engine::open(pair.cache(), pair.backing(), opts).unwrap();
+        let blocks = 4 * 8 * 16u64;
+        for b in 0..blocks {
+            e.write(b * 4096, &[b as u8; 4096], false).unwrap();
+        }
+        for b in 0..blocks {
+            let mut buf = [0u8; 4096];
+            e.read(b * 4096, &mut buf).unwrap();
+            assert_eq!(buf, [b as u8; 4096], "block {b} (threaded: {threaded})");
+        }
+        let s = e.stats();
+        assert!(s.counters.writeback_blocks > 0);
+        assert!(s.counters.blocks_evicted > 0);
+        e.close().unwrap();
+    }
+}
+
+/// When writeback cannot make room (the backing device fails writes), a manual-mode writer
+/// gets the backing device's error instead of hanging, and what it wrote stays readable.
+#[test]
+fn a_full_log_with_a_failing_backing_device_is_an_error() {
     let pair = SimPair::new(MIB + 8 * SEG_64K, 64 * MIB, SEG_64K);
-    let e = Engine::open(pair.cache(), pair.backing(), manual(2 * SEG_64K)).unwrap();
+    let backing = Arc::new(FaultDevice::new(pair.backing()));
+    backing.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    let e = Engine::open(pair.cache(), backing.clone(), manual(2 * SEG_64K)).unwrap();
     let mut written = 0u64;
     let err = loop {
         match e.write(written * 4096, &[written as u8; 4096], false) {
@@ -157,14 +187,94 @@ fn a_log_full_of_live_data_refuses_new_blocks() {
         }
         assert!(written < 1000, "more blocks than the cache holds");
     };
-    assert!(matches!(err, Error::NoSpace(_)), "{err}");
+    assert!(matches!(err, Error::Io { .. }), "{err}");
     assert!(written >= 8 * 10, "only {written} blocks fit");
-    // Overwrites of cached blocks in the open chunk still work, and so do reads.
     for b in 0..written {
         let mut buf = [0u8; 4096];
         e.read(b * 4096, &mut buf).unwrap();
         assert_eq!(buf, [b as u8; 4096], "block {b}");
     }
+    // Once the backing device works again, writeback drains everything.
+    backing.heal();
+    e.drain(|_| {}).unwrap();
+    assert_eq!(e.stats().dirty_blocks, 0);
+    e.close().unwrap();
+}
+
+/// Drain writes everything back, reports progress, leaves the backing device holding the
+/// image, and its position is persisted: after a crash nothing comes back dirty.
+#[test]
+fn drain_empties_the_cache_and_survives_a_crash() {
+    let pair = SimPair::new(MIB + 80 * SEG_64K, 64 * MIB, SEG_64K);
+    let opts = OpenOptions {
+        manual_flusher: false,
+        ..manual(4 * SEG_64K)
+    };
+    let e = Engine::open(pair.cache(), pair.backing(), opts.clone()).unwrap();
+    // No background writeback: the drain does it all.
+    e.set_tunable("writeback_threshold_percent", "100").unwrap();
+    e.set_tunable("writeback_idle_ms", "0").unwrap();
+    let mut rng = Rng::new(7);
+    let mut image = vec![0u8; 2 * MIB as usize];
+    rng.fill(&mut image);
+    e.write(0, &image, false).unwrap();
+    // A partial block: only its dirty sectors may reach the backing device.
+    e.write(3 * MIB, &[0xEE; 1024], false).unwrap();
+    let mut reports = Vec::new();
+    e.drain(|p| reports.push(p)).unwrap();
+    let last = reports.last().copied().unwrap();
+    assert_eq!(last.dirty_blocks, 0);
+    assert!(last.written_back_blocks >= 513, "{last:?}");
+    assert!(reports[0].dirty_blocks_at_start >= 513);
+    let mut raw = vec![0u8; 2 * MIB as usize];
+    pair.backing.read_at(&mut raw, 0).unwrap();
+    assert!(raw == image, "backing image after drain");
+    let mut part = vec![0u8; 4096];
+    pair.backing.read_at(&mut part, 3 * MIB).unwrap();
+    assert!(part[..1024].iter().all(|&b| b == 0xEE));
+    assert!(
+        part[1024..].iter().all(|&b| b == 0),
+        "clean sectors were written back"
+    );
+    e.crash();
+    pair.cache.crash_lose_all();
+    pair.backing.crash_lose_all();
+    let e = Engine::open(pair.cache(), pair.backing(), opts).unwrap();
+    assert_eq!(e.stats().dirty_blocks, 0, "a drained cache came back dirty");
+    let mut back = vec![0u8; 2 * MIB as usize];
+    e.read(0, &mut back).unwrap();
+    assert!(back == image);
+    e.close().unwrap();
+}
+
+/// Tunables change online, are checked, and persist across a restart.
+#[test]
+fn tunables_are_checked_and_persisted() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 64 * MIB, SEG_64K);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(2 * SEG_64K)).unwrap();
+    e.set_tunable("writeback_threshold_percent", "25").unwrap();
+    e.set_tunable("writeback_rate_max_mib", "7").unwrap();
+    for (k, v) in [
+        ("writeback_threshold_percent", "101"),
+        ("writeback_batch_blocks", "1"),
+        ("seal_interval_ms", "soon"),
+        ("no_such_tunable", "1"),
+    ] {
+        let err = e.set_tunable(k, v).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{k}={v}: {err}");
+    }
+    e.close().unwrap();
+    let e = Engine::open(pair.cache(), pair.backing(), manual(2 * SEG_64K)).unwrap();
+    let get = |name: &str| {
+        e.tunables()
+            .into_iter()
+            .find(|t| t.name == name)
+            .unwrap()
+            .value
+    };
+    assert_eq!(get("writeback_threshold_percent"), "25");
+    assert_eq!(get("writeback_rate_max_mib"), "7");
+    assert_eq!(get("writeback_batch_blocks"), "1024");
     e.close().unwrap();
 }
 

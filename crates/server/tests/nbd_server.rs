@@ -273,9 +273,10 @@ fn fio_random_writes_verify() {
             "--ioengine=nbd",
             uri_arg.as_str(),
             "--do_verify=1",
+            "--verify_state_save=0",
         ];
         args.extend_from_slice(job);
-        let run = run("fio", &args).expect_success("fio");
+        let run = run_in(&fixture.dir.path, "fio", &args).expect_success("fio");
         assert!(!run.stdout.contains("verify:"), "{}", run.describe());
         assert!(run.stdout.contains("err= 0"), "{}", run.describe());
     }
@@ -671,7 +672,9 @@ fn shutdown_finishes_received_requests_and_data_survives_reopen() {
 fn shutdown_returns_while_a_real_client_is_busy() {
     let fixture = Fixture::start("shutdown-fio");
     let uri_arg = format!("--uri={}", fixture.uri());
-    let mut fio = ChildGuard::spawn(Command::new(require_tool("fio")).args([
+    let mut command = Command::new(require_tool("fio"));
+    command.current_dir(&fixture.dir.path);
+    let mut fio = ChildGuard::spawn(command.args([
         "--name=busy",
         "--ioengine=nbd",
         uri_arg.as_str(),

@@ -73,7 +73,10 @@ fn plan(args: &ServeArgs) -> Result<Plan> {
                 backing: backing.clone(),
                 socket,
                 listen: args.listen.clone(),
-                control: args.control.clone().unwrap_or_else(|| control_path_for(cache)),
+                control: args
+                    .control
+                    .clone()
+                    .unwrap_or_else(|| control_path_for(cache)),
                 embedded: false,
             })
         }
@@ -214,9 +217,15 @@ fn open_engine(
                 let t = start.elapsed();
                 if t >= Duration::from_secs(1) && !done.load(Ordering::Relaxed) {
                     if tty {
-                        eprint!("\rlogcache: recovering the cache log... {:.1} s", t.as_secs_f64());
+                        eprint!(
+                            "\rlogcache: recovering the cache log... {:.1} s",
+                            t.as_secs_f64()
+                        );
                     } else if t.as_millis() % 5000 < 100 {
-                        eprintln!("logcache: recovering the cache log... {:.0} s", t.as_secs_f64());
+                        eprintln!(
+                            "logcache: recovering the cache log... {:.0} s",
+                            t.as_secs_f64()
+                        );
                     }
                 }
             }

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::MutexGuard;
 
-use super::{reclaim, tunables, writeback};
 use super::state::{SealedChunk, State};
 use super::write::check_usable;
+use super::{reclaim, tunables, writeback};
 use super::{Inner, SYNC_EVERY_BYTES};
 use crate::error::{Error, Result};
 use crate::format::chunk;
@@ -86,9 +86,10 @@ pub fn seal_if_due(inner: &Inner, st: &mut State, now: Instant) {
     if interval_ms == 0 || st.failed.is_some() {
         return;
     }
-    let due = st.open.first_write_at.is_some_and(|t| {
-        now.saturating_duration_since(t) >= Duration::from_millis(interval_ms)
-    });
+    let due = st
+        .open
+        .first_write_at
+        .is_some_and(|t| now.saturating_duration_since(t) >= Duration::from_millis(interval_ms));
     if due && st.seal(&inner.buffers) {
         st.sync_wanted_seq = st.sync_wanted_seq.max(st.next_seq - 1);
         st.counters.periodic_seals += 1;
@@ -315,7 +316,7 @@ pub fn wait_for_room<'a>(
     if inner.manual {
         drop(st);
         let mut progressed = drain_inline(inner, true)?;
-        if !inner.state.lock().open.active {
+        if !progressed {
             // The log is full of dirty blocks: make it durable, write back, then reclaim.
             wait_durable(inner)?;
             let batch = inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize;

@@ -204,7 +204,10 @@ impl State {
     /// records this: if a crash brings the block back, it holds what the backing device holds.
     pub fn evict(&mut self, c: CacheBlock) {
         assert_eq!(self.dirty_mask[c as usize], 0, "evicting a dirty block");
-        let lba = self.index.remove_block(c).expect("evicting a block not in the index");
+        let lba = self
+            .index
+            .remove_block(c)
+            .expect("evicting a block not in the index");
         debug_assert!(self.index.get(lba).is_none());
         self.drop_live(c);
         self.counters.blocks_evicted += 1;

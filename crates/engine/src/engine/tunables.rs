@@ -209,12 +209,15 @@ pub fn parse(name: &str, text: &str) -> Result<(usize, u64)> {
             }
             v
         }
-        Kind::Choice(names) => names.iter().position(|n| *n == text.trim()).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{name} is one of {}, not {text:?}",
-                names.join(", ")
-            ))
-        })? as u64,
+        Kind::Choice(names) => names
+            .iter()
+            .position(|n| *n == text.trim())
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{name} is one of {}, not {text:?}",
+                    names.join(", ")
+                ))
+            })? as u64,
     };
     Ok((index, value))
 }
@@ -250,7 +253,10 @@ mod tests {
 
     #[test]
     fn parse_checks_names_and_ranges() {
-        assert_eq!(parse("seal_interval_ms", "250").unwrap(), (SEAL_INTERVAL_MS, 250));
+        assert_eq!(
+            parse("seal_interval_ms", "250").unwrap(),
+            (SEAL_INTERVAL_MS, 250)
+        );
         assert!(parse("seal_interval_ms", "-1").is_err());
         assert!(parse("seal_interval_ms", "99999999").is_err());
         let e = parse("no_such", "1").unwrap_err().to_string();

@@ -119,7 +119,9 @@ fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instant) -
         pacer.last_ops = ops;
         pacer.last_ops_change = now;
     }
-    let dt = now.saturating_duration_since(pacer.last_sample).as_secs_f64();
+    let dt = now
+        .saturating_duration_since(pacer.last_sample)
+        .as_secs_f64();
     if dt >= 0.05 {
         let dirtied = st.counters.blocks_dirtied - pacer.last_dirtied;
         let inst = dirtied as f64 / dt;
@@ -172,8 +174,23 @@ fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instant) -
     capped(Some(rate))
 }
 
+/// Nice value of the writeback thread: on a busy machine request handling gets the CPU first,
+/// and writeback takes what is left (the log absorbs the difference), so it adds little to
+/// foreground latency. A full log or a drain still gets it running: it is lowered, not stopped.
+const WRITEBACK_NICE: i32 = 10;
+
+fn lower_own_priority() {
+    // SAFETY: gettid has no arguments; setpriority on our own thread id only affects us. On
+    // Linux, PRIO_PROCESS with a thread id sets that thread's nice value. Failure is harmless.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, WRITEBACK_NICE);
+    }
+}
+
 /// The writeback thread's loop.
 pub fn run(inner: &Inner) {
+    lower_own_priority();
     let batch_max = tunables::SPECS[tunables::WRITEBACK_BATCH_BLOCKS].max_value() as usize;
     let mut bufs = WritebackBuffers::new(batch_max);
     let mut pacer = Pacer::new(Instant::now());
@@ -208,7 +225,9 @@ pub fn run(inner: &Inner) {
                 st.writeback_error = Some(e.to_string());
                 inner.progress.notify_all();
                 // The backing device failed; try again later rather than spin.
-                inner.writeback_wake.wait_for(&mut st, Duration::from_secs(1));
+                inner
+                    .writeback_wake
+                    .wait_for(&mut st, Duration::from_secs(1));
                 continue;
             }
         };
@@ -241,8 +260,7 @@ fn maybe_persist(inner: &Inner, st: &mut MutexGuard<'_, State>, pacer: &mut Pace
     if pos <= st.writeback_seq {
         return;
     }
-    if now.saturating_duration_since(pacer.last_persist) < PERSIST_EVERY && st.drain_requests == 0
-    {
+    if now.saturating_duration_since(pacer.last_persist) < PERSIST_EVERY && st.drain_requests == 0 {
         return;
     }
     pacer.last_persist = now;
@@ -313,10 +331,7 @@ fn collect(inner: &Inner, st: &State, bufs: &mut WritebackBuffers, max_blocks: u
             if dirty_mask == 0 {
                 continue;
             }
-            let lba = st
-                .index
-                .lba_of(c)
-                .expect("a dirty block is in the index");
+            let lba = st.index.lba_of(c).expect("a dirty block is in the index");
             bufs.blocks.push(WbBlock {
                 cache_block: c,
                 lba,
@@ -511,9 +526,7 @@ pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<(
     };
     let res = (|| {
         let mut bufs = inner.manual.then(|| {
-            WritebackBuffers::new(
-                inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize,
-            )
+            WritebackBuffers::new(inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize)
         });
         loop {
             // Writeback takes only durable chunks: seal and sync what is in RAM.
