@@ -316,7 +316,12 @@ pub fn check(cache: &dyn BlockDevice, backing: Option<&dyn BlockDevice>) -> Resu
     let geo = Geometry::from_superblock(&sb);
     let clean = sb.is_clean();
     let cp = sb.checkpoint;
-    if clean {
+    if clean && cp.end_seq < cp.head_seq {
+        findings.push(info(
+            "the cache closed cleanly with an empty log (or was never opened since format)"
+                .to_string(),
+        ));
+    } else if clean {
         findings.push(info(format!(
             "the last session closed cleanly; its last chunk was {}",
             cp.end_seq
@@ -637,11 +642,10 @@ fn check_log(
     };
 
     // Findings, in the order a reader follows the log.
-    if w.chain.is_empty() {
-        findings.push(info("the log is empty: nothing is cached".to_string()));
-    }
     let stop_is_damage = matches!(&w.stop, WalkStop::Rejected(r) if r.is_damage());
-    if stop_is_damage && !sb.is_clean() {
+    if w.chain.is_empty() && !stop_is_damage {
+        findings.push(info("the log is empty: nothing is cached".to_string()));
+    } else if stop_is_damage && !sb.is_clean() {
         findings.push(warning(format!(
             "the log ends at {}. A chunk write torn by a crash leaves this, and loses only writes \
              that had not been flushed",
@@ -678,7 +682,7 @@ fn check_log(
             "recovery would refuse to open this cache: {why}"
         )));
     }
-    if data_blocks_bad == 0 {
+    if data_blocks_bad == 0 && data_blocks_checked > 0 {
         findings.push(info(format!(
             "all {data_blocks_checked} data blocks in the log match their checksums"
         )));

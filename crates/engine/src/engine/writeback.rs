@@ -16,9 +16,14 @@
 //!    is clean, so recovery replays it as clean.
 //!
 //! The policy (`next_batch_plan`): full speed while a `drain` waits, writers wait for room, or
-//! the front end has been idle for `writeback_idle_ms`; above `writeback_threshold_percent` a
-//! rate that settles the dirty level (the incoming dirtying rate plus the excess over the
-//! threshold spread over `SETTLE_S`); below it, nothing.
+//! the front end has been idle for `writeback_idle_ms`. Above `writeback_threshold_percent`,
+//! a proportional controller (bcache's model): the excess over the threshold is written back
+//! over about `SETTLE_S`, so under a steady load the dirty level settles where writeback
+//! matches the dirtying rate. Between `HIGH_WATER_PERCENT` and `FULL_SPEED_PERCENT` of the cache
+//! dirty, the rate ramps up to full speed, so a load the controller cannot settle meets a
+//! steadily faster writeback rather than a full log (the cliff bcache and Open CAS users hit).
+//! Below the threshold, nothing: overwrites of a hot working set are absorbed, not written back
+//! again and again.
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -35,9 +40,12 @@ use crate::io::aligned::AlignedBuf;
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 const SECTOR: usize = SECTOR_SIZE_BYTES as usize;
-/// Above the threshold, the excess is written back over about this many seconds (on top of
-/// the incoming rate), so the dirty level settles instead of growing.
+/// Above the threshold, the excess is written back over about this many seconds.
 const SETTLE_S: u64 = 20;
+/// From this share of the cache dirty, the rate ramps up...
+const HIGH_WATER_PERCENT: u64 = 70;
+/// ...to full speed here.
+const FULL_SPEED_PERCENT: u64 = 90;
 /// The slowest background rate above the threshold: 1 MiB/s.
 const RATE_MIN_BLOCKS_PER_S: u64 = 256;
 /// How often an idle writeback thread looks at the dirty level.
@@ -91,10 +99,6 @@ enum Plan {
 pub struct Pacer {
     last_ops: u64,
     last_ops_change: Instant,
-    last_dirtied: u64,
-    last_sample: Instant,
-    /// Exponential moving average of blocks dirtied per second.
-    dirtied_per_s: f64,
     last_persist: Instant,
 }
 
@@ -103,9 +107,6 @@ impl Pacer {
         Pacer {
             last_ops: 0,
             last_ops_change: now,
-            last_dirtied: 0,
-            last_sample: now,
-            dirtied_per_s: 0.0,
             last_persist: now,
         }
     }
@@ -113,23 +114,11 @@ impl Pacer {
 
 fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instant) -> Plan {
     let batch_max = inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize;
-    // Sample the front end: idle time and the dirtying rate.
+    // Is the front end idle?
     let ops = st.counters.reads + st.counters.writes;
     if ops != pacer.last_ops {
         pacer.last_ops = ops;
         pacer.last_ops_change = now;
-    }
-    let dt = now
-        .saturating_duration_since(pacer.last_sample)
-        .as_secs_f64();
-    if dt >= 0.05 {
-        let dirtied = st.counters.blocks_dirtied - pacer.last_dirtied;
-        let inst = dirtied as f64 / dt;
-        // About a 2-second memory.
-        let alpha = (dt / 2.0).min(1.0);
-        pacer.dirtied_per_s += alpha * (inst - pacer.dirtied_per_s);
-        pacer.last_dirtied = st.counters.blocks_dirtied;
-        pacer.last_sample = now;
     }
     if st.dirty_blocks == 0 {
         return Plan::Wait;
@@ -164,13 +153,24 @@ fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instant) -
     {
         return capped(None);
     }
+    let cache_blocks = inner.geo.cache_block_count() as u64;
     let threshold_percent = inner.tunables.get(tunables::WRITEBACK_THRESHOLD_PERCENT);
-    let threshold_blocks = inner.geo.cache_block_count() as u64 * threshold_percent / 100;
+    let threshold_blocks = cache_blocks * threshold_percent / 100;
     if st.dirty_blocks <= threshold_blocks {
         return Plan::Wait;
     }
+    let full_blocks = cache_blocks * FULL_SPEED_PERCENT / 100;
+    if st.dirty_blocks >= full_blocks {
+        return capped(None);
+    }
     let excess = st.dirty_blocks - threshold_blocks;
-    let rate = (pacer.dirtied_per_s as u64 + excess / SETTLE_S).max(RATE_MIN_BLOCKS_PER_S);
+    let mut rate = (excess / SETTLE_S).max(RATE_MIN_BLOCKS_PER_S);
+    let high_blocks = cache_blocks * HIGH_WATER_PERCENT / 100;
+    if st.dirty_blocks > high_blocks {
+        // Linear from the settling rate to "the whole cache in a second" at full speed.
+        let f = (st.dirty_blocks - high_blocks) as f64 / (full_blocks - high_blocks).max(1) as f64;
+        rate += (f * cache_blocks as f64) as u64;
+    }
     capped(Some(rate))
 }
 
