@@ -10,10 +10,10 @@ setup:
 build: setup
 	$(CARGO) build --release --workspace
 
-## The main job. Until the NBD server lands (issue 4) this runs the engine benchmark on its
-## embedded default: memory-backed cache and backing devices, 1 and 2 writer threads.
+## The main job: serve a cached disk over NBD on the embedded default (./logcache-data: a 1 GiB
+## cache in front of an 8 GiB backing file, both sparse), until Ctrl-C.
 run: build
-	./target/release/logcache bench engine
+	./target/release/logcache serve
 
 ## Everything CI checks: formatting, lints, and the whole test suite.
 test: setup
