@@ -53,7 +53,19 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
+    if !matches!(cli.command, Command::Serve(_)) {
+        // Printing commands die quietly when their reader goes away (`logcache dump | head`),
+        // like other command-line tools. serve keeps Rust's default (SIGPIPE ignored): a
+        // client closing its socket must not kill it.
+        // SAFETY: resetting a signal disposition before any thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let result = match cli.command {
         Command::Format(a) => cmd::format::run(&a),
         Command::Serve(a) => cmd::serve::run(&a),
@@ -71,9 +83,49 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // One line: what went wrong, with its causes.
-            eprintln!("logcache: {e:#}");
+            eprintln!("logcache: {}", one_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// One line: what went wrong, then each cause not already spelled out by the message before it
+/// (library errors often include their source's text in their own message).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out.replace('\n', " ")
+}
+
+/// Help and version go to stdout as usual; a usage error becomes one `logcache:` line.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+        _ => {}
+    }
+    let text = e.to_string();
+    let first = text
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("invalid arguments")
+        .trim_start_matches("error: ");
+    eprintln!("logcache: {first} (see logcache --help)");
+    ExitCode::from(2)
 }

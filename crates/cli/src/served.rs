@@ -49,9 +49,16 @@ impl Served {
         gauge("ram_buffers_free", s.ram_buffers_free as f64);
         gauge("ram_buffer_bytes", s.ram_buffer_bytes as f64);
         gauge("index_memory_bytes", s.index_memory_bytes as f64);
+        // The engine reports u64::MAX for "unpaced"; keep the JSON numbers small and exact.
+        let full_speed = s.writeback_rate_blocks_per_s == u64::MAX;
+        gauge("writeback_full_speed", full_speed as u64 as f64);
         gauge(
             "writeback_rate_blocks_per_s",
-            s.writeback_rate_blocks_per_s as f64,
+            if full_speed {
+                0.0
+            } else {
+                s.writeback_rate_blocks_per_s as f64
+            },
         );
         gauge("uptime_s", self.started.elapsed().as_secs_f64());
         for (name, v) in s.counters.fields() {
@@ -104,6 +111,9 @@ impl Served {
         ];
         if let Some(f) = s.failed {
             extra.push(("failure".into(), Value::String(f)));
+        }
+        if let Some(e) = s.writeback_error {
+            extra.push(("writeback_error".into(), Value::String(e)));
         }
         extra.push((
             "tunables".into(),

@@ -72,14 +72,14 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         n("segment_size_bytes") / 1024
     );
     println!(
-        "  reads: {} ({} hits, {} misses), {:.1} MiB",
+        "  reads: {} requests ({} block hits, {} block misses), {:.1} MiB",
         n("reads"),
         n("read_hits"),
         n("read_misses"),
         mib(n("read_bytes"))
     );
     println!(
-        "  writes: {} ({} hits, {} misses, {} partial), {:.1} MiB; {} flushes, {} FUA",
+        "  writes: {} requests ({} block hits, {} block misses, {} partial), {:.1} MiB; {} flushes, {} FUA",
         n("writes"),
         n("write_hits"),
         n("write_misses"),
@@ -88,11 +88,18 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         n("flushes"),
         n("fua_writes")
     );
+    let rate = match (n("writeback_full_speed"), n("writeback_rate_blocks_per_s")) {
+        (1, _) => "running at full speed".to_string(),
+        (_, 0) => "idle".to_string(),
+        (_, r) => format!("paced at {r} blocks/s"),
+    };
     println!(
-        "  writeback: {} blocks written back, now {} blocks/s",
-        n("writeback_blocks"),
-        n("writeback_rate_blocks_per_s")
+        "  writeback: {} blocks written back, now {rate}",
+        n("writeback_blocks")
     );
+    if let Some(e) = s["writeback_error"].as_str() {
+        println!("  WRITEBACK FAILING: {e}");
+    }
     println!(
         "  errors: {} io, {} checksum; NBD: {} connections ({} total), {} protocol errors",
         n("io_errors"),

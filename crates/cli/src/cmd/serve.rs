@@ -150,7 +150,10 @@ fn serve_until_signal(
         server
             .listen_unix(sock)
             .with_context(|| format!("serving NBD on {}", sock.display()))?;
-        endpoints.push(format!("nbd+unix:///?socket={}", absolute(sock).display()));
+        endpoints.push(format!(
+            "nbd+unix:///?socket={}",
+            uri_escape(&absolute(sock).to_string_lossy())
+        ));
     }
     if let Some(addr) = &plan.listen {
         let bound = server
@@ -166,9 +169,9 @@ fn serve_until_signal(
         .transpose()?;
     let s = served.engine.stats();
     println!(
-        "logcache: serving {} ({} MiB disk, cache {} with {} segments) on {}",
+        "logcache: serving {} ({:.0} MiB disk, cache {} with {} segments) on {}",
         plan.backing,
-        s.exported_size_bytes >> 20,
+        s.exported_size_bytes as f64 / (1u64 << 20) as f64,
         plan.cache.display(),
         s.segment_count,
         endpoints.join(" and ")
@@ -193,6 +196,20 @@ fn print_how_to_connect(uri: &str) {
     println!(
         "\nConnect with:\n  nbdinfo '{uri}'\n  qemu-io -f raw '{uri}' -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'\n  fio --name=w --ioengine=nbd --uri='{uri}' --rw=randwrite --bs=4k --iodepth=64 --size=1g --runtime=30 --time_based\n  mkdir -p /tmp/lc && nbdfuse /tmp/lc/disk '{uri}' &   # then: losetup -f --show /tmp/lc/disk; mkfs.xfs; mount\nStatus: logcache status   Stop: Ctrl-C (or SIGTERM); everything is checkpointed.\n"
     );
+}
+
+/// Percent-encodes what a URI query value cannot hold literally, so the printed URI works in
+/// every client (libnbd rejects a raw space).
+fn uri_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 fn absolute(p: &Path) -> PathBuf {

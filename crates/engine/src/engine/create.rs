@@ -74,7 +74,7 @@ pub fn format(
         }
         Err(e) => {
             return Err(Error::HoldsData(format!(
-                "{} has a damaged logcache superblock ({e}); use force to format it anyway",
+                "{} has a damaged logcache superblock ({e}); format with force (logcache format --force) to overwrite it anyway",
                 cache.describe()
             )))
         }
@@ -84,7 +84,7 @@ pub fn format(
         if !empty && !opts.force {
             return Err(Error::HoldsData(format!(
                 "{} is a logcache cache that may hold data not yet on its backing device; \
-                 drain it first, or use force to discard that data",
+                 drain it first, or format with force (logcache format --force) to discard that data",
                 cache.describe()
             )));
         }

@@ -1,0 +1,270 @@
+//! A real filesystem on the served disk: nbdfuse exposes the NBD export as a file, a loop
+//! device makes it a block device, XFS goes on top. Files written and synced before the
+//! server is SIGKILLed must all be there, byte for byte, after it restarts; xfs_repair finds
+//! nothing to repair.
+//!
+//! Needs root (losetup, mount), /dev/fuse and loop devices; fails (never skips) without them.
+
+mod common;
+
+use std::fs::{self, File};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const CACHE_BYTES: u64 = 128 * MIB;
+// mkfs.xfs refuses filesystems smaller than 300 MiB.
+const BACKING_BYTES: u64 = 512 * MIB;
+const FILES: usize = 200;
+const MAX_FILE_BYTES: u64 = 256 * 1024;
+
+fn preflight() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("the filesystem test needs root (it runs losetup and mount); run the tests as root");
+    }
+    if !Path::new("/dev/fuse").exists() {
+        panic!("/dev/fuse is missing: the filesystem test needs FUSE (modprobe fuse; in a container, pass --device /dev/fuse)");
+    }
+    if !Path::new("/dev/loop-control").exists() {
+        panic!("/dev/loop-control is missing: the filesystem test needs loop devices (modprobe loop; in a container, run privileged)");
+    }
+    for t in [
+        "nbdfuse",
+        "fusermount3",
+        "losetup",
+        "mkfs.xfs",
+        "xfs_repair",
+        "mount",
+        "umount",
+    ] {
+        require(t);
+    }
+}
+
+fn run_ok(cmd: &mut Command, what: &str) -> String {
+    let out = run(cmd);
+    assert_ok(&out, what);
+    text(&out.stdout)
+}
+
+/// The served disk attached as a block device: nbdfuse → loop device → (maybe) a mount.
+/// Dropping it undoes everything, in order: umount, losetup -d, fusermount3 -u, kill nbdfuse.
+struct Attached {
+    fuse_dir: PathBuf,
+    nbdfuse: Option<Child>,
+    loop_dev: Option<String>,
+    mounted: Option<PathBuf>,
+}
+
+impl Attached {
+    fn new(dir: &TestDir, uri: &str) -> Attached {
+        let fuse_dir = dir.join("mnt");
+        fs::create_dir_all(&fuse_dir).unwrap();
+        let pidfile = dir.join("nbdfuse.pid");
+        let _ = fs::remove_file(&pidfile);
+        let log = File::create(dir.join("nbdfuse.log")).unwrap();
+        let child = tool("nbdfuse")
+            .arg("-P")
+            .arg(&pidfile)
+            .arg(fuse_dir.join("disk"))
+            .arg(uri)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting nbdfuse");
+        let mut a = Attached {
+            fuse_dir,
+            nbdfuse: Some(child),
+            loop_dev: None,
+            mounted: None,
+        };
+        // nbdfuse writes its pid file once the FUSE mount is ready.
+        let deadline = Instant::now() + START_TIMEOUT;
+        while fs::read_to_string(&pidfile).map_or(true, |s| s.trim().is_empty()) {
+            if let Some(st) = a.nbdfuse.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "nbdfuse exited early ({st}):\n{}",
+                    fs::read_to_string(dir.join("nbdfuse.log")).unwrap_or_default()
+                );
+            }
+            assert!(Instant::now() < deadline, "nbdfuse did not become ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let disk = a.fuse_dir.join("disk");
+        assert_eq!(
+            fs::metadata(&disk).expect("nbdfuse's file").len(),
+            BACKING_BYTES - 4096
+        );
+        let dev = run_ok(
+            tool("losetup").args(["-f", "--show"]).arg(&disk),
+            "losetup -f --show",
+        );
+        a.loop_dev = Some(dev.trim().to_string());
+        a
+    }
+
+    fn dev(&self) -> &str {
+        self.loop_dev.as_deref().unwrap()
+    }
+
+    fn mount(&mut self, target: &Path, opts: &str) {
+        fs::create_dir_all(target).unwrap();
+        let mut c = tool("mount");
+        if !opts.is_empty() {
+            c.args(["-o", opts]);
+        }
+        run_ok(c.arg(self.dev()).arg(target), "mount");
+        self.mounted = Some(target.to_path_buf());
+    }
+
+    fn umount(&mut self) {
+        let target = self.mounted.take().unwrap();
+        run_ok(tool("umount").arg(&target), "umount");
+    }
+
+    /// Undoes everything; after a crash underneath, whatever state it is in.
+    fn detach(&mut self) {
+        if let Some(target) = self.mounted.take() {
+            let out = run(tool("umount").arg(&target));
+            if !out.status.success() {
+                let _ = run(tool("umount").arg("-l").arg(&target));
+            }
+        }
+        if let Some(dev) = self.loop_dev.take() {
+            let _ = run(tool("losetup").args(["-d", &dev]));
+        }
+        if let Some(mut child) = self.nbdfuse.take() {
+            let out = run(tool("fusermount3").arg("-u").arg(&self.fuse_dir));
+            if !out.status.success() {
+                let _ = run(tool("fusermount3").arg("-uz").arg(&self.fuse_dir));
+            }
+            if wait_timeout(&mut child, Duration::from_secs(5)).is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+
+    /// After the server died: the filesystem is broken under us, detach lazily.
+    fn abandon(&mut self) {
+        if let Some(target) = self.mounted.take() {
+            let _ = run(tool("umount").arg("-l").arg(&target));
+        }
+        self.detach();
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.detach();
+    }
+}
+
+/// A tree of files with seeded sizes and contents, some in nested directories.
+fn tree(seed: u64) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut rng = Rng::new(seed);
+    (0..FILES)
+        .map(|i| {
+            let depth = rng.below(4);
+            let mut p = PathBuf::new();
+            for d in 0..depth {
+                p.push(format!("d{d}-{}", rng.below(3)));
+            }
+            p.push(format!("file-{i:03}.bin"));
+            let len = rng.below(MAX_FILE_BYTES + 1) as usize;
+            (p, rng.bytes(len))
+        })
+        .collect()
+}
+
+#[test]
+fn xfs_on_the_served_disk_survives_a_server_crash() {
+    preflight();
+    let dir = TestDir::new("fs");
+    let (cache, backing) = formatted_pair(&dir, CACHE_BYTES, BACKING_BYTES);
+    // No periodic seal: only flushes make writes durable, so the files survive only if sync
+    // reaches logcache as NBD flushes through XFS, the loop device and nbdfuse.
+    let args = [
+        "--cache",
+        cache.as_str(),
+        "--backing",
+        backing.as_str(),
+        "--set",
+        "seal_interval_ms=0",
+    ];
+    let served = Served::start(&args);
+    let uri = served.unix_uri();
+    let fs_dir = dir.join("fs");
+
+    let files = tree(2024);
+    {
+        let mut att = Attached::new(&dir, &uri);
+        run_ok(tool("mkfs.xfs").args(["-f", "-q", att.dev()]), "mkfs.xfs");
+        att.mount(&fs_dir, "");
+        for (p, data) in &files {
+            let path = fs_dir.join(p);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(&path, data).unwrap_or_else(|e| panic!("writing {path:?}: {e}"));
+        }
+        // SAFETY: sync(2) has no preconditions.
+        unsafe { libc::sync() };
+        let s = served.status();
+        assert!(
+            s["flushes"].as_u64().unwrap() > 0,
+            "sync did not reach logcache as a flush: {s}"
+        );
+        // Crash the server under the mounted filesystem.
+        let killed = served.kill();
+        assert!(!killed.status.success());
+        att.abandon();
+    }
+
+    let served = Served::start(&args);
+    let stderr = served.stderr();
+    assert!(
+        stderr.contains("recovered after an unclean stop"),
+        "{stderr}"
+    );
+    {
+        let mut att = Attached::new(&dir, &served.unix_uri());
+        // Mounting replays the XFS log (the crash left it dirty, and xfs_repair -n refuses a
+        // dirty log); then the filesystem must be consistent. nouuid: the crashed instance
+        // may not be gone from the kernel yet.
+        att.mount(&fs_dir, "nouuid");
+        att.umount();
+        let out = run(tool("xfs_repair").args(["-n", att.dev()]));
+        assert_ok(&out, "xfs_repair -n");
+        att.mount(&fs_dir, "nouuid");
+        for (p, data) in &files {
+            let path = fs_dir.join(p);
+            let got = fs::read(&path).unwrap_or_else(|e| panic!("reading {path:?}: {e}"));
+            assert_eq!(got.len(), data.len(), "{p:?} has the wrong size");
+            assert!(got == *data, "{p:?} has the wrong contents");
+        }
+        let count = count_files(&fs_dir);
+        assert_eq!(count, FILES, "files in the filesystem");
+        att.umount();
+    }
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    let out = logcache(&["check", "--cache", &cache, "--backing", &backing]);
+    assert_ok(&out, "logcache check");
+}
+
+fn count_files(dir: &Path) -> usize {
+    let mut n = 0;
+    for e in fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let t = e.file_type().unwrap();
+        if t.is_dir() {
+            n += count_files(&e.path());
+        } else if t.is_file() {
+            n += 1;
+        }
+    }
+    n
+}

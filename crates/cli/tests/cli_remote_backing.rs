@@ -1,0 +1,310 @@
+//! A backing device reached over NBD: an nbdkit memory disk, and a file exported by qemu-nbd.
+//! Data written through logcache and drained must be on the remote export when read directly,
+//! bypassing logcache.
+
+mod common;
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+const CACHE_BYTES: u64 = 64 * MIB;
+const BACKING_BYTES: u64 = 256 * MIB;
+
+fn format_against(cache: &str, backing_uri: &str) {
+    sparse(Path::new(cache), CACHE_BYTES);
+    let out = logcache_ok(&[
+        "format",
+        "--cache",
+        cache,
+        "--backing",
+        backing_uri,
+        "--segment-size",
+        "256K",
+    ]);
+    assert!(
+        out.contains(&format!("({} bytes exported)", BACKING_BYTES - 4096)),
+        "{out}"
+    );
+}
+
+fn serve_args<'a>(cache: &'a str, backing_uri: &'a str) -> [&'a str; 6] {
+    // No idle writeback: the data stays dirty until drained.
+    [
+        "--cache",
+        cache,
+        "--backing",
+        backing_uri,
+        "--set",
+        "writeback_idle_ms=0",
+    ]
+}
+
+fn dirty_blocks(served: &Served) -> u64 {
+    served.status()["dirty_blocks"].as_u64().unwrap()
+}
+
+#[test]
+fn nbdkit_memory_backing() {
+    let dir = TestDir::new("r-nbdkit");
+    let kit_sock = dir.join("kit.sock");
+    let _kit = Daemon::start(
+        tool("nbdkit")
+            .args(["-f", "-U"])
+            .arg(&kit_sock)
+            .args(["memory", &BACKING_BYTES.to_string()]),
+        &kit_sock,
+        &dir.join("nbdkit.log"),
+    );
+    let kit_uri = format!("nbd+unix:///?socket={}", kit_sock.display());
+    let cache = dir.s("cache.img");
+    format_against(&cache, &kit_uri);
+
+    let served = Served::start(&serve_args(&cache, &kit_uri));
+    let uri = served.unix_uri();
+    qemu_io_ok(
+        &uri,
+        &["write -P 0x6b 3M 1M", "write -P 0x6c 200M 64k", "flush"],
+    );
+    assert_eq!(dirty_blocks(&served), (MIB + 64 * 1024) / 4096);
+    let ctl = served.control().to_string_lossy().into_owned();
+    let out = logcache(&["drain", "--control", &ctl]);
+    assert_ok(&out, "logcache drain");
+    assert_eq!(dirty_blocks(&served), 0);
+
+    // Directly on nbdkit, bypassing logcache, while logcache still serves.
+    qemu_io_flags_ok(
+        &kit_uri,
+        &["-r"],
+        &[
+            "read -P 0x6b 3M 1M",
+            "read -P 0x6c 200M 64k",
+            "read -P 0 0 3M",
+        ],
+    );
+    let script = "assert h.pread(1 << 20, 3 << 20) == b'\\x6b' * (1 << 20); print('ok')";
+    let out = run(nbdsh().args(["-u", &kit_uri, "-c", script]));
+    assert_ok(&out, "nbdsh on nbdkit");
+
+    // Reads of blocks never written come from the backing export through logcache.
+    let seed = "h.pwrite(b'\\x5e' * 65536, 100 << 20); h.flush()";
+    assert_ok(
+        &run(nbdsh().args(["-u", &kit_uri, "-c", seed])),
+        "nbdsh writing to nbdkit",
+    );
+    qemu_io_ok(&uri, &["read -P 0x5e 100M 64k"]);
+
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    let out = logcache(&["check", "--cache", &cache, "--backing", &kit_uri]);
+    assert_ok(&out, "logcache check against the NBD backing");
+    // Serve again: the label on the remote export matches.
+    let served = Served::start(&serve_args(&cache, &kit_uri));
+    qemu_io_ok(&served.unix_uri(), &["read -P 0x6b 3M 1M"]);
+}
+
+#[test]
+fn qemu_nbd_file_backing_single_connection() {
+    let dir = TestDir::new("r-qemunbd");
+    let file = dir.join("backing.img");
+    sparse(&file, BACKING_BYTES);
+    let sock = dir.join("q.sock");
+    // -t: keep serving after a client leaves (format connects and disconnects). Without -e,
+    // qemu-nbd takes one client at a time and does not offer multi-conn: logcache must make do
+    // with one connection.
+    let mut qnbd = Daemon::start(
+        tool("qemu-nbd")
+            .args(["-f", "raw", "-x", "disk", "-t", "-k"])
+            .arg(&sock)
+            .arg(&file),
+        &sock,
+        &dir.join("qemu-nbd.log"),
+    );
+    let q_uri = format!("nbd+unix:///disk?socket={}", sock.display());
+    let cache = dir.s("cache.img");
+    format_against(&cache, &q_uri);
+
+    let served = Served::start(&serve_args(&cache, &q_uri));
+    let uri = served.unix_uri();
+    qemu_io_ok(&uri, &["write -P 0x71 5M 1M", "write -P 0x72 5000k 4k"]);
+    let ctl = served.control().to_string_lossy().into_owned();
+    assert_ok(&logcache(&["drain", "--control", &ctl]), "logcache drain");
+    assert_eq!(dirty_blocks(&served), 0);
+    // The file behind qemu-nbd holds the data at the same offsets.
+    assert!(read_at(&file, 5 * MIB, MIB as usize)
+        .iter()
+        .all(|&b| b == 0x71));
+    assert!(read_at(&file, 5000 * 1024, 4096).iter().all(|&b| b == 0x72));
+    // logcache holds qemu-nbd's one connection; let it go, then read through qemu-nbd.
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    qemu_io_flags_ok(
+        &q_uri,
+        &["-r"],
+        &["read -P 0x71 5M 1M", "read -P 0x72 5000k 4k"],
+    );
+    let out = logcache(&["check", "--cache", &cache, "--backing", &q_uri]);
+    assert_ok(&out, "logcache check against qemu-nbd");
+
+    // The backing server goes away while data is dirty: drain fails with a clear error (no
+    // hang); after both come back, the data reaches the file.
+    let served = Served::start(&serve_args(&cache, &q_uri));
+    qemu_io_ok(&served.unix_uri(), &["write -P 0x73 9M 256k", "flush"]);
+    qnbd.stop();
+    let ctl = served.control().to_string_lossy().into_owned();
+    let out = run_timeout(
+        Command::new(BIN).args(["drain", "--control", &ctl]),
+        Duration::from_secs(60),
+    );
+    let stderr = text(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "drain succeeded without a backing device"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let last = stderr.lines().last().unwrap_or("");
+    assert!(
+        last.starts_with("logcache: ") && last.contains("backing"),
+        "{stderr}"
+    );
+    // Reads of cached data still work.
+    qemu_io_ok(&served.unix_uri(), &["read -P 0x73 9M 256k"]);
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    let _qnbd = Daemon::start(
+        tool("qemu-nbd")
+            .args(["-f", "raw", "-x", "disk", "-t", "-k"])
+            .arg(&sock)
+            .arg(&file),
+        &sock,
+        &dir.join("qemu-nbd2.log"),
+    );
+    let served = Served::start(&serve_args(&cache, &q_uri));
+    let ctl = served.control().to_string_lossy().into_owned();
+    assert_ok(
+        &logcache(&["drain", "--control", &ctl]),
+        "drain after restart",
+    );
+    assert!(read_at(&file, 9 * MIB, 256 * 1024)
+        .iter()
+        .all(|&b| b == 0x73));
+}
+
+#[test]
+fn qemu_nbd_multi_conn_backing() {
+    let dir = TestDir::new("r-qemunbd-mc");
+    let file = dir.join("backing.img");
+    sparse(&file, BACKING_BYTES);
+    let sock = dir.join("q.sock");
+    // -e 8: several clients, and qemu-nbd offers multi-conn, so logcache opens several
+    // connections; a reader can connect beside it.
+    let _qnbd = Daemon::start(
+        tool("qemu-nbd")
+            .args(["-f", "raw", "-x", "disk", "-t", "-e", "8", "-k"])
+            .arg(&sock)
+            .arg(&file),
+        &sock,
+        &dir.join("qemu-nbd.log"),
+    );
+    let q_uri = format!("nbd+unix:///disk?socket={}", sock.display());
+    let cache = dir.s("cache.img");
+    format_against(&cache, &q_uri);
+    let served = Served::start(&serve_args(&cache, &q_uri));
+    let out = run(tool("fio").args([
+        "--name=remote",
+        "--ioengine=nbd",
+        &format!("--uri={}", served.unix_uri()),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--iodepth=16",
+        "--size=8m",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--verify_state_save=0",
+    ]));
+    assert_ok(&out, "fio through logcache on qemu-nbd");
+    qemu_io_ok(&served.unix_uri(), &["write -P 0x74 20M 2M"]);
+    let ctl = served.control().to_string_lossy().into_owned();
+    assert_ok(&logcache(&["drain", "--control", &ctl]), "logcache drain");
+    qemu_io_flags_ok(&q_uri, &["-r"], &["read -P 0x74 20M 2M"]);
+    // fio's data went to the same place: the first 8 MiB through logcache equal the
+    // backing file's.
+    let out = run(nbdsh().args([
+        "-u",
+        &served.unix_uri(),
+        "-c",
+        &format!(
+            "open({:?}, 'wb').write(h.pread(8 << 20, 0))",
+            dir.join("through.img").display()
+        ),
+    ]));
+    assert_ok(&out, "nbdsh pread through logcache");
+    let through = std::fs::read(dir.join("through.img")).unwrap();
+    assert!(
+        through == read_at(&file, 0, 8 * MIB as usize),
+        "backing file differs"
+    );
+}
+
+#[test]
+fn unreachable_backing_uri_is_one_clear_error() {
+    let dir = TestDir::new("r-wrong");
+    let cache = dir.s("cache.img");
+    sparse(Path::new(&cache), CACHE_BYTES);
+    let nothing = format!("nbd+unix:///?socket={}", dir.join("nothing.sock").display());
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let refused = format!("nbd://127.0.0.1:{port}/disk");
+    for uri in [&nothing, &refused] {
+        for args in [
+            vec!["format", "--cache", &cache, "--backing", uri],
+            vec!["serve", "--cache", &cache, "--backing", uri],
+        ] {
+            let out = run_timeout(Command::new(BIN).args(&args), Duration::from_secs(30));
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+            assert!(!stderr.contains("panicked"), "{stderr}");
+            assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+            assert!(
+                stderr.starts_with("logcache: ") && stderr.contains(uri.as_str()),
+                "{args:?}: {stderr}"
+            );
+        }
+    }
+    assert!(!dir.join("cache.img.sock").exists());
+}
+
+#[test]
+fn backing_uri_with_an_unknown_export_name() {
+    let dir = TestDir::new("r-export");
+    let file = dir.join("backing.img");
+    sparse(&file, BACKING_BYTES);
+    let sock = dir.join("q.sock");
+    let _qnbd = Daemon::start(
+        tool("qemu-nbd")
+            .args(["-f", "raw", "-x", "disk", "-t", "-e", "8", "-k"])
+            .arg(&sock)
+            .arg(&file),
+        &sock,
+        &dir.join("qemu-nbd.log"),
+    );
+    let cache = dir.s("cache.img");
+    sparse(Path::new(&cache), CACHE_BYTES);
+    let wrong = format!("nbd+unix:///nope?socket={}", sock.display());
+    let out = run_timeout(
+        Command::new(BIN).args(["format", "--cache", &cache, "--backing", &wrong]),
+        Duration::from_secs(30),
+    );
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("logcache: ") && stderr.contains("nope"),
+        "{stderr}"
+    );
+}
