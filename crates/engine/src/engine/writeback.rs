@@ -54,6 +54,9 @@ const POLL: Duration = Duration::from_millis(100);
 const PERSIST_EVERY: Duration = Duration::from_secs(1);
 /// Longest run of adjacent blocks read or written in one IO.
 const RUN_BLOCKS_MAX: usize = 256;
+/// Dirty blocks this close together in the log are read with one IO, gaps included: one
+/// sequential read of the cache device costs less than many small ones.
+const READ_GAP_BLOCKS_MAX: u32 = 32;
 
 /// A dirty block taken for writeback.
 #[derive(Clone, Copy, Debug)]
@@ -69,6 +72,10 @@ struct WbBlock {
 /// The writeback thread's reusable memory.
 pub struct WritebackBuffers {
     data: AlignedBuf,
+    /// A read span with gaps lands here first.
+    span: AlignedBuf,
+    /// A run of blocks adjacent on the backing device, made contiguous for one write.
+    staging: AlignedBuf,
     blocks: Vec<WbBlock>,
     slots: Vec<u32>,
 }
@@ -77,6 +84,8 @@ impl WritebackBuffers {
     pub fn new(batch_blocks_max: usize) -> WritebackBuffers {
         WritebackBuffers {
             data: AlignedBuf::new(batch_blocks_max * BLOCK),
+            span: AlignedBuf::new(RUN_BLOCKS_MAX * BLOCK),
+            staging: AlignedBuf::new(RUN_BLOCKS_MAX * BLOCK),
             blocks: Vec::with_capacity(batch_blocks_max),
             slots: Vec::new(),
         }
@@ -409,22 +418,39 @@ fn batch<'a>(
 /// and the bytes written.
 fn copy_out(inner: &Inner, bufs: &mut WritebackBuffers) -> Result<(Vec<usize>, u64)> {
     let geo = &inner.geo;
-    // Read in cache order: the log is sequential, so runs are long.
+    // Read in cache order: the log is sequential, so blocks of a segment are close together.
+    // Block k (in this order) lands at `data[k]`.
     bufs.blocks.sort_unstable_by_key(|b| b.cache_block);
     let mut i = 0;
     while i < bufs.blocks.len() {
+        let first = bufs.blocks[i].cache_block;
         let mut j = i + 1;
-        while j < bufs.blocks.len()
-            && j - i < RUN_BLOCKS_MAX
-            && bufs.blocks[j].cache_block == bufs.blocks[j - 1].cache_block + 1
-        {
+        while j < bufs.blocks.len() {
+            let c = bufs.blocks[j].cache_block;
+            let near = c - bufs.blocks[j - 1].cache_block <= READ_GAP_BLOCKS_MAX;
+            if !near || (c - first) as usize >= RUN_BLOCKS_MAX {
+                break;
+            }
             j += 1;
         }
-        let off = geo.block_offset(bufs.blocks[i].cache_block);
-        inner
-            .cache
-            .read_at(&mut bufs.data[i * BLOCK..j * BLOCK], off)
-            .map_err(|e| Error::io(format!("writeback reading the cache at offset {off}"), e))?;
+        let span_blocks = (bufs.blocks[j - 1].cache_block - first + 1) as usize;
+        let off = geo.block_offset(first);
+        let read_err = |e| Error::io(format!("writeback reading the cache at offset {off}"), e);
+        if span_blocks == j - i {
+            inner
+                .cache
+                .read_at(&mut bufs.data[i * BLOCK..j * BLOCK], off)
+                .map_err(read_err)?;
+        } else {
+            inner
+                .cache
+                .read_at(&mut bufs.span[..span_blocks * BLOCK], off)
+                .map_err(read_err)?;
+            for k in i..j {
+                let at = (bufs.blocks[k].cache_block - first) as usize * BLOCK;
+                bufs.data[k * BLOCK..(k + 1) * BLOCK].copy_from_slice(&bufs.span[at..at + BLOCK]);
+            }
+        }
         for (k, b) in bufs.blocks[i..j].iter_mut().enumerate() {
             b.buf_index = i + k;
         }
@@ -443,7 +469,6 @@ fn copy_out(inner: &Inner, bufs: &mut WritebackBuffers) -> Result<(Vec<usize>, u
         .filter(|k| !bad.contains(k))
         .collect();
     order.sort_unstable_by_key(|&k| bufs.blocks[k].lba);
-    let mut staging = AlignedBuf::new(RUN_BLOCKS_MAX * BLOCK);
     let mut bytes = 0u64;
     let mut i = 0;
     while i < order.len() {
@@ -463,13 +488,13 @@ fn copy_out(inner: &Inner, bufs: &mut WritebackBuffers) -> Result<(Vec<usize>, u
         }
         for (k, &idx) in order[i..j].iter().enumerate() {
             let src = bufs.blocks[idx].buf_index * BLOCK;
-            staging[k * BLOCK..(k + 1) * BLOCK].copy_from_slice(&bufs.data[src..src + BLOCK]);
+            bufs.staging[k * BLOCK..(k + 1) * BLOCK].copy_from_slice(&bufs.data[src..src + BLOCK]);
         }
         let len = (j - i) * BLOCK;
         let off = first.lba * BLOCK_SIZE_BYTES;
         inner
             .backing
-            .write_at(&staging[..len], off)
+            .write_at(&bufs.staging[..len], off)
             .map_err(|e| Error::io(format!("writeback writing the backing device at {off}"), e))?;
         bytes += len as u64;
         i = j;
