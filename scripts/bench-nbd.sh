@@ -4,7 +4,9 @@
 # so both see the same machine. logcache runs on real files (a 2 GiB cache in front of an 8 GiB
 # backing file, sparse, in a temp dir on the local disk), so the cache absorbs the writes.
 #
-# usage: scripts/bench-nbd.sh [RUNS] [SECONDS] [IODEPTH]
+# usage: scripts/bench-nbd.sh [RUNS] [SECONDS] [IODEPTH] [BACKING_DIR]
+# BACKING_DIR (default: beside the cache) lets the backing file live elsewhere, e.g. /dev/shm,
+# so writeback's cost on the backing file system (allocating a sparse file) is taken out.
 set -euo pipefail
 runs=${1:-3}
 secs=${2:-10}
@@ -17,15 +19,17 @@ cleanup() {
     # shellcheck disable=SC2086 # npid holds two pids
     kill ${lpid:-} ${npid:-} 2>/dev/null || true
     wait 2>/dev/null || true
-    rm -rf "$dir"
+    rm -rf "$dir" "${backing:-}"
 }
 trap cleanup EXIT
 truncate -s 2G "$dir/cache.img"
-truncate -s 8G "$dir/backing.img"
-"$bin" format --cache "$dir/cache.img" --backing "$dir/backing.img" >/dev/null
+bdir=${4:-$dir}
+backing=$(mktemp -u "$bdir/lcbench-backing.XXXXXX")
+truncate -s 8G "$backing"
+"$bin" format --cache "$dir/cache.img" --backing "$backing" >/dev/null
 lport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 nport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$bin" serve --cache "$dir/cache.img" --backing "$dir/backing.img" --socket "$dir/lc.sock" \
+"$bin" serve --cache "$dir/cache.img" --backing "$backing" --socket "$dir/lc.sock" \
     --listen "127.0.0.1:$lport" >"$dir/serve.log" 2>&1 &
 lpid=$!
 nbdkit -f -U "$dir/n.sock" null 8G >/dev/null 2>&1 </dev/null &
