@@ -838,14 +838,7 @@ pub fn dump(cache: &dyn BlockDevice, segment_id: Option<u64>) -> Result<DumpRepo
         ));
     }
     let (_, sb, _) = read_copies(cache)?;
-    if cache.size_bytes() < sb.cache_size_bytes {
-        return Err(Error::Corruption(format!(
-            "{} is {} bytes but was formatted with {} bytes (truncated?)",
-            cache.describe(),
-            cache.size_bytes(),
-            sb.cache_size_bytes
-        )));
-    }
+    super::check_cache_size(&sb, cache)?;
     let geo = Geometry::from_superblock(&sb);
     let mut reader = MetaReader::new(cache, &geo);
     let mut segments: Vec<SegmentDump> = Vec::new();

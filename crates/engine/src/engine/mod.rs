@@ -133,14 +133,7 @@ impl Engine {
                 cache.describe()
             ))
         })?;
-        if cache.size_bytes() < sb.cache_size_bytes {
-            return Err(Error::Corruption(format!(
-                "{} is {} bytes but was formatted with {} bytes (truncated?)",
-                cache.describe(),
-                cache.size_bytes(),
-                sb.cache_size_bytes
-            )));
-        }
+        check_cache_size(&sb, &*cache)?;
         check_backing(&sb, &*backing)?;
         let geo = Geometry::from_superblock(&sb);
         let mut recovered = recover::run(&*cache, &geo, &sb)?;
@@ -443,6 +436,19 @@ impl Drop for Engine {
             self.stop_thread();
         }
     }
+}
+
+/// Checks the cache device is not shorter than when it was formatted.
+pub(crate) fn check_cache_size(sb: &Superblock, cache: &dyn BlockDevice) -> Result<()> {
+    if cache.size_bytes() < sb.cache_size_bytes {
+        return Err(Error::Corruption(format!(
+            "{} is {} bytes but was formatted with {} bytes (truncated?)",
+            cache.describe(),
+            cache.size_bytes(),
+            sb.cache_size_bytes
+        )));
+    }
+    Ok(())
 }
 
 /// Checks the backing device is the one the cache was formatted for.

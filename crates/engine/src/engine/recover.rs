@@ -376,13 +376,7 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
     let cut = tail_cut(&chain, end.synced_seq, |_, p| {
         report.chunks_data_verified += 1;
         let h = p.header;
-        let Ok((_, entries)) = reader.read(h.segment_id, h.start_block as u32, h.seq, sb, 0)?
-        else {
-            return Err(Error::Corruption(format!(
-                "chunk {} changed during recovery",
-                h.seq
-            )));
-        };
+        let entries = reread_entries(&mut reader, sb, &h)?;
         let data_len = h.data_block_count as usize * BLOCK;
         let off = geo.offset_of(p.slot, h.start_block as u32 + h.meta_block_count as u32);
         cache
@@ -425,13 +419,7 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
     };
     for p in &chain {
         let h = p.header;
-        let Ok((_, entries)) = reader.read(h.segment_id, h.start_block as u32, h.seq, sb, 0)?
-        else {
-            return Err(Error::Corruption(format!(
-                "chunk {} changed during recovery",
-                h.seq
-            )));
-        };
+        let entries = reread_entries(&mut reader, sb, &h)?;
         r.replay(geo, p.slot, &h, &entries)?;
         report.chunks_replayed += 1;
     }
@@ -441,6 +429,18 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
     report.duration_us = started.elapsed().as_micros() as u64;
     r.report = report;
     Ok(r)
+}
+
+/// Reads a chunk of the walked chain again (the walk keeps headers only, not entries). The
+/// chain was verified moments ago, so a chunk that no longer reads back is corruption.
+fn reread_entries(reader: &mut MetaReader, sb: &Superblock, h: &ChunkHeader) -> Result<Vec<Entry>> {
+    match reader.read(h.segment_id, h.start_block as u32, h.seq, sb, 0)? {
+        Ok((_, entries)) => Ok(entries),
+        Err(_) => Err(Error::Corruption(format!(
+            "chunk {} changed during recovery",
+            h.seq
+        ))),
+    }
 }
 
 /// The data blocks of a chunk whose checksums fail, as (data block index in the chunk, entry).
