@@ -28,5 +28,6 @@ mod workers;
 pub use config::{ServerConfig, DEFAULT_DESCRIPTION, DEFAULT_EXPORT_NAME};
 pub use error::ServerError;
 pub use limits::MAX_PAYLOAD_BYTES;
+pub use listener::remove_stale_socket;
 pub use server::Server;
 pub use stats::ServerStats;

@@ -121,7 +121,7 @@ pub(crate) fn listen_tcp(
 }
 
 /// Removes a socket file nobody listens on; refuses a live socket or a file of another type.
-fn remove_stale_socket(path: &Path) -> Result<(), ServerError> {
+pub fn remove_stale_socket(path: &Path) -> Result<(), ServerError> {
     let metadata = match std::fs::symlink_metadata(path) {
         Ok(metadata) => metadata,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(()),
