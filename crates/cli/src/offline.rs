@@ -197,8 +197,8 @@ fn render_log(out: &mut String, log: &LogReport) {
         out,
         "entries",
         &format!(
-            "{} data, {} hole, {} zero-range",
-            log.data_entries, log.hole_entries, log.zero_entries
+            "{} data, {} hole, {} zero-range, {} drop-range",
+            log.data_entries, log.hole_entries, log.zero_entries, log.drop_entries
         ),
     );
     line(

@@ -102,6 +102,20 @@ fn step<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
 ) -> Result<(MutexGuard<'a, State>, bool)> {
+    // Chunks may say "the backing device holds this" (write-through blocks): that must not
+    // reach the cache device before the backing device has it for sure.
+    if !st.queue.is_empty() && st.backing_write_gen > st.backing_synced_gen {
+        let target = st.backing_write_gen;
+        drop(st);
+        let res = inner.backing.flush();
+        st = inner.state.lock();
+        if let Err(e) = res {
+            let e = Error::io(format!("syncing {}", inner.backing.describe()), e);
+            return Err(fail(inner, st, e));
+        }
+        st.backing_synced_gen = st.backing_synced_gen.max(target);
+        st.counters.backing_syncs += 1;
+    }
     let take = st.queue.len().min(CHUNKS_PER_ROUND_MAX);
     let batch: Vec<SealedChunk> = st.queue.drain(..take).collect();
     let synced_for_headers = st.synced_seq;
@@ -237,7 +251,7 @@ fn write_chunk(inner: &Inner, sc: &SealedChunk, synced_seq: u64) -> Result<()> {
         }
     }
     chunk::put_synced_seq(meta, synced_seq);
-    chunk::seal(meta, format_id, sc.data_count as u16);
+    chunk::seal(meta, format_id, sc.entry_count as u16);
     // SAFETY: as above; the whole chunk is now immutable until its buffer is released.
     let whole = unsafe { inner.buffers.slice(sc.buffer, meta_off, total_len) };
     let off = inner.geo.offset_of(sc.slot, sc.start_block);

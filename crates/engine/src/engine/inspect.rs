@@ -18,7 +18,7 @@ use super::recover::{self, MetaReader, Walk};
 pub use super::recover::{Reject, WalkStop};
 use super::tunables::{Tunables, SPECS};
 use crate::error::{Error, Result};
-use crate::format::chunk::{ChunkHeader, Entry, KIND_DATA, KIND_HOLE, KIND_ZERO};
+use crate::format::chunk::{ChunkHeader, Entry, KIND_DATA, KIND_DROP, KIND_HOLE, KIND_ZERO};
 use crate::format::superblock::{
     self, Checkpoint, Superblock, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE_BYTES,
 };
@@ -250,6 +250,8 @@ pub struct LogReport {
     pub data_entries: u64,
     pub hole_entries: u64,
     pub zero_entries: u64,
+    /// Drop ranges (writes that went around the cache).
+    pub drop_entries: u64,
     /// Data blocks whose checksums were verified, and how many failed.
     pub data_blocks_checked: u64,
     pub data_blocks_bad: u64,
@@ -587,7 +589,16 @@ fn check_log(
     let mut replay_problem = None;
     'replay: for (p, es) in w.chain.iter().zip(&entries).take(kept) {
         let mut block = p.header.start_block as u32 + p.header.meta_block_count as u32;
-        for e in es {
+        // As in recovery: a chunk's ranges come before its live data in time.
+        for e in es.iter().filter(|e| e.is_range()) {
+            if let Err(why) = recover::check_replayable(geo, &p.header, e) {
+                replay_problem = Some(why);
+                break 'replay;
+            }
+            let (lba, count) = (e.lba, e.range_blocks() as u64);
+            newest.retain(|&l, _| l < lba || l - lba >= count);
+        }
+        for e in es.iter().filter(|e| e.has_block()) {
             if let Err(why) = recover::check_replayable(geo, &p.header, e) {
                 replay_problem = Some(why);
                 break 'replay;
@@ -634,6 +645,7 @@ fn check_log(
         data_entries: count_kind(KIND_DATA),
         hole_entries: count_kind(KIND_HOLE),
         zero_entries: count_kind(KIND_ZERO),
+        drop_entries: count_kind(KIND_DROP),
         data_blocks_checked,
         data_blocks_bad,
         bad_chunks,
@@ -778,6 +790,7 @@ pub fn kind_name(kind: u8) -> &'static str {
         KIND_HOLE => "hole",
         KIND_DATA => "data",
         KIND_ZERO => "zero",
+        KIND_DROP => "drop",
         _ => "?",
     }
 }

@@ -13,6 +13,7 @@
 mod buffers;
 mod checkpoint;
 mod create;
+mod direct;
 mod flusher;
 pub mod geometry;
 mod inspect;
@@ -21,6 +22,7 @@ mod reclaim;
 mod recover;
 mod state;
 pub mod stats;
+mod streams;
 pub mod tunables;
 mod write;
 mod writeback;
@@ -102,6 +104,11 @@ pub(crate) struct Inner {
     pub flusher_lock: Mutex<()>,
     /// The relocator's segment-sized read buffer, allocated once (only the flusher uses it).
     pub relocate_buf: Mutex<AlignedBuf>,
+    /// Held by a writeback batch from collecting its blocks until they are marked clean, and
+    /// by a zero range from logging it until the backing device is zeroed: so stale dirty
+    /// data in flight can never land on the backing device after the zeros. Taken before the
+    /// state lock, never while holding it.
+    pub backing_order: Mutex<()>,
 }
 
 impl Inner {
@@ -163,6 +170,24 @@ impl Engine {
             s.checkpoint.head_segment_id = recovered.head_segment_id;
             s.checkpoint.head_seq = recovered.head_seq;
         })?;
+        // Zero ranges the writeback position did not pass may be missing on the backing device
+        // (a crash between logging and applying them): apply them again, in log order, before
+        // writeback can put later data there.
+        if !recovered.zero_ranges.is_empty() {
+            for &(lba, count) in &recovered.zero_ranges {
+                let (off, len) = (lba * BLOCK_SIZE_BYTES, count * BLOCK_SIZE_BYTES);
+                backing.write_zeroes(off, len).map_err(|e| {
+                    Error::io(
+                        format!("re-applying a logged zero range ({len} bytes at {off}) to the backing device"),
+                        e,
+                    )
+                })?;
+            }
+            backing
+                .flush()
+                .map_err(|e| Error::io(format!("syncing {}", backing.describe()), e))?;
+        }
+        recovered.report.zero_ranges_reapplied = recovered.zero_ranges.len() as u64;
         recovered.report.duration_us = started.elapsed().as_micros() as u64;
         let report = recovered.report.clone();
         let mut state = recovered.into_state(geo.clone(), epoch, buffer_count);
@@ -184,6 +209,7 @@ impl Engine {
             recovery: report,
             flusher_lock: Mutex::new(()),
             relocate_buf: Mutex::new(AlignedBuf::new(segment_bytes as usize)),
+            backing_order: Mutex::new(()),
         });
         {
             let mut st = inner.state.lock();
@@ -234,20 +260,63 @@ impl Engine {
     }
 
     /// Writes `data` at `offset` (both multiples of 512). With `fua`, returns once durable.
+    /// In write-through mode it returns once the backing device has the data too; in
+    /// write-around mode the data goes to the backing device only.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_range(offset, data.len() as u64)?;
-        write::write(&self.inner, offset, data)?;
+        self.write_mode(offset, data)?;
         if fua {
             self.inner.state.lock().counters.fua_writes += 1;
-            flusher::wait_durable(&self.inner)?;
+            self.make_durable()?;
         }
         Ok(())
+    }
+
+    fn write_mode(&self, offset: u64, data: &[u8]) -> Result<()> {
+        match self.inner.tunables.get(tunables::CACHE_MODE) {
+            tunables::MODE_WRITE_THROUGH => direct::write_through(&self.inner, offset, data),
+            tunables::MODE_WRITE_AROUND => direct::write_around(&self.inner, offset, data),
+            _ => write::write(&self.inner, offset, data, true),
+        }
+    }
+
+    /// The log, and the backing device if writes bypassed the log since its last sync.
+    fn make_durable(&self) -> Result<()> {
+        flusher::wait_durable(&self.inner)?;
+        direct::sync_backing(&self.inner)
     }
 
     /// Returns once every write that returned before this call is durable.
     pub fn flush(&self) -> Result<()> {
         self.inner.state.lock().counters.flushes += 1;
-        flusher::wait_durable(&self.inner)
+        self.make_durable()
+    }
+
+    /// Makes `len` bytes at `offset` read as zeros (both multiples of 512), in every mode:
+    /// cached copies are dropped, and the backing device gets the zeros (a hole where it can)
+    /// in order with the writes around them. With `fua`, returns once durable.
+    pub fn write_zeroes(&self, offset: u64, len_bytes: u64, fua: bool) -> Result<()> {
+        self.zero(offset, len_bytes, fua, false)
+    }
+
+    /// TRIM: the range's data is no longer needed. It reads as zeros afterwards (the same
+    /// operation as `write_zeroes`, counted apart); a file backing device gets a hole.
+    pub fn discard(&self, offset: u64, len_bytes: u64, fua: bool) -> Result<()> {
+        self.zero(offset, len_bytes, fua, true)
+    }
+
+    fn zero(&self, offset: u64, len_bytes: u64, fua: bool, discard: bool) -> Result<()> {
+        self.check_range(offset, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        direct::zero(&self.inner, offset, len_bytes, discard, |off, zeros| {
+            self.write_mode(off, zeros)
+        })?;
+        if fua {
+            self.make_durable()?;
+        }
+        Ok(())
     }
 
     /// Manual mode: runs flusher rounds until the queue is empty. A no-op otherwise.
@@ -366,13 +435,27 @@ impl Engine {
 
     fn set_tunable_value(&self, index: usize, value: u64) -> Result<()> {
         self.check_usable()?;
+        let old = self.inner.tunables.get(index);
         self.inner.tunables.set(index, value);
         let persisted = self.inner.tunables.to_persisted();
         self.inner.superblock.update(|s| s.tunables = persisted)?;
         self.inner.state.lock().counters.superblock_writes += 1;
         // The flusher's sleep depends on the seal interval.
         self.inner.flusher_wake.notify_all();
+        if index == tunables::CACHE_MODE
+            && old == tunables::MODE_WRITE_BACK
+            && value != tunables::MODE_WRITE_BACK
+        {
+            // Leaving write-back: new writes already go the new way; write back what is dirty.
+            self.inner.writeback_wake.notify_all();
+            writeback::drain(&self.inner, |_| {})?;
+        }
         Ok(())
+    }
+
+    /// The cache mode in force.
+    pub fn mode(&self) -> &'static str {
+        tunables::MODE_NAMES[self.inner.tunables.get(tunables::CACHE_MODE) as usize]
     }
 
     fn check_usable(&self) -> Result<()> {
@@ -409,6 +492,11 @@ impl Engine {
                 + st.valid_mask.len()
                 + st.data_crc.len() * 4) as u64,
             failed: st.failed.clone(),
+            mode: tunables::MODE_NAMES[self.inner.tunables.get(tunables::CACHE_MODE) as usize],
+            read_cache: self.inner.tunables.get(tunables::READ_CACHE) != 0,
+            segments_in_ram: st.ram_segments.len() as u64,
+            segments_on_disk: st.segments_in_use() - st.ram_segments.len() as u64,
+            segments_free: st.free_segments(),
         }
     }
 

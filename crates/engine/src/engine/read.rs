@@ -2,10 +2,13 @@
 //! device. Runs of blocks missing from the cache become one backing-device read.
 
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use parking_lot::MutexGuard;
 
+use super::reclaim;
 use super::state::{Location, State};
+use super::tunables;
 use super::write::{check_usable, sector_mask, SCRATCH};
 use super::Inner;
 use crate::error::{Error, Result};
@@ -15,6 +18,12 @@ const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 const SECTOR: usize = SECTOR_SIZE_BYTES as usize;
 
 pub fn read(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<()> {
+    let mut ctx = ReadCtx {
+        offset,
+        len_bytes: buf.len() as u64,
+        promote: false,
+        guard: 0,
+    };
     let mut done = 0usize;
     // A pending run of bytes that no cache block covers: [miss_start, done) of `buf`.
     let mut miss_start: Option<usize> = None;
@@ -24,24 +33,34 @@ pub fn read(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<()> {
         let in_block = (pos % BLOCK_SIZE_BYTES) as usize;
         let len = (BLOCK - in_block).min(buf.len() - done);
         // The request is counted under the first block's lock hold, not with a lock of its own.
-        let request_bytes = if done == 0 { buf.len() as u64 } else { 0 };
+        let first = done == 0;
         let dst = &mut buf[done..done + len];
-        match read_block(inner, lba, in_block / SECTOR, dst, request_bytes)? {
+        match read_block(inner, lba, in_block / SECTOR, dst, first, &mut ctx)? {
             BlockRead::NotCached => {
                 miss_start.get_or_insert(done);
             }
             BlockRead::Done => {
                 if let Some(start) = miss_start.take() {
-                    read_backing(inner, offset + start as u64, &mut buf[start..done])?;
+                    read_miss(inner, &ctx, offset + start as u64, &mut buf[start..done])?;
                 }
             }
         }
         done += len;
     }
     if let Some(start) = miss_start {
-        read_backing(inner, offset + start as u64, &mut buf[start..])?;
+        read_miss(inner, &ctx, offset + start as u64, &mut buf[start..])?;
     }
     Ok(())
+}
+
+/// What a read request decided once, on its first block.
+struct ReadCtx {
+    offset: u64,
+    len_bytes: u64,
+    /// Promote the blocks it misses.
+    promote: bool,
+    /// `State::promote_guard` when the request started, before any backing-device read.
+    guard: u64,
 }
 
 /// What `read_block` did with one block.
@@ -51,6 +70,74 @@ enum BlockRead {
     NotCached,
     /// `dst` holds the block's newest data.
     Done,
+}
+
+/// Whether this request's misses should be promoted: read caching on, not part of a stream
+/// past the sequential cutoff, and no write bypassing the cache in flight.
+fn decide_promotion(inner: &Inner, st: &mut State, ctx: &ReadCtx) -> bool {
+    if inner.tunables.get(tunables::READ_CACHE) == 0 {
+        return false;
+    }
+    let run_bytes = st.streams.observe(ctx.offset, ctx.len_bytes);
+    let cutoff_bytes = inner.tunables.get(tunables::READ_SEQUENTIAL_CUTOFF_KIB) * 1024;
+    if cutoff_bytes > 0 && run_bytes > cutoff_bytes {
+        st.counters.promotions_sequential_skipped += 1;
+        return false;
+    }
+    st.direct_writes_in_flight == 0
+}
+
+/// Reads a run of blocks the cache does not hold, then promotes its whole blocks.
+fn read_miss(inner: &Inner, ctx: &ReadCtx, offset: u64, buf: &mut [u8]) -> Result<()> {
+    read_backing(inner, offset, buf)?;
+    if ctx.promote {
+        promote(inner, ctx.guard, offset, buf);
+    }
+    Ok(())
+}
+
+/// Copies the whole blocks of `data` (read from the backing device at `offset`) into the log
+/// as clean blocks. Gives up if anything that could make them stale happened since the request
+/// started (`guard`), or the log is short of room: a promotion never waits.
+fn promote(inner: &Inner, guard: u64, offset: u64, data: &[u8]) {
+    let first = offset.div_ceil(BLOCK_SIZE_BYTES);
+    let end = (offset + data.len() as u64) / BLOCK_SIZE_BYTES;
+    if first >= end {
+        return;
+    }
+    let mut st = inner.state.lock();
+    if check_usable(&st).is_err() {
+        return;
+    }
+    if st.promote_guard != guard || st.direct_writes_in_flight > 0 || reclaim::under_pressure(&st) {
+        st.counters.promotions_raced += end - first;
+        return;
+    }
+    let sealed_before = st.counters.chunks_sealed;
+    for lba in first..end {
+        if st.index.get(lba).is_some() {
+            continue; // written since it was read: the cache has newer data
+        }
+        let Some(c) = st.reserve_block(&inner.buffers, Instant::now(), false) else {
+            st.counters.promotions_raced += end - lba;
+            break;
+        };
+        let Location::OpenChunk { buffer } = st.locate(c) else {
+            unreachable!("a reserved block is in the open chunk")
+        };
+        let off = st.offset_in_buffer(c);
+        let src = ((lba * BLOCK_SIZE_BYTES - offset) as usize)..;
+        // SAFETY: the reserved block is in the open chunk and we hold the lock.
+        unsafe { inner.buffers.slice_mut(buffer, off, BLOCK) }.copy_from_slice(&data[src][..BLOCK]);
+        st.valid_mask[c as usize] = FULL_MASK;
+        let prev = st.index.insert(lba, c);
+        assert!(prev.is_none());
+        st.counters.promotions += 1;
+        st.counters.promotion_bytes += BLOCK_SIZE_BYTES;
+    }
+    if st.counters.chunks_sealed != sealed_before {
+        inner.flusher_wake.notify_one();
+    }
 }
 
 fn read_backing(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -67,31 +154,33 @@ fn read_backing(inner: &Inner, offset: u64, buf: &mut [u8]) -> Result<()> {
 }
 
 /// Reads part of one block if it is cached, taking the state lock once. Counts the block as a
-/// hit (every wanted sector in the cache) or a miss, and the request when `request_bytes > 0`.
+/// hit (every wanted sector in the cache) or a miss, and on the request's `first` block the
+/// request itself (deciding then whether its misses are promoted).
 fn read_block(
     inner: &Inner,
     lba: u64,
     first_sector: usize,
     dst: &mut [u8],
-    request_bytes: u64,
+    first: bool,
+    ctx: &mut ReadCtx,
 ) -> Result<BlockRead> {
     let want = sector_mask(first_sector, dst.len() / SECTOR);
     let in_block = first_sector * SECTOR;
     let mut st = inner.state.lock();
     check_usable(&st)?;
-    if request_bytes > 0 {
+    if first {
         st.counters.reads += 1;
-        st.counters.read_bytes += request_bytes;
+        st.counters.read_bytes += ctx.len_bytes;
+        ctx.guard = st.promote_guard;
+        ctx.promote = decide_promotion(inner, &mut st, ctx);
     }
+    let full = want == FULL_MASK;
     let Some(c) = st.index.get(lba) else {
-        st.counters.read_misses += 1;
+        count_read(&mut st, false, full);
         return Ok(BlockRead::NotCached);
     };
-    if want & !st.valid_mask[c as usize] == 0 {
-        st.counters.read_hits += 1;
-    } else {
-        st.counters.read_misses += 1;
-    }
+    let hit = want & !st.valid_mask[c as usize] == 0;
+    count_read(&mut st, hit, full);
     let valid = st.valid_mask[c as usize];
     match st.locate(c) {
         Location::OpenChunk { buffer } | Location::Ram { buffer } => {
@@ -134,6 +223,21 @@ fn read_block(
         )?;
     }
     Ok(BlockRead::Done)
+}
+
+fn count_read(st: &mut State, hit: bool, full: bool) {
+    let c = &mut st.counters;
+    match (hit, full) {
+        (true, true) => c.read_hits_full += 1,
+        (true, false) => c.read_hits_partial += 1,
+        (false, true) => c.read_misses_full += 1,
+        (false, false) => c.read_misses_partial += 1,
+    }
+    if hit {
+        c.read_hits += 1;
+    } else {
+        c.read_misses += 1;
+    }
 }
 
 /// Reads cache block `c` (the current copy of `lba`) with the state lock released, verifies its

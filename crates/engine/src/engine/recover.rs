@@ -23,7 +23,7 @@ use super::geometry::Geometry;
 use super::state::{OpenChunk, SegmentInfo, State};
 use super::stats::{Counters, RecoveryReport};
 use crate::error::{Error, Result};
-use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA, KIND_HOLE, KIND_ZERO};
+use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA, KIND_DROP, KIND_HOLE, KIND_ZERO};
 use crate::format::superblock::Superblock;
 use crate::format::{crc_block, BLOCK_SIZE_BYTES};
 use crate::index::BlockIndex;
@@ -54,6 +54,10 @@ pub struct Recovered {
     dirty_blocks: u64,
     /// The persisted writeback position: chunks up to it replay as clean.
     writeback_seq: u64,
+    /// Zero ranges (first block, count) after the writeback position, in log order: the
+    /// backing device may not have them, so open applies them again before anything else.
+    pub zero_ranges: Vec<(u64, u64)>,
+    blocks_per_segment: u32,
     pub report: RecoveryReport,
 }
 
@@ -415,6 +419,8 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
         ],
         dirty_blocks: 0,
         writeback_seq: cp.writeback_seq,
+        zero_ranges: Vec::new(),
+        blocks_per_segment: geo.blocks_per_segment,
         report: RecoveryReport::default(),
     };
     for p in &chain {
@@ -464,18 +470,24 @@ fn data_verifies(geo: &Geometry, entries: &[Entry], data: &[u8]) -> bool {
     failing_data_blocks(geo, entries, data).next().is_none()
 }
 
-/// Whether replay can apply `e` of chunk `h`: data within the exported disk, and no zero
-/// ranges (this build cannot replay them). The error says why not.
+/// Whether replay can apply `e` of chunk `h`: data and ranges within the exported disk. The
+/// error says why not.
 pub(crate) fn check_replayable(geo: &Geometry, h: &ChunkHeader, e: &Entry) -> Result<()> {
     match e.kind {
         KIND_DATA if e.lba >= geo.exported_block_count => Err(Error::Corruption(format!(
             "chunk {} maps backing block {} past the end of the disk",
             h.seq, e.lba
         ))),
-        KIND_ZERO => Err(Error::Corruption(format!(
-            "chunk {} holds a zero-range entry, which this build cannot replay",
-            h.seq
-        ))),
+        KIND_ZERO | KIND_DROP
+            if e.lba.saturating_add(e.range_blocks() as u64) > geo.exported_block_count =>
+        {
+            Err(Error::Corruption(format!(
+                "chunk {} holds a range of {} blocks from backing block {} past the end of the disk",
+                h.seq,
+                e.range_blocks(),
+                e.lba
+            )))
+        }
         _ => Ok(()),
     }
 }
@@ -546,8 +558,19 @@ impl Recovered {
             h.start_block as u32 + h.meta_block_count as u32 + h.data_block_count as u32;
         // Chunks up to the writeback position were written back: their blocks are clean.
         let written_back = h.seq <= self.writeback_seq;
+        // Ranges first: every live block entry of a chunk was written after its ranges.
+        for e in entries.iter().filter(|e| e.is_range()) {
+            check_replayable(geo, h, e)?;
+            self.drop_range(e.lba, e.range_blocks() as u64);
+            if e.kind == KIND_ZERO && !written_back {
+                self.zero_ranges.push((e.lba, e.range_blocks() as u64));
+            }
+        }
+        // Once a zero range is to be applied again, a later block's "clean" may be undone by
+        // it: such blocks replay dirty, and writeback puts them back after the zeros.
+        let distrust_clean = !self.zero_ranges.is_empty();
         let mut blk = h.start_block as u32 + h.meta_block_count as u32;
-        for e in entries {
+        for e in entries.iter().filter(|e| e.has_block()) {
             check_replayable(geo, h, e)?;
             match e.kind {
                 KIND_HOLE => blk += 1,
@@ -555,15 +578,15 @@ impl Recovered {
                     let c = geo.cache_block(slot, blk);
                     blk += 1;
                     if let Some(prev) = self.index.insert(e.lba, c) {
-                        let (ps, _) = geo.split(prev);
-                        self.segments[ps as usize].live_blocks -= 1;
-                        if self.dirty_mask[prev as usize] != 0 {
-                            self.dirty_blocks -= 1;
-                            self.segments[ps as usize].dirty_blocks -= 1;
-                            self.dirty_mask[prev as usize] = 0;
-                        }
+                        self.drop_block(prev);
                     }
-                    let dirty_mask = if written_back { 0 } else { e.dirty_mask };
+                    let dirty_mask = if written_back {
+                        0
+                    } else if distrust_clean {
+                        e.valid_mask
+                    } else {
+                        e.dirty_mask
+                    };
                     self.segments[slot as usize].live_blocks += 1;
                     self.dirty_mask[c as usize] = dirty_mask;
                     self.valid_mask[c as usize] = e.valid_mask;
@@ -573,11 +596,44 @@ impl Recovered {
                         self.segments[slot as usize].dirty_blocks += 1;
                     }
                 }
-                KIND_ZERO => unreachable!("check_replayable rejects zero ranges"),
-                k => unreachable!("decode_entries rejects kind {k}"),
+                k => unreachable!("kind {k} takes no data block"),
             }
         }
         Ok(())
+    }
+
+    /// Accounts for cache block `c` leaving the index.
+    fn drop_block(&mut self, c: u32) {
+        let slot = self.index_geo_slot(c);
+        self.segments[slot].live_blocks -= 1;
+        if self.dirty_mask[c as usize] != 0 {
+            self.dirty_blocks -= 1;
+            self.segments[slot].dirty_blocks -= 1;
+            self.dirty_mask[c as usize] = 0;
+        }
+        self.valid_mask[c as usize] = 0;
+    }
+
+    fn index_geo_slot(&self, c: u32) -> usize {
+        (c / self.blocks_per_segment) as usize
+    }
+
+    /// Drops every cached copy of blocks `lba..lba + count`.
+    fn drop_range(&mut self, lba: u64, count: u64) {
+        if count <= self.index.block_count() as u64 {
+            for l in lba..lba + count {
+                if let Some(c) = self.index.remove(l) {
+                    self.drop_block(c);
+                }
+            }
+        } else {
+            for c in 0..self.index.block_count() {
+                if matches!(self.index.lba_of(c), Some(l) if l >= lba && l - lba < count) {
+                    self.index.remove_block(c);
+                    self.drop_block(c);
+                }
+            }
+        }
     }
 
     /// Turns the recovered log into the engine's starting state; the next chunk continues the
@@ -652,6 +708,13 @@ impl Recovered {
             writeback_busy: false,
             writeback_rate_blocks_per_s: 0,
             writeback_error: None,
+            open_ranges: Vec::with_capacity(chunk::entry_capacity(1) as usize),
+            zero_pending_seq: None,
+            promote_guard: 0,
+            backing_write_gen: 0,
+            backing_synced_gen: 0,
+            direct_writes_in_flight: 0,
+            streams: Default::default(),
             counters: Counters::default(),
         }
     }

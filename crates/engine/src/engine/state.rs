@@ -21,6 +21,7 @@ use super::stats::Counters;
 use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA};
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::index::BlockIndex;
+use crate::index::NO_LBA;
 
 /// Segments writers leave free, so the relocator can always move a head segment's live blocks.
 pub const RESERVE_SEGMENTS: u64 = 1;
@@ -83,6 +84,8 @@ pub struct SealedChunk {
     pub start_block: u32,
     pub meta_blocks: u32,
     pub data_count: u32,
+    /// Block entries plus range entries.
+    pub entry_count: u32,
 }
 
 /// Where the newest copy of a cached block is.
@@ -143,6 +146,27 @@ pub struct State {
     pub writeback_rate_blocks_per_s: u64,
     /// The last writeback error, cleared by a successful batch.
     pub writeback_error: Option<String>,
+    /// Range entries (zero, drop) of the open chunk; they follow its block entries.
+    pub open_ranges: Vec<Entry>,
+    /// Sequence of the oldest chunk holding a zero range not yet applied to the backing
+    /// device: the writeback position must stay before it (recovery re-applies later ones).
+    pub zero_pending_seq: Option<u64>,
+    /// Bumped whenever the backing device's data for some block may change or the cache stops
+    /// covering a block (eviction, ranges, writes around the cache): a read miss promotes what
+    /// it read only if this did not move meanwhile, so it never caches stale data.
+    pub promote_guard: u64,
+    /// Writes that reached the backing device outside writeback (write-through, write-around)
+    /// count up `backing_write_gen`; a sync of the backing device started after generation g
+    /// sets `backing_synced_gen` to g. Flushes sync the backing device while they differ, and
+    /// the flusher does before writing a chunk, so a log entry that says "the backing device
+    /// holds this" is never durable before the data it speaks of.
+    pub backing_write_gen: u64,
+    pub backing_synced_gen: u64,
+    /// Writes to the backing device outside writeback in flight: read misses are not promoted
+    /// meanwhile (they could read the old data).
+    pub direct_writes_in_flight: u32,
+    /// Recent read streams, for the sequential cutoff.
+    pub streams: super::streams::Streams,
     pub counters: Counters,
 }
 
@@ -211,6 +235,7 @@ impl State {
         debug_assert!(self.index.get(lba).is_none());
         self.drop_live(c);
         self.counters.blocks_evicted += 1;
+        self.promote_guard += 1;
     }
 
     fn drop_live(&mut self, c: CacheBlock) {
@@ -243,7 +268,7 @@ impl State {
         now: Instant,
         use_reserve: bool,
     ) -> Option<CacheBlock> {
-        if self.open.active && self.open.data_count == self.open.data_capacity {
+        if self.open.active && self.open_entries_full() {
             self.seal(buffers);
         }
         if !self.open.active && !self.open_segment(use_reserve) {
@@ -263,11 +288,64 @@ impl State {
         Some(c)
     }
 
+    /// Whether the open chunk has no room for another block or range entry.
+    fn open_entries_full(&self) -> bool {
+        let o = &self.open;
+        o.data_count == o.data_capacity
+            || o.data_count + self.open_ranges.len() as u32 >= chunk::entry_capacity(o.meta_blocks)
+    }
+
+    /// Appends a range entry to the open chunk (sealing it first if its entries are full).
+    /// False when the log has no room for a new segment: the caller waits and retries.
+    pub fn add_range(&mut self, buffers: &SegmentBuffers, entry: Entry, now: Instant) -> bool {
+        assert!(entry.is_range());
+        if self.open.active && self.open_entries_full() {
+            self.seal(buffers);
+        }
+        if !self.open.active && !self.open_segment(false) {
+            return false;
+        }
+        self.open_ranges.push(entry);
+        if self.open.first_write_at.is_none() {
+            self.open.first_write_at = Some(now);
+        }
+        true
+    }
+
+    /// Drops every cached copy of blocks `lba..lba + count` (dirty or clean): the caller logs
+    /// a range entry saying why. Returns how many blocks were dropped.
+    pub fn kill_range(&mut self, lba: u64, count: u64) -> u64 {
+        let mut killed = 0;
+        if count <= self.index.block_count() as u64 {
+            for l in lba..lba + count {
+                if let Some(c) = self.index.remove(l) {
+                    self.kill(c);
+                    killed += 1;
+                }
+            }
+        } else {
+            // A range wider than the cache: cheaper to look at every cache block once.
+            for c in 0..self.index.block_count() {
+                match self.index.lba_of(c) {
+                    Some(l) if l >= lba && l - lba < count => {
+                        self.index.remove_block(c);
+                        self.kill(c);
+                        killed += 1;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        debug_assert!(lba.checked_add(count).is_some_and(|e| e < NO_LBA));
+        self.promote_guard += 1;
+        killed
+    }
+
     /// Seals the open chunk if it holds data: encodes its metadata into the buffer, queues it
     /// for the flusher and opens the next chunk (or marks the log full). Returns whether a chunk
     /// was sealed.
     pub fn seal(&mut self, buffers: &SegmentBuffers) -> bool {
-        if !self.open.active || self.open.data_count == 0 {
+        if !self.open.active || (self.open.data_count == 0 && self.open_ranges.is_empty()) {
             return false;
         }
         let o = self.open.clone();
@@ -290,7 +368,7 @@ impl State {
             epoch: self.epoch,
             start_block: o.start_block as u16,
             meta_block_count: o.meta_blocks as u16,
-            entry_count: o.data_count as u16,
+            entry_count: (o.data_count as usize + self.open_ranges.len()) as u16,
             data_block_count: o.data_count as u16,
         };
         chunk::put_header(meta, self.geo.format_id, &header);
@@ -308,6 +386,11 @@ impl State {
             };
             chunk::put_entry(meta, i as usize, &entry);
         }
+        let entry_count = o.data_count + self.open_ranges.len() as u32;
+        assert!(entry_count <= chunk::entry_capacity(o.meta_blocks));
+        for (k, e) in self.open_ranges.drain(..).enumerate() {
+            chunk::put_entry(meta, o.data_count as usize + k, &e);
+        }
         self.queue.push_back(SealedChunk {
             slot: o.slot,
             buffer: seg_buffer,
@@ -315,6 +398,7 @@ impl State {
             start_block: o.start_block,
             meta_blocks: o.meta_blocks,
             data_count: o.data_count,
+            entry_count,
         });
         self.counters.chunks_sealed += 1;
         self.segments[o.slot as usize].last_sealed_seq = o.seq;

@@ -46,6 +46,36 @@ pub struct Counters {
     pub writeback_batches: u64,
     /// Clean blocks dropped to make room.
     pub blocks_evicted: u64,
+    /// dm-writeboost's matrix, per 4 KiB block touched: read/write × hit/miss × the request
+    /// covering the whole block or part of it.
+    pub read_hits_full: u64,
+    pub read_hits_partial: u64,
+    pub read_misses_full: u64,
+    pub read_misses_partial: u64,
+    pub write_hits_full: u64,
+    pub write_hits_partial: u64,
+    pub write_misses_full: u64,
+    pub write_misses_partial: u64,
+    /// Read-miss blocks copied into the cache as clean blocks.
+    pub promotions: u64,
+    pub promotion_bytes: u64,
+    /// Read misses not promoted because their stream ran past the sequential cutoff.
+    pub promotions_sequential_skipped: u64,
+    /// Promotions given up because the cache or the backing device changed under the read,
+    /// or the log had no room.
+    pub promotions_raced: u64,
+    /// TRIM requests and bytes (they read as zeros afterwards).
+    pub discards: u64,
+    pub discard_bytes: u64,
+    pub write_zeroes: u64,
+    pub write_zeroes_bytes: u64,
+    /// Cached blocks dropped by TRIM, write-zeroes and write-around writes.
+    pub blocks_invalidated: u64,
+    /// Write requests handled in write-through and write-around mode.
+    pub write_through_writes: u64,
+    pub write_around_writes: u64,
+    /// Syncs of the backing device asked for by flushes (after writes that bypassed the log).
+    pub backing_syncs: u64,
 }
 
 impl Counters {
@@ -83,6 +113,29 @@ impl Counters {
             ("writeback_bytes", self.writeback_bytes),
             ("writeback_batches", self.writeback_batches),
             ("blocks_evicted", self.blocks_evicted),
+            ("read_hits_full", self.read_hits_full),
+            ("read_hits_partial", self.read_hits_partial),
+            ("read_misses_full", self.read_misses_full),
+            ("read_misses_partial", self.read_misses_partial),
+            ("write_hits_full", self.write_hits_full),
+            ("write_hits_partial", self.write_hits_partial),
+            ("write_misses_full", self.write_misses_full),
+            ("write_misses_partial", self.write_misses_partial),
+            ("promotions", self.promotions),
+            ("promotion_bytes", self.promotion_bytes),
+            (
+                "promotions_sequential_skipped",
+                self.promotions_sequential_skipped,
+            ),
+            ("promotions_raced", self.promotions_raced),
+            ("discards", self.discards),
+            ("discard_bytes", self.discard_bytes),
+            ("write_zeroes", self.write_zeroes),
+            ("write_zeroes_bytes", self.write_zeroes_bytes),
+            ("blocks_invalidated", self.blocks_invalidated),
+            ("write_through_writes", self.write_through_writes),
+            ("write_around_writes", self.write_around_writes),
+            ("backing_syncs", self.backing_syncs),
         ]
     }
 }
@@ -100,6 +153,8 @@ pub struct RecoveryReport {
     pub blocks_recovered: u64,
     pub metadata_bytes_read: u64,
     pub data_bytes_read: u64,
+    /// Zero ranges applied to the backing device again (see `recover.rs`).
+    pub zero_ranges_reapplied: u64,
     pub duration_us: u64,
 }
 
@@ -115,6 +170,7 @@ impl RecoveryReport {
             ("blocks_recovered", self.blocks_recovered),
             ("metadata_bytes_read", self.metadata_bytes_read),
             ("data_bytes_read", self.data_bytes_read),
+            ("zero_ranges_reapplied", self.zero_ranges_reapplied),
             ("duration_us", self.duration_us),
         ]
     }
@@ -145,4 +201,12 @@ pub struct Stats {
     pub epoch: u64,
     pub index_memory_bytes: u64,
     pub failed: Option<String>,
+    /// `cache_mode`: "write-back", "write-through" or "write-around".
+    pub mode: &'static str,
+    pub read_cache: bool,
+    /// Segments by state: holding a RAM buffer (open or being written), on the cache device
+    /// only, free.
+    pub segments_in_ram: u64,
+    pub segments_on_disk: u64,
+    pub segments_free: u64,
 }

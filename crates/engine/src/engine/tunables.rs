@@ -41,6 +41,15 @@ pub const WRITEBACK_THRESHOLD_PERCENT: usize = 1;
 pub const WRITEBACK_RATE_MAX_MIB: usize = 2;
 pub const WRITEBACK_BATCH_BLOCKS: usize = 3;
 pub const WRITEBACK_IDLE_MS: usize = 4;
+pub const CACHE_MODE: usize = 5;
+pub const READ_CACHE: usize = 6;
+pub const READ_SEQUENTIAL_CUTOFF_KIB: usize = 7;
+
+/// Values of `cache_mode`.
+pub const MODE_WRITE_BACK: u64 = 0;
+pub const MODE_WRITE_THROUGH: u64 = 1;
+pub const MODE_WRITE_AROUND: u64 = 2;
+pub const MODE_NAMES: &[&str] = &["write-back", "write-through", "write-around"];
 
 pub static SPECS: &[TunableSpec] = &[
     TunableSpec {
@@ -102,6 +111,34 @@ pub static SPECS: &[TunableSpec] = &[
         default: 1000,
         online: true,
         help: "after this long without reads or writes, write back everything at full speed (0: never)",
+    },
+    TunableSpec {
+        name: "cache_mode",
+        slot: 5,
+        kind: Kind::Choice(MODE_NAMES),
+        default: MODE_WRITE_BACK,
+        online: true,
+        help: "write-back: writes are acknowledged once in the log; write-through: once on the backing device too; write-around: writes go to the backing device only and drop cached copies. Leaving write-back drains first",
+    },
+    TunableSpec {
+        name: "read_cache",
+        slot: 6,
+        kind: Kind::Choice(&["off", "on"]),
+        default: 1,
+        online: true,
+        help: "promote read misses into the cache as clean blocks",
+    },
+    TunableSpec {
+        name: "read_sequential_cutoff_kib",
+        slot: 7,
+        kind: Kind::Number {
+            min: 0,
+            max: 1 << 30,
+            unit: "KiB",
+        },
+        default: 4096,
+        online: true,
+        help: "reads of a sequential stream past this length are not promoted (0: no cutoff)",
     },
 ];
 

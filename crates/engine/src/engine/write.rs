@@ -28,7 +28,9 @@ pub fn sector_mask(first: usize, count: usize) -> u8 {
     (((1u16 << count) - 1) << first) as u8
 }
 
-pub fn write(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
+/// Copies `data` into the log. `dirty`: the backing device does not hold it yet (write-back);
+/// otherwise the caller already wrote it there (write-through) and the blocks stay clean.
+pub fn write(inner: &Inner, offset: u64, data: &[u8], dirty: bool) -> Result<()> {
     let mut done = 0usize;
     while done < data.len() {
         let pos = offset + done as u64;
@@ -43,6 +45,7 @@ pub fn write(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
             in_block / SECTOR,
             &data[done..done + len],
             request_bytes,
+            dirty,
         )?;
         done += len;
     }
@@ -60,9 +63,11 @@ fn write_block(
     first_sector: usize,
     src: &[u8],
     request_bytes: u64,
+    dirty: bool,
 ) -> Result<()> {
     debug_assert_eq!(src.len() % SECTOR, 0);
     let new_mask = sector_mask(first_sector, src.len() / SECTOR);
+    let new_dirty = if dirty { new_mask } else { 0 };
     let in_block = first_sector * SECTOR;
     let mut disk_copy: Option<OnDiskCopy> = None;
     let mut st = inner.state.lock();
@@ -81,14 +86,13 @@ fn write_block(
                 // SAFETY: open-chunk blocks are written only under the state lock, held here.
                 unsafe { inner.buffers.slice_mut(buffer, off, src.len()) }.copy_from_slice(src);
                 let old_dirty = st.dirty_mask[c as usize];
-                if old_dirty == 0 {
+                if old_dirty == 0 && dirty {
                     st.counters.blocks_dirtied += 1;
                 }
-                st.set_dirty_mask(c, old_dirty | new_mask);
+                st.set_dirty_mask(c, old_dirty | new_dirty);
                 st.valid_mask[c as usize] |= new_mask;
-                st.counters.write_hits += 1;
                 st.counters.write_in_place += 1;
-                count_partial(&mut st, new_mask);
+                count_write(&mut st, true, new_mask);
                 return Ok(());
             }
         }
@@ -141,25 +145,38 @@ fn write_block(
         }
         dst[in_block..in_block + src.len()].copy_from_slice(src);
         st.valid_mask[nc as usize] = old_valid | new_mask;
-        st.set_dirty_mask(nc, old_dirty | new_mask);
-        if old_dirty == 0 {
+        st.set_dirty_mask(nc, old_dirty | new_dirty);
+        if old_dirty == 0 && dirty {
             st.counters.blocks_dirtied += 1;
         }
-        if let Some(prev) = st.index.insert(lba, nc) {
+        let hit = if let Some(prev) = st.index.insert(lba, nc) {
             assert_eq!(Some(prev), old);
             st.kill(prev);
-            st.counters.write_hits += 1;
+            true
         } else {
-            st.counters.write_misses += 1;
-        }
-        count_partial(&mut st, new_mask);
+            false
+        };
+        count_write(&mut st, hit, new_mask);
         return Ok(());
     }
 }
 
-fn count_partial(st: &mut State, mask: u8) {
-    if mask != FULL_MASK {
-        st.counters.write_partial += 1;
+fn count_write(st: &mut State, hit: bool, mask: u8) {
+    let c = &mut st.counters;
+    let full = mask == FULL_MASK;
+    if !full {
+        c.write_partial += 1;
+    }
+    match (hit, full) {
+        (true, true) => c.write_hits_full += 1,
+        (true, false) => c.write_hits_partial += 1,
+        (false, true) => c.write_misses_full += 1,
+        (false, false) => c.write_misses_partial += 1,
+    }
+    if hit {
+        c.write_hits += 1;
+    } else {
+        c.write_misses += 1;
     }
 }
 

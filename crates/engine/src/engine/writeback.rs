@@ -136,7 +136,11 @@ fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instant) -
         blocks: batch_max,
         rate_blocks_per_s: None,
     };
-    if st.drain_requests > 0 || st.space_waiters > 0 {
+    // Outside write-back mode dirty blocks are leftovers of it: write them back now.
+    if st.drain_requests > 0
+        || st.space_waiters > 0
+        || inner.tunables.get(tunables::CACHE_MODE) != tunables::MODE_WRITE_BACK
+    {
         return full;
     }
     let rate_max_blocks =
@@ -284,15 +288,20 @@ fn maybe_persist(inner: &Inner, st: &mut MutexGuard<'_, State>, pacer: &mut Pace
 /// overwrite, so its segment must hold the position back.) Never past the durable log: a new
 /// session's chunks reuse sequence numbers after a discarded tail.
 pub fn writeback_position(st: &State) -> u64 {
+    // Nor past a zero range not yet applied to the backing device: recovery re-applies only
+    // those after the position.
+    let limit = st
+        .zero_pending_seq
+        .map_or(st.synced_seq, |s| st.synced_seq.min(s - 1));
     let mut id = st.head_segment_id;
     while id < st.next_segment_id {
         let seg = &st.segments[st.geo.slot_of(id) as usize];
         if seg.dirty_blocks > 0 || seg.dead_by_seq > st.synced_seq {
-            return seg.first_seq.saturating_sub(1).min(st.synced_seq);
+            return seg.first_seq.saturating_sub(1).min(limit);
         }
         id += 1;
     }
-    st.synced_seq
+    limit
 }
 
 fn persist_position(inner: &Inner, st: &mut MutexGuard<'_, State>, pos: u64) -> Result<()> {
@@ -364,6 +373,8 @@ fn batch<'a>(
     max_blocks: usize,
 ) -> (MutexGuard<'a, State>, Result<u64>) {
     let max_blocks = max_blocks.min(bufs.data.len() / BLOCK);
+    // A zero range must not be overtaken by stale data (see `Inner::backing_order`).
+    let order = MutexGuard::unlocked(&mut st, || inner.backing_order.lock());
     collect(inner, &st, bufs, max_blocks);
     if bufs.blocks.is_empty() {
         return (st, Ok(0));
@@ -372,6 +383,7 @@ fn batch<'a>(
     drop(st);
     let res = copy_out(inner, bufs);
     let mut st = inner.state.lock();
+    drop(order);
     for &slot in &bufs.slots {
         inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
     }

@@ -7,8 +7,8 @@
 //!
 //! header                                   entry
 //! |  0 | 8 | magic "LCCHUNK\x01"           |  0 | 8 | lba (backing block, 4 KiB units)
-//! |  8 | 8 | format_id                     |  8 | 4 | data CRC32C (kind 1), else 0 / count
-//! | 16 | 8 | segment_id                    | 12 | 1 | kind: 0 hole, 1 data, 2 zero range
+//! |  8 | 8 | format_id                     |  8 | 4 | data CRC32C (kind 1), 0 (kind 0), count
+//! | 16 | 8 | segment_id                    | 12 | 1 | kind: 0 hole, 1 data, 2 zero, 3 drop
 //! | 24 | 8 | seq (log order, +1 per chunk) | 13 | 1 | dirty_mask (bit i: sector i dirty)
 //! | 32 | 8 | synced_seq                    | 14 | 1 | valid_mask (bit i: sector i present)
 //! | 40 | 8 | epoch                         | 15 | 1 | reserved (0)
@@ -21,8 +21,13 @@
 //! ```
 //!
 //! Hole and data entries take data blocks in order (entry k of those kinds ↔ data block k); a
-//! hole is a block dropped before its chunk was sealed. Zero-range entries (reserved for TRIM)
-//! take no data block.
+//! hole is a block dropped before its chunk was sealed. Range entries (kinds 2 and 3: `count`
+//! blocks from `lba`, the count in the CRC field) take no data block and follow the block
+//! entries. A zero range (TRIM, write-zeroes) says the blocks read as zeros; a drop range (a
+//! write that went around the cache) says the backing device holds their newest data. Either
+//! way, older cached copies of those blocks are gone. Within a chunk, ranges come before the
+//! chunk's live data in time: a block written after a range in the same chunk is the only
+//! survivor, since the range killed everything older.
 
 use super::*;
 use crate::error::{Error, Result};
@@ -36,6 +41,7 @@ const CRC_OFFSET: usize = 60;
 pub const KIND_HOLE: u8 = 0;
 pub const KIND_DATA: u8 = 1;
 pub const KIND_ZERO: u8 = 2;
+pub const KIND_DROP: u8 = 3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkHeader {
@@ -77,9 +83,33 @@ impl Entry {
         }
     }
 
+    /// A range entry: `count` blocks from `lba`, of kind `KIND_ZERO` or `KIND_DROP`.
+    pub fn range(kind: u8, lba: u64, count: u32) -> Entry {
+        assert!(kind == KIND_ZERO || kind == KIND_DROP);
+        assert!(count > 0);
+        Entry {
+            lba,
+            data_crc: count,
+            kind,
+            dirty_mask: 0,
+            valid_mask: 0,
+        }
+    }
+
     /// Whether the entry takes a data block.
     pub fn has_block(&self) -> bool {
         self.kind == KIND_HOLE || self.kind == KIND_DATA
+    }
+
+    /// Whether this is a zero or drop range.
+    pub fn is_range(&self) -> bool {
+        self.kind == KIND_ZERO || self.kind == KIND_DROP
+    }
+
+    /// Blocks a range entry covers.
+    pub fn range_blocks(&self) -> u32 {
+        debug_assert!(self.is_range());
+        self.data_crc
     }
 }
 
@@ -222,9 +252,21 @@ pub fn decode_entries(meta: &[u8], format_id: u64, h: &ChunkHeader) -> Result<Ve
         let ok = match e.kind {
             KIND_HOLE => true,
             KIND_DATA => e.valid_mask != 0 && e.dirty_mask & !e.valid_mask == 0,
-            KIND_ZERO => e.data_crc != 0,
+            KIND_ZERO | KIND_DROP => {
+                e.data_crc != 0
+                    && e.dirty_mask == 0
+                    && e.valid_mask == 0
+                    && e.lba.checked_add(e.data_crc as u64).is_some()
+            }
             _ => false,
         };
+        // Block entries first, then ranges: the flusher fills in data CRCs by position.
+        if e.has_block() && i as u32 != blocks {
+            return Err(Error::Corruption(format!(
+                "chunk seq {} entry {i} takes a data block after a range entry",
+                h.seq
+            )));
+        }
         if !ok || reserved != 0 {
             return Err(Error::Corruption(format!(
                 "chunk seq {} entry {i} is invalid: {e:?}",

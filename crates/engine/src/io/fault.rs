@@ -213,6 +213,11 @@ impl BlockDevice for FaultDevice {
         self.inner.discard(offset, len_bytes)
     }
 
+    fn write_zeroes(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        self.gate(OpKind::Write, Some((offset, len_bytes)))?;
+        self.inner.write_zeroes(offset, len_bytes)
+    }
+
     fn describe(&self) -> String {
         format!("fault-injecting {}", self.inner.describe())
     }

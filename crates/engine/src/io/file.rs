@@ -70,6 +70,8 @@ const fn ioctl_request(read: bool, ty: u32, nr: u32, size_bytes: usize) -> u32 {
 const BLKGETSIZE64: u32 = ioctl_request(true, 0x12, 114, std::mem::size_of::<usize>());
 /// `_IO(0x12, 119)`: discard a `[offset, length]` u64 pair.
 const BLKDISCARD: u32 = ioctl_request(false, 0x12, 119, 0);
+/// `_IO(0x12, 127)`: zero a `[offset, length]` u64 pair.
+const BLKZEROOUT: u32 = ioctl_request(false, 0x12, 127, 0);
 
 /// A [`BlockDevice`] on a regular file or a block device.
 ///
@@ -331,6 +333,20 @@ impl FileDevice {
         })
     }
 
+    fn blk_zeroout(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        let range: [u64; 2] = [offset, len_bytes];
+        retry_eintr(|| {
+            // SAFETY: BLKZEROOUT reads two u64s from the pointer, which `range` provides.
+            unsafe {
+                libc::ioctl(
+                    self.file.as_raw_fd(),
+                    BLKZEROOUT as libc::Ioctl,
+                    range.as_ptr(),
+                )
+            }
+        })
+    }
+
     fn blk_discard(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
         let range: [u64; 2] = [offset, len_bytes];
         retry_eintr(|| {
@@ -411,6 +427,31 @@ impl BlockDevice for FileDevice {
                 ) =>
             {
                 Ok(())
+            }
+            other => other,
+        }
+    }
+
+    fn write_zeroes(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        self.check(offset, len_bytes)?;
+        self.check_writable("write zeroes")?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        // A hole reads as zeros and frees the space; a block device zeroes in the kernel.
+        let result = if self.is_block_device {
+            self.blk_zeroout(offset, len_bytes)
+        } else {
+            self.punch_hole(offset, len_bytes)
+        };
+        match result {
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EOPNOTSUPP | libc::ENOTTY | libc::EINVAL | libc::ENOSYS)
+                ) =>
+            {
+                super::write_zero_blocks(self, offset, len_bytes)
             }
             other => other,
         }

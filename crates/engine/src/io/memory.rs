@@ -172,6 +172,11 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
 
+    fn write_zeroes(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        // Discard already zeroes exactly the range.
+        self.discard(offset, len_bytes)
+    }
+
     fn describe(&self) -> String {
         format!("memory ({} bytes)", self.size_bytes)
     }

@@ -36,8 +36,32 @@ pub trait BlockDevice: Send + Sync {
     /// Tells the device the range's contents are no longer needed; afterwards it may read as
     /// anything. Devices without discard support return Ok and do nothing.
     fn discard(&self, offset: u64, len_bytes: u64) -> io::Result<()>;
+    /// Makes the range read as zeros, like writes of zeros (durable after a later `flush`).
+    /// Devices that can deallocate while guaranteeing zeros (a hole in a file) should; the
+    /// default writes zero blocks.
+    fn write_zeroes(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        write_zero_blocks(self, offset, len_bytes)
+    }
     /// A short human description (path, "memory", ...) for messages.
     fn describe(&self) -> String;
+}
+
+/// Writes zeros over a range in 1 MiB pieces: the fallback of [`BlockDevice::write_zeroes`].
+pub fn write_zero_blocks<D: BlockDevice + ?Sized>(
+    dev: &D,
+    offset: u64,
+    len_bytes: u64,
+) -> io::Result<()> {
+    const PIECE_BYTES: u64 = 1 << 20;
+    check_range(dev.size_bytes(), offset, len_bytes)?;
+    let zeros = aligned::AlignedBuf::new(PIECE_BYTES.min(len_bytes) as usize);
+    let mut done = 0u64;
+    while done < len_bytes {
+        let n = (len_bytes - done).min(PIECE_BYTES);
+        dev.write_at(&zeros[..n as usize], offset + done)?;
+        done += n;
+    }
+    Ok(())
 }
 
 /// Checks the alignment contract shared by all devices.

@@ -406,6 +406,11 @@ impl BlockDevice for SimDevice {
         Ok(())
     }
 
+    fn write_zeroes(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        // This device's discard is a write of zeros, crash semantics included.
+        self.discard(offset, len_bytes)
+    }
+
     fn describe(&self) -> String {
         format!("sim ({} bytes)", self.shared.size_bytes)
     }

@@ -1,0 +1,274 @@
+//! IO that reaches the backing device outside writeback: write-through and write-around
+//! writes, TRIM and write-zeroes, and the backing-device syncs that flushes owe for them.
+//!
+//! The rule they all follow: before the backing device's data for a block changes, a durable
+//! log entry drops every cached copy of it (a drop or zero range). Otherwise a crash could
+//! replay an older clean copy over newer data on the backing device, and, worse, an evicted
+//! clean block's entry could come back from the log (eviction is not logged). The cost is a
+//! cache-device sync per such request, shared by concurrent ones (group commit in the flusher).
+//!
+//! A block with a dirty cached copy is written the write-back way even in the other modes:
+//! writeback may have that copy in flight to the backing device, and the new data must not
+//! race it there. Outside write-back mode writeback runs at full speed, so such blocks do not
+//! stay dirty for long.
+
+use parking_lot::MutexGuard;
+
+use super::flusher::{self, wait_durable};
+use super::state::State;
+use super::write::{self, check_usable};
+use super::Inner;
+use crate::error::{Error, Result};
+use crate::format::chunk::{Entry, KIND_DROP, KIND_ZERO};
+use crate::format::BLOCK_SIZE_BYTES;
+
+/// Zeros for the partial blocks at the ends of a zeroed range.
+static ZERO_BLOCK: [u8; BLOCK_SIZE_BYTES as usize] = [0; BLOCK_SIZE_BYTES as usize];
+
+/// Blocks `[first, end)` a byte range touches.
+fn blocks_of(offset: u64, len_bytes: u64) -> (u64, u64) {
+    (
+        offset / BLOCK_SIZE_BYTES,
+        (offset + len_bytes).div_ceil(BLOCK_SIZE_BYTES),
+    )
+}
+
+/// Whether any block of the range has a dirty cached copy.
+fn any_dirty(st: &State, first: u64, end: u64) -> bool {
+    if st.dirty_blocks == 0 {
+        return false;
+    }
+    (first..end).any(|lba| {
+        st.index
+            .get(lba)
+            .is_some_and(|c| st.dirty_mask[c as usize] != 0)
+    })
+}
+
+/// Logs range entries of `kind` over blocks `[lba, end)` and drops their cached copies, as far
+/// as the log has room. Returns the first block not logged yet (`end` when done) and the
+/// sequence of the chunk holding the first entry (0 if none was logged).
+fn log_range_some(st: &mut State, inner: &Inner, kind: u8, mut lba: u64, end: u64) -> (u64, u64) {
+    let mut seq = 0;
+    while lba < end {
+        let count = (end - lba).min(u32::MAX as u64) as u32;
+        if !st.add_range(
+            &inner.buffers,
+            Entry::range(kind, lba, count),
+            std::time::Instant::now(),
+        ) {
+            break;
+        }
+        if seq == 0 {
+            seq = st.open.seq;
+        }
+        let dropped = st.kill_range(lba, count as u64);
+        st.counters.blocks_invalidated += dropped;
+        lba += count as u64;
+    }
+    (lba, seq)
+}
+
+/// As `log_range_some`, waiting for room in the log until the whole range is logged.
+fn log_range<'a>(
+    inner: &'a Inner,
+    mut st: MutexGuard<'a, State>,
+    kind: u8,
+    first: u64,
+    end: u64,
+) -> Result<MutexGuard<'a, State>> {
+    let mut lba = first;
+    loop {
+        check_usable(&st)?;
+        (lba, _) = log_range_some(&mut st, inner, kind, lba, end);
+        if lba == end {
+            return Ok(st);
+        }
+        st = flusher::wait_for_room(inner, st)?;
+    }
+}
+
+fn backing_write(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
+    inner.backing.write_at(data, offset).map_err(|e| {
+        Error::io(
+            format!(
+                "writing {} bytes at {offset} to the backing device",
+                data.len()
+            ),
+            e,
+        )
+    })
+}
+
+/// Runs `io` against the backing device as a direct write: promotions stay off while it is in
+/// flight, and flushes learn they owe a backing-device sync.
+fn direct_io(inner: &Inner, io: impl FnOnce() -> Result<()>) -> Result<()> {
+    inner.state.lock().direct_writes_in_flight += 1;
+    let res = io();
+    let mut st = inner.state.lock();
+    st.direct_writes_in_flight -= 1;
+    st.promote_guard += 1;
+    st.backing_write_gen += 1;
+    if res.is_err() {
+        st.counters.io_errors += 1;
+    }
+    res
+}
+
+/// Write-through: the data reaches the backing device, then the log as a clean block.
+pub fn write_through(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
+    let (first, end) = blocks_of(offset, data.len() as u64);
+    let st = inner.state.lock();
+    check_usable(&st)?;
+    if any_dirty(&st, first, end) {
+        drop(st);
+        return write::write(inner, offset, data, true);
+    }
+    let mut st = log_range(inner, st, KIND_DROP, first, end)?;
+    st.counters.write_through_writes += 1;
+    drop(st);
+    wait_durable(inner)?;
+    direct_io(inner, || backing_write(inner, offset, data))?;
+    write::write(inner, offset, data, false)
+}
+
+/// Write-around: the data goes to the backing device only; cached copies are dropped.
+pub fn write_around(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
+    let (first, end) = blocks_of(offset, data.len() as u64);
+    let mut st = inner.state.lock();
+    check_usable(&st)?;
+    if any_dirty(&st, first, end) {
+        drop(st);
+        return write::write(inner, offset, data, true);
+    }
+    st.counters.writes += 1;
+    st.counters.write_bytes += data.len() as u64;
+    st.counters.write_around_writes += 1;
+    let st = log_range(inner, st, KIND_DROP, first, end)?;
+    drop(st);
+    wait_durable(inner)?;
+    direct_io(inner, || backing_write(inner, offset, data))
+}
+
+/// TRIM (`discard`) and write-zeroes: afterwards the range reads as zeros in every mode.
+///
+/// Whole blocks: a zero range is logged and made durable, dropping every cached copy, then the
+/// backing device zeroes the range (a hole where it can) and is synced. Recovery re-applies
+/// zero ranges the writeback position has not passed, so a crash between the two steps still
+/// ends with zeros. Partial blocks at the ends are written as zeros by the current mode.
+pub fn zero(
+    inner: &Inner,
+    offset: u64,
+    len_bytes: u64,
+    discard: bool,
+    write_partial: impl Fn(u64, &[u8]) -> Result<()>,
+) -> Result<()> {
+    {
+        let mut st = inner.state.lock();
+        check_usable(&st)?;
+        if discard {
+            st.counters.discards += 1;
+            st.counters.discard_bytes += len_bytes;
+        } else {
+            st.counters.write_zeroes += 1;
+            st.counters.write_zeroes_bytes += len_bytes;
+        }
+    }
+    let end_byte = offset + len_bytes;
+    let first = offset.div_ceil(BLOCK_SIZE_BYTES);
+    let end = end_byte / BLOCK_SIZE_BYTES;
+    if first >= end {
+        // Within one block, or across one boundary without a whole block.
+        let mut pos = offset;
+        while pos < end_byte {
+            let n = (BLOCK_SIZE_BYTES - pos % BLOCK_SIZE_BYTES).min(end_byte - pos);
+            write_partial(pos, &ZERO_BLOCK[..n as usize])?;
+            pos += n;
+        }
+        return Ok(());
+    }
+    let head = first * BLOCK_SIZE_BYTES - offset;
+    if head > 0 {
+        write_partial(offset, &ZERO_BLOCK[..head as usize])?;
+    }
+    let tail = end_byte - end * BLOCK_SIZE_BYTES;
+    if tail > 0 {
+        write_partial(end * BLOCK_SIZE_BYTES, &ZERO_BLOCK[..tail as usize])?;
+    }
+    zero_blocks(inner, first, end)
+}
+
+fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
+    // Writeback must not have a batch in flight: it could land stale data after the zeros. The
+    // order lock is not held while waiting for room in the log: writeback may be what makes it.
+    let mut lba = first;
+    let mut seq_min = u64::MAX;
+    let order = loop {
+        let order = inner.backing_order.lock();
+        let mut st = inner.state.lock();
+        check_usable(&st)?;
+        let (next, seq) = log_range_some(&mut st, inner, KIND_ZERO, lba, end);
+        if next > lba {
+            seq_min = seq_min.min(seq);
+            // Pending from its first entry on: the writeback position must not pass it.
+            st.zero_pending_seq = Some(st.zero_pending_seq.map_or(seq_min, |s| s.min(seq_min)));
+        }
+        lba = next;
+        if lba == end {
+            st.direct_writes_in_flight += 1;
+            break order;
+        }
+        drop(order);
+        drop(flusher::wait_for_room(inner, st)?);
+    };
+    let res = (|| {
+        wait_durable(inner)?;
+        let off = first * BLOCK_SIZE_BYTES;
+        let len = (end - first) * BLOCK_SIZE_BYTES;
+        inner.backing.write_zeroes(off, len).map_err(|e| {
+            Error::io(
+                format!("zeroing {len} bytes at {off} on the backing device"),
+                e,
+            )
+        })?;
+        inner
+            .backing
+            .flush()
+            .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))
+    })();
+    let mut st = inner.state.lock();
+    st.direct_writes_in_flight -= 1;
+    st.promote_guard += 1;
+    match &res {
+        // Applied and durable: the writeback position may pass it (unless an older failed
+        // one still holds it back; recovery re-applies that one).
+        Ok(()) => {
+            if st.zero_pending_seq == Some(seq_min) {
+                st.zero_pending_seq = None;
+            }
+        }
+        Err(_) => st.counters.io_errors += 1,
+    }
+    drop(st);
+    drop(order);
+    res
+}
+
+/// Syncs the backing device if writes reached it outside writeback since its last sync.
+pub fn sync_backing(inner: &Inner) -> Result<()> {
+    let target = {
+        let st = inner.state.lock();
+        if st.backing_synced_gen >= st.backing_write_gen {
+            return Ok(());
+        }
+        st.backing_write_gen
+    };
+    inner
+        .backing
+        .flush()
+        .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))?;
+    let mut st = inner.state.lock();
+    st.backing_synced_gen = st.backing_synced_gen.max(target);
+    st.counters.backing_syncs += 1;
+    Ok(())
+}
