@@ -20,6 +20,10 @@
 //! too (losing writes it had not synced) or fails at an IO boundary, so the order "sync the
 //! backing device, then mark clean, then persist the writeback position" is under test.
 //!
+//! The schedule also has TRIM and write-zeroes (their sectors must read as zeros if they are
+//! the newest data), reads (which promote misses as clean blocks) and cache-mode switches, so
+//! write-through and write-around writes and their drop ranges crash too.
+//!
 //! Not checked here: concurrency (one thread, manual flusher).
 
 mod common;
@@ -36,9 +40,24 @@ struct SectorModel {
     later: Vec<Vec<u64>>,
 }
 
+/// Ids of TRIM / write-zeroes operations carry this bit: their sectors read as zeros.
+const ZERO_OP: u64 = 1 << 63;
+
 impl SectorModel {
     fn allows(&self, sector: usize, id: u64) -> bool {
         self.floor[sector] == id || self.later[sector].contains(&id)
+    }
+
+    /// For a sector that reads as zeros: the zeroing operation it may come from, if any.
+    fn zero_op_allowed(&self, sector: usize) -> Option<u64> {
+        if self.floor[sector] & ZERO_OP != 0 {
+            return Some(self.floor[sector]);
+        }
+        self.later[sector]
+            .iter()
+            .rev()
+            .find(|&&id| id & ZERO_OP != 0)
+            .copied()
     }
 
     /// Writes acknowledged before a completed flush are durable: each sector's newest write
@@ -97,7 +116,7 @@ fn run_case(seed: u64) {
         }
         let ops = rng.range(5, 120);
         for _ in 0..ops {
-            match rng.below(12) {
+            match rng.below(16) {
                 0..=8 => {
                     let first = rng.below(region_sectors);
                     let count = rng.range(1, (region_sectors - first).min(48));
@@ -123,6 +142,44 @@ fn run_case(seed: u64) {
                         }
                     }
                 }
+                12 => {
+                    // TRIM or write-zeroes: the range reads as zeros afterwards.
+                    let first = rng.below(region_sectors);
+                    let count = rng.range(1, (region_sectors - first).min(64));
+                    let id = next_id | ZERO_OP;
+                    next_id += 1;
+                    for s in first..first + count {
+                        model.later[s as usize].push(id);
+                    }
+                    let fua = rng.chance(1, 10);
+                    let res = if rng.chance(1, 2) {
+                        e.discard(first * 512, count * 512, fua)
+                    } else {
+                        e.write_zeroes(first * 512, count * 512, fua)
+                    };
+                    if res.is_ok() {
+                        for s in first..first + count {
+                            acked_newest[s as usize] = Some(id);
+                        }
+                        if fua {
+                            model.flushed(&acked_newest);
+                            acked_newest.fill(None);
+                        }
+                    }
+                }
+                13 => {
+                    // Reads promote misses into the log as clean blocks.
+                    let first = rng.below(region_sectors);
+                    let count = rng.range(1, (region_sectors - first).min(64));
+                    let mut buf = vec![0u8; count as usize * 512];
+                    let _ = e.read(first * 512, &mut buf);
+                }
+                14 => {
+                    // Switching modes; leaving write-back drains (which may fail here).
+                    let mode =
+                        ["write-back", "write-through", "write-around"][rng.below(3) as usize];
+                    let _ = e.set_tunable("cache_mode", mode);
+                }
                 9 => {
                     // Writeback of durable dirty blocks; clean blocks may then be evicted, so
                     // later reads come from the backing device.
@@ -147,9 +204,19 @@ fn run_case(seed: u64) {
         e.read(0, &mut image).expect("read after recovery");
         for s in 0..n {
             let bytes = &image[s * 512..(s + 1) * 512];
-            let id = identify(s as u64, bytes).unwrap_or_else(|| {
-                panic!("cycle {cycle}: sector {s} holds bytes no write put there")
-            });
+            let id = if bytes.iter().all(|&b| b == 0) {
+                model.zero_op_allowed(s).unwrap_or_else(|| {
+                    panic!(
+                        "cycle {cycle}: sector {s} reads as zeros, but no TRIM or write-zeroes \
+                         may be its newest data (durable {}, later {:?})",
+                        model.floor[s], model.later[s]
+                    )
+                })
+            } else {
+                identify(s as u64, bytes).unwrap_or_else(|| {
+                    panic!("cycle {cycle}: sector {s} holds bytes no write put there")
+                })
+            };
             assert!(
                 model.allows(s, id),
                 "cycle {cycle}: sector {s} holds write {id}, but write {} was durable and only {:?} came after",

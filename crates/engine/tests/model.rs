@@ -1,4 +1,5 @@
-//! Model-based test: random reads, writes of any size and alignment, flushes, FUA writes,
+//! Model-based test: random reads (which promote misses), writes of any size and alignment,
+//! TRIM and write-zeroes, flushes, FUA writes, cache-mode switches, read-cache tunables,
 //! writeback, drains and clean close/reopen, checked byte for byte against a plain in-memory
 //! disk; after a drain, the backing device alone must hold the model's image.
 //!
@@ -15,6 +16,7 @@ use logcache_engine::rng::Rng;
 use logcache_engine::{Engine, OpenOptions};
 
 const KIB: u64 = 1024;
+const MODES: [&str; 3] = ["write-back", "write-through", "write-around"];
 
 fn run_case(seed: u64) {
     let mut rng = Rng::new(seed);
@@ -43,12 +45,25 @@ fn run_case(seed: u64) {
     pair.backing.write_raw(0, &model);
     let mut e = Engine::open(pair.cache(), pair.backing(), opts.clone()).unwrap();
     let ops = rng.range(100, 600);
+    let trace = std::env::var("LOGCACHE_TRACE").is_ok();
     for op in 0..ops {
         let off = rng.below(region_bytes / 512) * 512;
         let max_len = (region_bytes - off).min(64 * KIB);
         let len = rng.range(1, max_len / 512) * 512;
-        match rng.below(100) {
-            0..=49 => {
+        let what = rng.below(100);
+        if trace {
+            let s = e.stats();
+            eprintln!(
+                "op {op}: kind {what} {off}+{len} (blocks {}..{}) mode {} dirty {} seq {}",
+                off / 4096,
+                (off + len).div_ceil(4096),
+                s.mode,
+                s.dirty_blocks,
+                s.next_seq
+            );
+        }
+        match what {
+            0..=44 => {
                 let mut data = vec![0u8; len as usize];
                 rng.fill(&mut data);
                 let fua = rng.chance(1, 20);
@@ -56,7 +71,7 @@ fn run_case(seed: u64) {
                     .unwrap_or_else(|err| panic!("op {op}: write {off}+{len}: {err}"));
                 model[off as usize..(off + len) as usize].copy_from_slice(&data);
             }
-            50..=89 => {
+            45..=79 => {
                 let mut buf = vec![0u8; len as usize];
                 e.read(off, &mut buf)
                     .unwrap_or_else(|err| panic!("op {op}: read {off}+{len}: {err}"));
@@ -64,6 +79,33 @@ fn run_case(seed: u64) {
                     buf[..] == model[off as usize..(off + len) as usize],
                     "op {op}: read {off}+{len} differs from the model"
                 );
+            }
+            80..=83 => {
+                let fua = rng.chance(1, 10);
+                let res = if rng.chance(1, 2) {
+                    e.discard(off, len, fua)
+                } else {
+                    e.write_zeroes(off, len, fua)
+                };
+                res.unwrap_or_else(|err| panic!("op {op}: zero {off}+{len}: {err}"));
+                model[off as usize..(off + len) as usize].fill(0);
+            }
+            84..=85 => {
+                let mode = MODES[rng.below(3) as usize];
+                e.set_tunable("cache_mode", mode)
+                    .unwrap_or_else(|err| panic!("op {op}: mode {mode}: {err}"));
+                if mode != "write-back" {
+                    // Leaving write-back drains; staying out of it keeps nothing dirty for long.
+                    assert_eq!(e.mode(), mode);
+                }
+            }
+            86..=89 => {
+                let (name, value) = match rng.below(3) {
+                    0 => ("read_cache", if rng.chance(1, 2) { "on" } else { "off" }),
+                    1 => ("read_sequential_cutoff_kib", "8"),
+                    _ => ("read_sequential_cutoff_kib", "0"),
+                };
+                e.set_tunable(name, value).unwrap();
             }
             90..=94 => e.flush().unwrap(),
             95 => {
@@ -95,10 +137,14 @@ fn run_case(seed: u64) {
     e.close().unwrap();
     let e = Engine::open(pair.cache(), pair.backing(), opts).unwrap();
     e.read(0, &mut all).unwrap();
-    assert!(
-        all == model,
-        "image after a clean reopen differs from the model"
-    );
+    if let Some(i) = (0..all.len()).find(|&i| all[i] != model[i]) {
+        panic!(
+            "image after a clean reopen differs from the model at byte {i} (block {}): {} vs {}",
+            i / 4096,
+            all[i],
+            model[i]
+        );
+    }
     e.close().unwrap();
 }
 

@@ -28,9 +28,6 @@ pub const MAX_WORKERS_PER_CONNECTION: usize = 4;
 /// buffer worth keeping there.
 pub const PAYLOAD_POOL_BUFFERS: usize = 8;
 pub const PAYLOAD_POOL_BUFFER_MAX_BYTES: usize = 1 << 20;
-/// WRITE_ZEROES writes through the engine in pieces of at most this many bytes (the size of the
-/// one static zero buffer).
-pub const ZERO_PIECE_BYTES: usize = 1 << 20;
 
 /// A client silent this long during option haggling is dropped, so idle sockets cannot hold
 /// connection threads forever.

@@ -4,10 +4,7 @@
 use logcache_engine::{Engine, Result};
 use parking_lot::Mutex;
 
-use crate::limits::{SECTOR_BYTES, ZERO_PIECE_BYTES};
-
-/// The one zero buffer WRITE_ZEROES writes from (zero-initialised, so it costs no file space).
-static ZEROES: [u8; ZERO_PIECE_BYTES] = [0u8; ZERO_PIECE_BYTES];
+use crate::limits::SECTOR_BYTES;
 
 /// Reads `out.len()` bytes at `offset_bytes`. An unaligned range is read as the covering
 /// sector-aligned range into `scratch`, and the slice copied out.
@@ -52,9 +49,7 @@ pub(crate) fn write(
     )
 }
 
-/// Writes zeroes over `length_bytes` at `offset_bytes` through the engine, in pieces of at most
-/// `ZERO_PIECE_BYTES` from one static buffer; unaligned ends are read-modify-write. With `fua`,
-/// returns once the zeroes are durable.
+/// WRITE_ZEROES: the range reads as zeros afterwards. With `fua`, returns once durable.
 pub(crate) fn write_zeroes(
     engine: &Engine,
     unaligned_lock: &Mutex<()>,
@@ -62,68 +57,77 @@ pub(crate) fn write_zeroes(
     length_bytes: u64,
     fua: bool,
 ) -> Result<()> {
+    zero_range(
+        engine,
+        unaligned_lock,
+        offset_bytes,
+        length_bytes,
+        fua,
+        false,
+    )
+}
+
+/// TRIM: the spec leaves a trimmed range's contents unspecified; ours reads as zeros (the
+/// engine drops cached copies and the backing device gets a hole where it can).
+pub(crate) fn trim(
+    engine: &Engine,
+    unaligned_lock: &Mutex<()>,
+    offset_bytes: u64,
+    length_bytes: u64,
+    fua: bool,
+) -> Result<()> {
+    zero_range(
+        engine,
+        unaligned_lock,
+        offset_bytes,
+        length_bytes,
+        fua,
+        true,
+    )
+}
+
+/// The sector-aligned middle goes to the engine's zero operation (`discard` for TRIM); bytes
+/// of partial sectors at the ends are zeroed by read-modify-write.
+fn zero_range(
+    engine: &Engine,
+    unaligned_lock: &Mutex<()>,
+    offset_bytes: u64,
+    length_bytes: u64,
+    fua: bool,
+    discard: bool,
+) -> Result<()> {
+    if length_bytes == 0 {
+        return Ok(());
+    }
     let end_bytes = offset_bytes + length_bytes;
     let aligned_start_bytes = offset_bytes.next_multiple_of(SECTOR_BYTES);
     let aligned_end_bytes = end_bytes - end_bytes % SECTOR_BYTES;
+    let zero_bytes = |start: u64, end: u64| {
+        modify(engine, unaligned_lock, start, end - start, false, |range| {
+            range.fill(0)
+        })
+    };
     if aligned_start_bytes >= aligned_end_bytes {
         // No whole sector inside: one small read-modify-write.
-        if length_bytes > 0 {
-            modify(
-                engine,
-                unaligned_lock,
-                offset_bytes,
-                length_bytes,
-                false,
-                |range| range.fill(0),
-            )?;
-        }
+        zero_bytes(offset_bytes, end_bytes)?;
     } else {
         if offset_bytes < aligned_start_bytes {
-            let head_bytes = aligned_start_bytes - offset_bytes;
-            modify(
-                engine,
-                unaligned_lock,
-                offset_bytes,
-                head_bytes,
-                false,
-                |range| range.fill(0),
-            )?;
+            zero_bytes(offset_bytes, aligned_start_bytes)?;
         }
-        let mut position_bytes = aligned_start_bytes;
-        while position_bytes < aligned_end_bytes {
-            let piece_bytes = (aligned_end_bytes - position_bytes).min(ZERO_PIECE_BYTES as u64);
-            engine.write(position_bytes, &ZEROES[..piece_bytes as usize], false)?;
-            position_bytes += piece_bytes;
+        let middle_bytes = aligned_end_bytes - aligned_start_bytes;
+        if discard {
+            engine.discard(aligned_start_bytes, middle_bytes, false)?;
+        } else {
+            engine.write_zeroes(aligned_start_bytes, middle_bytes, false)?;
         }
         if aligned_end_bytes < end_bytes {
-            let tail_bytes = end_bytes - aligned_end_bytes;
-            modify(
-                engine,
-                unaligned_lock,
-                aligned_end_bytes,
-                tail_bytes,
-                false,
-                |range| range.fill(0),
-            )?;
+            zero_bytes(aligned_end_bytes, end_bytes)?;
         }
     }
     if fua {
-        // The engine's flush covers every write that returned before it, so one flush makes
-        // all the pieces durable.
+        // The engine's flush covers every piece that returned before it.
         engine.flush()?;
     }
-    Ok(())
-}
-
-/// TRIM: the spec leaves the contents of a trimmed range unspecified, so doing nothing is a
-/// correct implementation (and FUA has nothing to persist).
-// TODO(issue 3): pass the range to the engine's discard once it exists.
-pub(crate) fn trim(
-    _engine: &Engine,
-    _offset_bytes: u64,
-    _length_bytes: u64,
-    _fua: bool,
-) -> Result<()> {
     Ok(())
 }
 

@@ -146,7 +146,13 @@ fn run(connection: &Connection, job: Job, out: &mut Vec<u8>) {
             length_bytes,
             fua,
         ),
-        (Command::Trim, _) => ops::trim(engine, offset_bytes, length_bytes, fua),
+        (Command::Trim, _) => ops::trim(
+            engine,
+            &server.unaligned_write_lock,
+            offset_bytes,
+            length_bytes,
+            fua,
+        ),
         (command, _) => {
             debug_assert!(false, "{command:?} is never queued for a worker");
             Err(logcache_engine::Error::InvalidArgument(format!(

@@ -145,6 +145,7 @@ pub fn format(
             cut_seq: 0,
             end_seq: 0,
             writeback_seq: 0,
+            zero_applied_seq: 0,
         },
         tunables: {
             let mut t = PersistedTunables::default();

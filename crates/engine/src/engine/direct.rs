@@ -47,9 +47,16 @@ fn any_dirty(st: &State, first: u64, end: u64) -> bool {
 
 /// Logs range entries of `kind` over blocks `[lba, end)` and drops their cached copies, as far
 /// as the log has room. Returns the first block not logged yet (`end` when done) and the
-/// sequence of the chunk holding the first entry (0 if none was logged).
-fn log_range_some(st: &mut State, inner: &Inner, kind: u8, mut lba: u64, end: u64) -> (u64, u64) {
+/// sequences of the chunks holding the first and the last entry (0 if none was logged).
+fn log_range_some(
+    st: &mut State,
+    inner: &Inner,
+    kind: u8,
+    mut lba: u64,
+    end: u64,
+) -> (u64, u64, u64) {
     let mut seq = 0;
+    let mut last_seq = 0;
     while lba < end {
         let count = (end - lba).min(u32::MAX as u64) as u32;
         if !st.add_range(
@@ -62,11 +69,12 @@ fn log_range_some(st: &mut State, inner: &Inner, kind: u8, mut lba: u64, end: u6
         if seq == 0 {
             seq = st.open.seq;
         }
+        last_seq = st.open.seq;
         let dropped = st.kill_range(lba, count as u64);
         st.counters.blocks_invalidated += dropped;
         lba += count as u64;
     }
-    (lba, seq)
+    (lba, seq, last_seq)
 }
 
 /// As `log_range_some`, waiting for room in the log until the whole range is logged.
@@ -80,7 +88,7 @@ fn log_range<'a>(
     let mut lba = first;
     loop {
         check_usable(&st)?;
-        (lba, _) = log_range_some(&mut st, inner, kind, lba, end);
+        (lba, _, _) = log_range_some(&mut st, inner, kind, lba, end);
         if lba == end {
             return Ok(st);
         }
@@ -203,13 +211,15 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
     // order lock is not held while waiting for room in the log: writeback may be what makes it.
     let mut lba = first;
     let mut seq_min = u64::MAX;
+    let mut seq_max = 0;
     let order = loop {
         let order = inner.backing_order.lock();
         let mut st = inner.state.lock();
         check_usable(&st)?;
-        let (next, seq) = log_range_some(&mut st, inner, KIND_ZERO, lba, end);
+        let (next, seq, last) = log_range_some(&mut st, inner, KIND_ZERO, lba, end);
         if next > lba {
             seq_min = seq_min.min(seq);
+            seq_max = last;
             // Pending from its first entry on: the writeback position must not pass it.
             st.zero_pending_seq = Some(st.zero_pending_seq.map_or(seq_min, |s| s.min(seq_min)));
         }
@@ -234,20 +244,44 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
         inner
             .backing
             .flush()
-            .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))
+            .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))?;
+        // Recovery must not apply it again: writes that reach the backing device after it
+        // (write-around) are in no log, and zeros applied again would wipe them. An older
+        // zero range whose application failed holds the mark back (it is re-applied).
+        let older_pending = inner
+            .state
+            .lock()
+            .zero_pending_seq
+            .is_some_and(|s| s < seq_min);
+        if !older_pending {
+            inner.superblock.update(|s| {
+                s.checkpoint.zero_applied_seq = s.checkpoint.zero_applied_seq.max(seq_max)
+            })?;
+            inner.state.lock().counters.superblock_writes += 1;
+        }
+        Ok(())
     })();
     let mut st = inner.state.lock();
     st.direct_writes_in_flight -= 1;
     st.promote_guard += 1;
     match &res {
-        // Applied and durable: the writeback position may pass it (unless an older failed
-        // one still holds it back; recovery re-applies that one).
+        // Applied and durable: the writeback position may pass it.
         Ok(()) => {
             if st.zero_pending_seq == Some(seq_min) {
                 st.zero_pending_seq = None;
             }
         }
-        Err(_) => st.counters.io_errors += 1,
+        // Writes after a zero range that is logged but not applied could be wiped when
+        // recovery applies it again: stop here instead; the next open applies it.
+        Err(e) => {
+            st.counters.io_errors += 1;
+            if st.failed.is_none() {
+                st.failed = Some(format!(
+                    "a TRIM or write-zeroes could not be applied to the backing device ({e}); restart to apply it again"
+                ));
+            }
+            inner.progress.notify_all();
+        }
     }
     drop(st);
     drop(order);

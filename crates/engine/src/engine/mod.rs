@@ -155,6 +155,24 @@ impl Engine {
         }
         let epoch = sb.checkpoint.epoch + 1;
         let last_seq = recovered.last_seq;
+        // Zero ranges a crash may have kept from the backing device (between logging and
+        // applying them): apply them again, in log order, before anything can write there.
+        if !recovered.zero_ranges.is_empty() {
+            for &(lba, count) in &recovered.zero_ranges {
+                let (off, len) = (lba * BLOCK_SIZE_BYTES, count * BLOCK_SIZE_BYTES);
+                backing.write_zeroes(off, len).map_err(|e| {
+                    Error::io(
+                        format!("re-applying a logged zero range ({len} bytes at {off}) to the backing device"),
+                        e,
+                    )
+                })?;
+            }
+            recovered.write_back_distrusted(&geo, &*cache, &*backing)?;
+            backing
+                .flush()
+                .map_err(|e| Error::io(format!("syncing {}", backing.describe()), e))?;
+            recovered.distrusted_written_back();
+        }
         let superblock = SuperblockWriter::new(cache.clone(), sb);
         // Before anything new is written: the new epoch and the cut, so chunks a crash left
         // after `last_seq` can never rejoin the log. The sync also makes durable every chunk
@@ -166,27 +184,12 @@ impl Engine {
             // Sequences after the cut are reused by this session: a writeback position past
             // it would make their new dirty chunks replay as clean.
             s.checkpoint.writeback_seq = s.checkpoint.writeback_seq.min(last_seq);
+            // Every zero range in the recovered log is applied now (above, or before).
+            s.checkpoint.zero_applied_seq = last_seq;
             s.checkpoint.end_seq = 0;
             s.checkpoint.head_segment_id = recovered.head_segment_id;
             s.checkpoint.head_seq = recovered.head_seq;
         })?;
-        // Zero ranges the writeback position did not pass may be missing on the backing device
-        // (a crash between logging and applying them): apply them again, in log order, before
-        // writeback can put later data there.
-        if !recovered.zero_ranges.is_empty() {
-            for &(lba, count) in &recovered.zero_ranges {
-                let (off, len) = (lba * BLOCK_SIZE_BYTES, count * BLOCK_SIZE_BYTES);
-                backing.write_zeroes(off, len).map_err(|e| {
-                    Error::io(
-                        format!("re-applying a logged zero range ({len} bytes at {off}) to the backing device"),
-                        e,
-                    )
-                })?;
-            }
-            backing
-                .flush()
-                .map_err(|e| Error::io(format!("syncing {}", backing.describe()), e))?;
-        }
         recovered.report.zero_ranges_reapplied = recovered.zero_ranges.len() as u64;
         recovered.report.duration_us = started.elapsed().as_micros() as u64;
         let report = recovered.report.clone();

@@ -54,9 +54,14 @@ pub struct Recovered {
     dirty_blocks: u64,
     /// The persisted writeback position: chunks up to it replay as clean.
     writeback_seq: u64,
-    /// Zero ranges (first block, count) after the writeback position, in log order: the
-    /// backing device may not have them, so open applies them again before anything else.
+    zero_applied_seq: u64,
+    /// Zero ranges (first block, count) after both the writeback position and the checkpoint's
+    /// `zero_applied_seq`, in log order: a crash cut their application short, so open applies
+    /// them again before anything else.
     pub zero_ranges: Vec<(u64, u64)>,
+    /// Blocks logged as (partly) clean after a zero range to apply again: the zeros may undo
+    /// their "clean", so open writes them back (cache block, lba) before anything else.
+    pub distrusted: Vec<(u32, u64)>,
     blocks_per_segment: u32,
     pub report: RecoveryReport,
 }
@@ -419,7 +424,9 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
         ],
         dirty_blocks: 0,
         writeback_seq: cp.writeback_seq,
+        zero_applied_seq: cp.zero_applied_seq,
         zero_ranges: Vec::new(),
+        distrusted: Vec::new(),
         blocks_per_segment: geo.blocks_per_segment,
         report: RecoveryReport::default(),
     };
@@ -562,12 +569,12 @@ impl Recovered {
         for e in entries.iter().filter(|e| e.is_range()) {
             check_replayable(geo, h, e)?;
             self.drop_range(e.lba, e.range_blocks() as u64);
-            if e.kind == KIND_ZERO && !written_back {
+            if e.kind == KIND_ZERO && !written_back && h.seq > self.zero_applied_seq {
                 self.zero_ranges.push((e.lba, e.range_blocks() as u64));
             }
         }
         // Once a zero range is to be applied again, a later block's "clean" may be undone by
-        // it: such blocks replay dirty, and writeback puts them back after the zeros.
+        // it: such blocks replay dirty, and open writes them back after the zeros.
         let distrust_clean = !self.zero_ranges.is_empty();
         let mut blk = h.start_block as u32 + h.meta_block_count as u32;
         for e in entries.iter().filter(|e| e.has_block()) {
@@ -583,6 +590,9 @@ impl Recovered {
                     let dirty_mask = if written_back {
                         0
                     } else if distrust_clean {
+                        if e.dirty_mask != e.valid_mask {
+                            self.distrusted.push((c, e.lba));
+                        }
                         e.valid_mask
                     } else {
                         e.dirty_mask
@@ -600,6 +610,53 @@ impl Recovered {
             }
         }
         Ok(())
+    }
+
+    /// After the zero ranges were applied again: writes the distrusted blocks still indexed
+    /// back to the backing device (it is synced by the caller), so their "clean" holds.
+    pub fn write_back_distrusted(
+        &self,
+        geo: &Geometry,
+        cache: &dyn BlockDevice,
+        backing: &dyn BlockDevice,
+    ) -> Result<()> {
+        let mut buf = AlignedBuf::new(BLOCK);
+        for &(c, lba) in &self.distrusted {
+            if self.index.lba_of(c) != Some(lba) {
+                continue; // replaced later in the log
+            }
+            let off = geo.block_offset(c);
+            cache
+                .read_at(&mut buf, off)
+                .map_err(|e| Error::io(format!("reading cache block {c} (lba {lba})"), e))?;
+            if crc_block(geo.format_id, lba, &buf) != self.data_crc[c as usize] {
+                return Err(Error::Corruption(format!(
+                    "cache block {c} (backing block {lba}) fails its checksum"
+                )));
+            }
+            let valid = self.valid_mask[c as usize];
+            for s in 0..8usize {
+                if valid & (1 << s) != 0 {
+                    let at = lba * BLOCK as u64 + (s * 512) as u64;
+                    backing
+                        .write_at(&buf[s * 512..(s + 1) * 512], at)
+                        .map_err(|e| Error::io(format!("writing back block {lba}"), e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the distrusted blocks clean again once `write_back_distrusted` is synced.
+    pub fn distrusted_written_back(&mut self) {
+        for (c, lba) in std::mem::take(&mut self.distrusted) {
+            if self.index.lba_of(c) == Some(lba) && self.dirty_mask[c as usize] != 0 {
+                let slot = self.index_geo_slot(c);
+                self.dirty_mask[c as usize] = 0;
+                self.dirty_blocks -= 1;
+                self.segments[slot].dirty_blocks -= 1;
+            }
+        }
     }
 
     /// Accounts for cache block `c` leaving the index.

@@ -59,6 +59,9 @@ pub struct Checkpoint {
     /// Every chunk with a sequence at or below this has been written back (0: none). Writeback
     /// advances it; until then it stays 0.
     pub writeback_seq: u64,
+    /// Every zero range (TRIM, write-zeroes) in a chunk at or below this is applied to the
+    /// backing device and synced there: recovery applies only later ones again.
+    pub zero_applied_seq: u64,
 }
 
 /// Slots in the superblock's tunables area.
@@ -126,6 +129,7 @@ impl Superblock {
         put_u64(&mut b, 160, c.cut_seq);
         put_u64(&mut b, 168, c.end_seq);
         put_u64(&mut b, 176, c.writeback_seq);
+        put_u64(&mut b, 184, c.zero_applied_seq);
         put_u32(&mut b, TUNABLES_OFFSET, self.tunables.present_mask);
         for (i, v) in self.tunables.values.iter().enumerate() {
             put_u64(&mut b, TUNABLES_OFFSET + 8 + 8 * i, *v);
@@ -178,6 +182,7 @@ impl Superblock {
                 cut_seq: get_u64(b, 160),
                 end_seq: get_u64(b, 168),
                 writeback_seq: get_u64(b, 176),
+                zero_applied_seq: get_u64(b, 184),
             },
             tunables: PersistedTunables {
                 present_mask: get_u32(b, TUNABLES_OFFSET),
@@ -292,6 +297,7 @@ mod tests {
                 cut_seq: 12,
                 end_seq: 20,
                 writeback_seq: 0,
+                zero_applied_seq: 7,
             },
             tunables: {
                 let mut t = PersistedTunables::default();
