@@ -36,6 +36,10 @@ impl Served {
         gauge("segment_size_bytes", s.segment_size_bytes as f64);
         gauge("segment_count", s.segment_count as f64);
         gauge("segments_in_use", s.segments_in_use as f64);
+        gauge("segments_in_ram", s.segments_in_ram as f64);
+        gauge("segments_on_disk", s.segments_on_disk as f64);
+        gauge("segments_free", s.segments_free as f64);
+        gauge("read_cache", s.read_cache as u64 as f64);
         gauge("cache_blocks", s.cache_blocks as f64);
         gauge("cached_blocks", s.cached_blocks as f64);
         gauge("dirty_blocks", s.dirty_blocks as f64);
@@ -94,13 +98,8 @@ impl Served {
             .into_iter()
             .map(|t| (t.name.to_string(), Value::String(t.value)))
             .collect();
-        let mode = tunables
-            .iter()
-            .find(|(n, _)| n == "cache_mode")
-            .and_then(|(_, v)| v.as_str().map(str::to_string))
-            .unwrap_or_else(|| "write-back".into());
         let mut extra = vec![
-            ("mode".to_string(), Value::String(mode)),
+            ("mode".to_string(), Value::String(s.mode.to_string())),
             (
                 "state".to_string(),
                 Value::String(match &s.failed {

@@ -337,6 +337,58 @@ fn set_tunable_persists_across_restart() {
 }
 
 #[test]
+fn cache_modes_switch_online_drain_first_and_persist() {
+    let mut disk = Disk::new("s-modes", &["--set", "writeback_idle_ms=0"]);
+    let ctl = disk.ctl();
+    qemu_io_ok(&disk.uri(), &["write -P 0x5a 1M 2M"]);
+    assert!(u64_of(&status_json(Path::new(&ctl)), "dirty_blocks") > 0);
+    // Leaving write-back drains first: when `set` returns, the backing file holds the data.
+    let out = logcache_ok(&["set", "--control", &ctl, "cache_mode=write-through"]);
+    assert_eq!(out.trim(), "cache_mode=write-through");
+    let s = status_json(Path::new(&ctl));
+    assert_eq!(s["mode"], "write-through", "{s}");
+    assert_eq!(u64_of(&s, "dirty_blocks"), 0, "{s}");
+    let backing = Path::new(&disk.backing);
+    assert!(read_at(backing, MIB, 2 * MIB as usize)
+        .iter()
+        .all(|&b| b == 0x5a));
+    // Write-through: acknowledged once on the backing device too, and cached.
+    qemu_io_ok(&disk.uri(), &["write -P 0x66 4M 256k"]);
+    assert!(read_at(backing, 4 * MIB, 256 << 10)
+        .iter()
+        .all(|&b| b == 0x66));
+    let s = status_json(Path::new(&ctl));
+    assert_eq!(u64_of(&s, "dirty_blocks"), 0, "{s}");
+    assert!(u64_of(&s, "write_through_writes") > 0, "{s}");
+    // Write-around: the backing device only; the cached copies are dropped.
+    logcache_ok(&["set", "--control", &ctl, "cache_mode=write-around"]);
+    let cached_before = u64_of(&status_json(Path::new(&ctl)), "cached_blocks");
+    qemu_io_ok(
+        &disk.uri(),
+        &["write -P 0x77 4M 256k", "read -P 0x77 4M 256k"],
+    );
+    assert!(read_at(backing, 4 * MIB, 256 << 10)
+        .iter()
+        .all(|&b| b == 0x77));
+    let s = status_json(Path::new(&ctl));
+    assert!(u64_of(&s, "write_around_writes") > 0, "{s}");
+    assert!(u64_of(&s, "blocks_invalidated") >= 64, "{s}");
+    assert!(u64_of(&s, "cached_blocks") <= cached_before, "{s}");
+    // TRIM reaches the backing file as zeros.
+    qemu_io_ok(&disk.uri(), &["discard 1M 1M", "read -P 0 1M 1M"]);
+    assert!(read_at(backing, MIB, MIB as usize).iter().all(|&b| b == 0));
+    assert!(read_at(backing, 2 * MIB, MIB as usize)
+        .iter()
+        .all(|&b| b == 0x5a));
+    // The mode is a persisted tunable.
+    disk.stop();
+    disk.start(&[]);
+    let s = status_json(Path::new(&disk.ctl()));
+    assert_eq!(s["mode"], "write-around", "{s}");
+    qemu_io_ok(&disk.uri(), &["read -P 0x77 4M 256k", "read -P 0 1M 1M"]);
+}
+
+#[test]
 fn metrics_endpoint() {
     let disk = Disk::new("s-metrics", &["--metrics", "127.0.0.1:0"]);
     qemu_io_ok(&disk.uri(), &["write -P 0x12 0 1M"]);

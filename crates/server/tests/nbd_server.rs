@@ -135,6 +135,85 @@ fn nbdcopy_round_trips_an_image() {
 }
 
 #[test]
+fn trim_and_write_zeroes_read_as_zeros_in_every_mode_and_reach_the_backing_device() {
+    let fixture = Fixture::start("trim-modes");
+    for (i, mode) in ["write-back", "write-through", "write-around"]
+        .iter()
+        .enumerate()
+    {
+        fixture.engine.set_tunable("cache_mode", mode).unwrap();
+        let base = (i as u64) << 22;
+        let script = format!(
+            r#"
+base = {base}
+h.pwrite(b"\x77" * (1 << 20), base)
+assert h.pread(1 << 20, base) == b"\x77" * (1 << 20)
+# TRIM with unaligned ends, and write-zeroes; both must read as zeros afterwards.
+h.trim(65536 + 1000, base + 3000)
+h.zero(8192, base + 512 * 1024, nbd.CMD_FLAG_FUA)
+data = h.pread(1 << 20, base)
+assert data[:3000] == b"\x77" * 3000
+assert data[3000:3000 + 66536] == bytes(66536), "trimmed range"
+assert data[3000 + 66536:512 * 1024] == b"\x77" * (512 * 1024 - 69536)
+assert data[512 * 1024:512 * 1024 + 8192] == bytes(8192), "zeroed range"
+assert data[512 * 1024 + 8192:] == b"\x77" * (512 * 1024 - 8192)
+h.flush()
+"#
+        );
+        nbdsh(&fixture.uri(), &[], &script).expect_success(&format!("nbdsh trim ({mode})"));
+        // After a drain the backing device alone holds the same image.
+        fixture.engine.drain(|_| {}).unwrap();
+        let mut raw = vec![0u8; 1 << 20];
+        fixture.devices.backing.read_at(&mut raw, base).unwrap();
+        let mut expect = vec![0x77u8; 1 << 20];
+        expect[3000..3000 + 66536].fill(0);
+        expect[512 * 1024..512 * 1024 + 8192].fill(0);
+        assert!(raw == expect, "backing device after drain ({mode})");
+    }
+    let c = fixture.engine.stats().counters;
+    assert_eq!(c.discards, 3, "{c:?}");
+    assert_eq!(c.write_zeroes, 3, "{c:?}");
+    assert!(c.blocks_invalidated > 0, "{c:?}");
+    assert!(
+        c.write_through_writes > 0 && c.write_around_writes > 0,
+        "{c:?}"
+    );
+}
+
+#[test]
+fn read_misses_are_promoted_and_long_streams_are_not() {
+    let fixture = Fixture::start("promote");
+    fixture
+        .devices
+        .backing
+        .write_at(&vec![0x3c; 8 << 20], 0)
+        .unwrap();
+    let script = r#"
+# Random 4 KiB reads: promoted, then served from the cache.
+for i in range(64):
+    assert h.pread(4096, (i * 37 % 64) * 65536) == b"<" * 4096
+# A sequential stream of 8 MiB in 64 KiB reads: past the 4 MiB cutoff, no longer promoted.
+for i in range(128):
+    assert h.pread(65536, (8 << 20) + i * 65536) == bytes(65536)
+"#;
+    nbdsh(&fixture.uri(), &[], script).expect_success("nbdsh reads");
+    let c = fixture.engine.stats().counters;
+    assert!(c.promotions >= 64 + 1024, "{c:?}");
+    assert!(
+        c.promotions < 64 + 2048,
+        "the stream past the cutoff was promoted: {c:?}"
+    );
+    assert!(c.promotions_sequential_skipped > 0, "{c:?}");
+    // Reading the random blocks again hits the cache.
+    let hits_before = c.read_hits;
+    let mut buf = vec![0u8; 4096];
+    for i in 0..64u64 {
+        fixture.engine.read(i * 65536, &mut buf).unwrap();
+    }
+    assert_eq!(fixture.engine.stats().counters.read_hits - hits_before, 64);
+}
+
+#[test]
 fn flush_on_one_connection_is_visible_on_another() {
     let fixture = Fixture::start("multi-conn");
     let script = format!(

@@ -72,21 +72,47 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         n("segment_size_bytes") / 1024
     );
     println!(
-        "  reads: {} requests ({} block hits, {} block misses), {:.1} MiB",
-        n("reads"),
-        n("read_hits"),
-        n("read_misses"),
-        mib(n("read_bytes"))
+        "  segments: {} in RAM, {} on the cache device, {} free",
+        n("segments_in_ram"),
+        n("segments_on_disk"),
+        n("segments_free")
     );
     println!(
-        "  writes: {} requests ({} block hits, {} block misses, {} partial), {:.1} MiB; {} flushes, {} FUA",
+        "  reads: {} requests, {:.1} MiB; blocks: hits {} full + {} partial, misses {} full + {} partial",
+        n("reads"),
+        mib(n("read_bytes")),
+        n("read_hits_full"),
+        n("read_hits_partial"),
+        n("read_misses_full"),
+        n("read_misses_partial")
+    );
+    println!(
+        "  read cache: {}, {} blocks promoted ({} requests past the sequential cutoff, {} raced)",
+        if n("read_cache") == 1 { "on" } else { "off" },
+        n("promotions"),
+        n("promotions_sequential_skipped"),
+        n("promotions_raced")
+    );
+    println!(
+        "  writes: {} requests, {:.1} MiB; blocks: hits {} full + {} partial, misses {} full + {} partial; {} flushes, {} FUA",
         n("writes"),
-        n("write_hits"),
-        n("write_misses"),
-        n("write_partial"),
         mib(n("write_bytes")),
+        n("write_hits_full"),
+        n("write_hits_partial"),
+        n("write_misses_full"),
+        n("write_misses_partial"),
         n("flushes"),
         n("fua_writes")
+    );
+    println!(
+        "  discards: {} ({:.1} MiB), write-zeroes: {} ({:.1} MiB), {} cached blocks dropped; {} write-through, {} write-around writes",
+        n("discards"),
+        mib(n("discard_bytes")),
+        n("write_zeroes"),
+        mib(n("write_zeroes_bytes")),
+        n("blocks_invalidated"),
+        n("write_through_writes"),
+        n("write_around_writes")
     );
     let rate = match (n("writeback_full_speed"), n("writeback_rate_blocks_per_s")) {
         (1, _) => "running at full speed".to_string(),
@@ -94,8 +120,10 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         (_, r) => format!("paced at {r} blocks/s"),
     };
     println!(
-        "  writeback: {} blocks written back, now {rate}",
-        n("writeback_blocks")
+        "  writeback: {} blocks ({:.1} MiB) written back in {} batches, now {rate}",
+        n("writeback_blocks"),
+        mib(n("writeback_bytes")),
+        n("writeback_batches")
     );
     if let Some(e) = s["writeback_error"].as_str() {
         println!("  WRITEBACK FAILING: {e}");
