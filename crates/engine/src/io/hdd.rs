@@ -64,7 +64,8 @@ impl HddParams {
         60_000_000 / u64::from(self.rpm.max(1))
     }
 
-    fn check(&self) -> io::Result<()> {
+    /// Rejects parameters the model cannot use, as `InvalidInput`.
+    pub fn check(&self) -> io::Result<()> {
         let bad = |what: String| Err(io::Error::new(io::ErrorKind::InvalidInput, what));
         if self.rpm == 0 || self.rpm > 60_000_000 {
             return bad(format!(
