@@ -21,6 +21,7 @@ fn manual(ram: u64) -> OpenOptions {
         ram_buffer_bytes: ram,
         manual_flusher: true,
         seal_interval_ms: Some(0),
+        ..OpenOptions::default()
     }
 }
 

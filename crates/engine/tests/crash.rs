@@ -86,6 +86,7 @@ fn run_case(seed: u64) {
         ram_buffer_bytes: segment * rng.range(2, 4),
         manual_flusher: true,
         seal_interval_ms: Some(0),
+        ..OpenOptions::default()
     };
     let pair = SimPair::new(cache_bytes, 4 << 20, segment);
     // Write id 0 is the backing device's original content.

@@ -25,6 +25,7 @@ fn manual() -> OpenOptions {
         ram_buffer_bytes: 2 * SEG,
         manual_flusher: true,
         seal_interval_ms: Some(0),
+        ..OpenOptions::default()
     }
 }
 

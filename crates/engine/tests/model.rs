@@ -37,6 +37,7 @@ fn run_case(seed: u64) {
         ram_buffer_bytes: segment * rng.range(2, 6),
         manual_flusher: !threaded,
         seal_interval_ms: Some(0),
+        ..OpenOptions::default()
     };
     let pair = SimPair::new(cache_bytes, backing_bytes, segment);
     // Random initial backing content, so reads that merge with it are checked too.

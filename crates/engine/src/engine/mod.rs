@@ -70,6 +70,9 @@ pub struct OpenOptions {
     /// Run no background thread: flushing happens inside `flush`, `run_flusher` and writers
     /// that need room. Deterministic, for simulation tests.
     pub manual_flusher: bool,
+    /// Benchmarks only: false writes dirty blocks back in log order, one IO per block, to
+    /// measure what sorting buys.
+    pub writeback_sorted: bool,
 }
 
 impl Default for OpenOptions {
@@ -78,6 +81,7 @@ impl Default for OpenOptions {
             ram_buffer_bytes: RAM_BUFFER_DEFAULT_BYTES,
             seal_interval_ms: None,
             manual_flusher: false,
+            writeback_sorted: true,
         }
     }
 }
@@ -98,6 +102,8 @@ pub(crate) struct Inner {
     pub pins: Vec<AtomicU32>,
     pub superblock: SuperblockWriter,
     pub manual: bool,
+    /// `OpenOptions::writeback_sorted`.
+    pub writeback_sorted: bool,
     pub tunables: Tunables,
     pub recovery: RecoveryReport,
     /// Serialises inline flusher rounds in manual mode.
@@ -208,6 +214,7 @@ impl Engine {
             pins,
             superblock,
             manual: opts.manual_flusher,
+            writeback_sorted: opts.writeback_sorted,
             tunables,
             recovery: report,
             flusher_lock: Mutex::new(()),

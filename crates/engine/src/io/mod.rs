@@ -2,12 +2,14 @@
 //!
 //! Implementations: [`file::FileDevice`] (a regular file or block device, O_DIRECT where the file
 //! system allows it), [`memory::MemDevice`] (RAM), and for tests [`sim::SimDevice`] (loses and
-//! tears unsynced writes on a simulated crash) and [`fault::FaultDevice`] (a wrapper that injects
-//! errors). Wrappers add cross-cutting behaviour; the engine never touches a file descriptor.
+//! tears unsynced writes on a simulated crash), [`fault::FaultDevice`] (a wrapper that injects
+//! errors) and [`hdd::HddDevice`] (a wrapper that emulates a hard disk's timing, for benchmarks).
+//! Wrappers add cross-cutting behaviour; the engine never touches a file descriptor.
 
 pub mod aligned;
 pub mod fault;
 pub mod file;
+pub mod hdd;
 pub mod memory;
 pub mod sim;
 
