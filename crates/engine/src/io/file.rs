@@ -334,27 +334,22 @@ impl FileDevice {
     }
 
     fn blk_zeroout(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
-        let range: [u64; 2] = [offset, len_bytes];
-        retry_eintr(|| {
-            // SAFETY: BLKZEROOUT reads two u64s from the pointer, which `range` provides.
-            unsafe {
-                libc::ioctl(
-                    self.file.as_raw_fd(),
-                    BLKZEROOUT as libc::Ioctl,
-                    range.as_ptr(),
-                )
-            }
-        })
+        self.blk_range_ioctl(BLKZEROOUT, offset, len_bytes)
     }
 
     fn blk_discard(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        self.blk_range_ioctl(BLKDISCARD, offset, len_bytes)
+    }
+
+    /// An ioctl that takes a `[offset, length]` u64 pair (BLKDISCARD, BLKZEROOUT).
+    fn blk_range_ioctl(&self, request: u32, offset: u64, len_bytes: u64) -> io::Result<()> {
         let range: [u64; 2] = [offset, len_bytes];
         retry_eintr(|| {
-            // SAFETY: BLKDISCARD reads two u64s from the pointer, which `range` provides.
+            // SAFETY: the request reads two u64s from the pointer, which `range` provides.
             unsafe {
                 libc::ioctl(
                     self.file.as_raw_fd(),
-                    BLKDISCARD as libc::Ioctl,
+                    request as libc::Ioctl,
                     range.as_ptr(),
                 )
             }
