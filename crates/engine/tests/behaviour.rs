@@ -275,7 +275,7 @@ fn tunables_are_checked_and_persisted() {
     };
     assert_eq!(get("writeback_threshold_percent"), "25");
     assert_eq!(get("writeback_rate_max_mib"), "7");
-    assert_eq!(get("writeback_batch_blocks"), "1024");
+    assert_eq!(get("writeback_batch_blocks"), "4096");
     e.close().unwrap();
 }
 

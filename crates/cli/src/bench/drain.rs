@@ -3,7 +3,8 @@
 //!
 //! The backing device is an EMULATED 7200 rpm hard disk (`HddDevice` over memory: it sleeps as
 //! long as a disk would take); the cache device is memory. One seeded set of distinct random
-//! blocks spread over the whole backing device, always written in the same order, is measured
+//! blocks spread over the first `--span-mib` of the backing device (all of it by default), always
+//! written in the same order, is measured
 //! four ways:
 //! (a) the same writes issued straight to the emulated disk, one by one, then a flush;
 //! (b) written through the engine with writeback held off, then `drain` with
@@ -32,16 +33,18 @@ const BLOCK_BYTES: u64 = 4096;
 /// Size of the memory cache device: room for the dirty set and the writer's blocks without
 /// reclaim pressure (allocated lazily).
 const CACHE_BYTES: u64 = 1 << 30;
-/// Mixed into `--seed` for the disk's rotational delays, so they differ from the addresses'
-/// stream but are the same in every case.
-const HDD_SEED_SALT: u64 = 0x4844_4420_726f_7461;
 
 #[derive(Args)]
 pub struct DrainBenchArgs {
-    /// Dirty 4 KiB blocks to drain (distinct, random over the whole backing device).
+    /// Dirty 4 KiB blocks to drain (distinct, random over the first --span-mib of the backing
+    /// device).
     #[arg(long, default_value_t = 3500)]
     blocks: u64,
-    /// Seed of the block addresses and of the disk's rotational delays.
+    /// The region the dirty blocks are spread over, MiB from the start of the backing device;
+    /// default: all of it. Smaller spans mean denser dirty data.
+    #[arg(long)]
+    span_mib: Option<u64>,
+    /// Seed of the block addresses.
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Print one JSON object instead of tables.
@@ -59,12 +62,15 @@ pub struct DrainBenchArgs {
     /// Emulated disk: shortest seek (head settle), µs.
     #[arg(long, default_value_t = HddParams::default().settle_us)]
     settle_us: u64,
-    /// Emulated disk: seek across the whole device, µs.
+    /// Emulated disk: seek across the whole platter (1 TB), µs.
     #[arg(long, default_value_t = HddParams::default().full_stroke_us)]
     full_stroke_us: u64,
     /// Emulated disk: transfer rate, MB/s (10^6 bytes).
     #[arg(long, default_value_t = HddParams::default().bandwidth_bytes_per_s / 1_000_000)]
     bandwidth_mb_s: u64,
+    /// Emulated disk: queued requests it reorders among.
+    #[arg(long, default_value_t = HddParams::default().ncq_depth)]
+    ncq_depth: usize,
     /// Foreground writer: writes per second.
     #[arg(long, default_value_t = 2000)]
     writer_rate: u64,
@@ -104,10 +110,21 @@ pub fn run(args: &DrainBenchArgs) -> anyhow::Result<()> {
         .context("--backing-gib is too large")?;
     let exported_bytes = label_offset(backing_bytes).context("--backing-gib must be at least 1")?;
     let exported_blocks = exported_bytes / BLOCK_BYTES;
+    let span_blocks = match args.span_mib {
+        None => exported_blocks,
+        Some(mib) => {
+            let blocks = mib.saturating_mul(1 << 20) / BLOCK_BYTES;
+            anyhow::ensure!(
+                (1..=exported_blocks).contains(&blocks),
+                "--span-mib must be from 1 MiB to the backing device's size"
+            );
+            blocks
+        }
+    };
     anyhow::ensure!(args.blocks >= 1, "--blocks must be at least 1");
     anyhow::ensure!(
-        args.blocks <= exported_blocks / 2,
-        "--blocks must be at most half the backing device's {exported_blocks} blocks"
+        args.blocks <= span_blocks / 2,
+        "--blocks must be at most half the span's {span_blocks} blocks"
     );
     anyhow::ensure!(args.writer_rate >= 1, "--writer-rate must be at least 1");
     anyhow::ensure!(
@@ -124,7 +141,7 @@ pub fn run(args: &DrainBenchArgs) -> anyhow::Result<()> {
         settle_us: args.settle_us,
         full_stroke_us: args.full_stroke_us,
         bandwidth_bytes_per_s: args.bandwidth_mb_s.saturating_mul(1_000_000),
-        seed: args.seed ^ HDD_SEED_SALT,
+        ncq_depth: args.ncq_depth,
         ..HddParams::default()
     };
     hdd.check().context("the emulated disk's parameters")?;
@@ -137,7 +154,7 @@ pub fn run(args: &DrainBenchArgs) -> anyhow::Result<()> {
         }
         None => tunables::SPECS[tunables::WRITEBACK_BATCH_BLOCKS].default,
     };
-    let lbas = dirty_set(args.seed, args.blocks, exported_blocks);
+    let lbas = dirty_set(args.seed, args.blocks, span_blocks);
     let bench = Bench {
         args,
         batch_blocks,
@@ -148,15 +165,19 @@ pub fn run(args: &DrainBenchArgs) -> anyhow::Result<()> {
     };
     if !args.json {
         println!(
-            "{} random 4 KiB blocks ({:.1} MiB) over {} GiB, seed {}, writeback batches of {batch_blocks} blocks; backing: emulated {} rpm disk (settle {} us, full stroke {} us, {} MB/s); cache: memory",
+            "{} random 4 KiB blocks ({:.1} MiB) over {} MiB ({:.1}% dense) of a {} GiB device, seed {}, writeback batches of {batch_blocks} blocks; backing: emulated {} rpm disk (settle {} us, full stroke {} us over {} GB, {} MB/s, NCQ {}); cache: memory",
             args.blocks,
             (args.blocks * BLOCK_BYTES) as f64 / (1 << 20) as f64,
+            (span_blocks * BLOCK_BYTES) >> 20,
+            args.blocks as f64 * 100.0 / span_blocks as f64,
             args.backing_gib,
             args.seed,
             args.rpm,
             args.settle_us,
             args.full_stroke_us,
-            args.bandwidth_mb_s
+            hdd.platter_bytes / 1_000_000_000,
+            args.bandwidth_mb_s,
+            hdd.ncq_depth
         );
     }
     let direct = bench.direct().context("(a) writing straight to the disk")?;
@@ -205,14 +226,17 @@ pub fn run(args: &DrainBenchArgs) -> anyhow::Result<()> {
             "blocks": args.blocks,
             "block_size_bytes": BLOCK_BYTES,
             "backing_size_bytes": backing_bytes,
+            "span_bytes": span_blocks * BLOCK_BYTES,
             "seed": args.seed,
             "writeback_batch_blocks": batch_blocks,
             "hdd": {
                 "rpm": hdd.rpm,
                 "settle_us": hdd.settle_us,
                 "full_stroke_us": hdd.full_stroke_us,
+                "platter_bytes": hdd.platter_bytes,
                 "bandwidth_bytes_per_s": hdd.bandwidth_bytes_per_s,
                 "flush_us": hdd.flush_us,
+                "ncq_depth": hdd.ncq_depth,
             },
             "direct": pass(&direct),
             "drain_unsorted": pass(&unsorted),
@@ -381,6 +405,7 @@ impl Bench<'_> {
             hdd: HddStats {
                 ios: after.ios - before.ios,
                 busy_us: after.busy_us - before.busy_us,
+                queued_max: after.queued_max,
             },
         })
     }

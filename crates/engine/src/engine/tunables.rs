@@ -44,6 +44,7 @@ pub const WRITEBACK_IDLE_MS: usize = 4;
 pub const CACHE_MODE: usize = 5;
 pub const READ_CACHE: usize = 6;
 pub const READ_SEQUENTIAL_CUTOFF_KIB: usize = 7;
+pub const WRITEBACK_IO_DEPTH: usize = 8;
 
 /// Values of `cache_mode`.
 pub const MODE_WRITE_BACK: u64 = 0;
@@ -96,7 +97,7 @@ pub static SPECS: &[TunableSpec] = &[
             max: 8192,
             unit: "4K blocks",
         },
-        default: 1024,
+        default: 4096,
         online: true,
         help: "blocks per writeback batch; each batch ends with a sync of the backing device",
     },
@@ -139,6 +140,18 @@ pub static SPECS: &[TunableSpec] = &[
         default: 4096,
         online: true,
         help: "reads of a sequential stream past this length are not promoted (0: no cutoff)",
+    },
+    TunableSpec {
+        name: "writeback_io_depth",
+        slot: 8,
+        kind: Kind::Number {
+            min: 1,
+            max: 64,
+            unit: "IOs",
+        },
+        default: 16,
+        online: true,
+        help: "writeback writes in flight to the backing device at once; a disk serves a queue in its own best order and never misses the next sector while it waits for us",
     },
 ];
 
