@@ -38,12 +38,14 @@ const CACHE_BYTES: u64 = 1 << 30;
 pub struct DrainBenchArgs {
     /// Dirty 4 KiB blocks to drain (distinct, random over the first --span-mib of the backing
     /// device).
-    #[arg(long, default_value_t = 3500)]
+    #[arg(long, default_value_t = 4096)]
     blocks: u64,
-    /// The region the dirty blocks are spread over, MiB from the start of the backing device;
-    /// default: all of it. Smaller spans mean denser dirty data.
-    #[arg(long)]
-    span_mib: Option<u64>,
+    /// The region the dirty blocks are spread over, MiB from the start of the backing device
+    /// (0: all of it). The default, 16 MiB dirty over 128 MiB, has the density of a full cache
+    /// in front of a disk 8 times its size (the default `serve` layout); what matters to the
+    /// disk is the density, not the size.
+    #[arg(long, default_value_t = 128)]
+    span_mib: u64,
     /// Seed of the block addresses.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -56,6 +58,9 @@ pub struct DrainBenchArgs {
     /// Writeback batch size (the writeback_batch_blocks tunable); default: the engine's.
     #[arg(long)]
     batch_blocks: Option<u64>,
+    /// Writeback writes in flight (the writeback_io_depth tunable); default: the engine's.
+    #[arg(long)]
+    io_depth: Option<u64>,
     /// Emulated disk: spindle speed.
     #[arg(long, default_value_t = HddParams::default().rpm)]
     rpm: u32,
@@ -111,8 +116,8 @@ pub fn run(args: &DrainBenchArgs) -> anyhow::Result<()> {
     let exported_bytes = label_offset(backing_bytes).context("--backing-gib must be at least 1")?;
     let exported_blocks = exported_bytes / BLOCK_BYTES;
     let span_blocks = match args.span_mib {
-        None => exported_blocks,
-        Some(mib) => {
+        0 => exported_blocks,
+        mib => {
             let blocks = mib.saturating_mul(1 << 20) / BLOCK_BYTES;
             anyhow::ensure!(
                 (1..=exported_blocks).contains(&blocks),
@@ -154,10 +159,19 @@ pub fn run(args: &DrainBenchArgs) -> anyhow::Result<()> {
         }
         None => tunables::SPECS[tunables::WRITEBACK_BATCH_BLOCKS].default,
     };
+    let io_depth = match args.io_depth {
+        Some(d) => {
+            tunables::parse("writeback_io_depth", &d.to_string())
+                .context("--io-depth")?
+                .1
+        }
+        None => tunables::SPECS[tunables::WRITEBACK_IO_DEPTH].default,
+    };
     let lbas = dirty_set(args.seed, args.blocks, span_blocks);
     let bench = Bench {
         args,
         batch_blocks,
+        io_depth,
         backing_bytes,
         hdd,
         lbas,
@@ -165,7 +179,7 @@ pub fn run(args: &DrainBenchArgs) -> anyhow::Result<()> {
     };
     if !args.json {
         println!(
-            "{} random 4 KiB blocks ({:.1} MiB) over {} MiB ({:.1}% dense) of a {} GiB device, seed {}, writeback batches of {batch_blocks} blocks; backing: emulated {} rpm disk (settle {} us, full stroke {} us over {} GB, {} MB/s, NCQ {}); cache: memory",
+            "{} random 4 KiB blocks ({:.1} MiB) over {} MiB ({:.1}% dense) of a {} GiB device, seed {}, writeback batches of {batch_blocks} blocks, {io_depth} IOs in flight; backing: emulated {} rpm disk (settle {} us, full stroke {} us over {} GB, {} MB/s, NCQ {}); cache: memory",
             args.blocks,
             (args.blocks * BLOCK_BYTES) as f64 / (1 << 20) as f64,
             (span_blocks * BLOCK_BYTES) >> 20,
@@ -229,6 +243,7 @@ pub fn run(args: &DrainBenchArgs) -> anyhow::Result<()> {
             "span_bytes": span_blocks * BLOCK_BYTES,
             "seed": args.seed,
             "writeback_batch_blocks": batch_blocks,
+            "writeback_io_depth": io_depth,
             "hdd": {
                 "rpm": hdd.rpm,
                 "settle_us": hdd.settle_us,
@@ -313,6 +328,7 @@ fn stamp(buf: &mut [u8], lba: u64) {
 struct Bench<'a> {
     args: &'a DrainBenchArgs,
     batch_blocks: u64,
+    io_depth: u64,
     backing_bytes: u64,
     hdd: HddParams,
     lbas: Vec<u64>,
@@ -373,6 +389,9 @@ impl Bench<'_> {
         engine
             .set_tunable("writeback_batch_blocks", &self.batch_blocks.to_string())
             .context("--batch-blocks")?;
+        engine
+            .set_tunable("writeback_io_depth", &self.io_depth.to_string())
+            .context("--io-depth")?;
         let mut data = self.data();
         for &lba in &self.lbas {
             stamp(&mut data, lba);
