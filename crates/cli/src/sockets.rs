@@ -11,3 +11,40 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener> {
     remove_stale_socket(path)?;
     UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
 }
+
+/// NBD has no authentication here and we serve it without TLS: anyone who reaches the port can
+/// read and overwrite the whole disk. So TCP serving is loopback-only unless the operator says
+/// the network is trusted (`--allow-remote`). Every address `addr` resolves to must be loopback.
+pub fn check_tcp_listen(addr: &str, allow_remote: bool) -> Result<()> {
+    if allow_remote {
+        return Ok(());
+    }
+    use std::net::ToSocketAddrs;
+    let resolved: Vec<_> = addr
+        .to_socket_addrs()
+        .with_context(|| format!("--listen {addr}: not a HOST:PORT address that resolves"))?
+        .collect();
+    if let Some(remote) = resolved.iter().find(|a| !a.ip().is_loopback()) {
+        anyhow::bail!(
+            "refusing to serve NBD on {addr} ({}): it is not a loopback address, and NBD has no authentication or encryption, so anyone who can reach it could read and overwrite the disk; listen on 127.0.0.1 or a Unix socket, or add --allow-remote if the network is trusted",
+            remote.ip()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_tcp_listen;
+
+    #[test]
+    fn only_loopback_without_allow_remote() {
+        check_tcp_listen("127.0.0.1:0", false).unwrap();
+        check_tcp_listen("[::1]:0", false).unwrap();
+        check_tcp_listen("localhost:0", false).unwrap();
+        let e = check_tcp_listen("0.0.0.0:10809", false).unwrap_err();
+        assert!(e.to_string().contains("--allow-remote"), "{e}");
+        assert!(check_tcp_listen("192.0.2.1:10809", false).is_err());
+        check_tcp_listen("0.0.0.0:10809", true).unwrap();
+    }
+}

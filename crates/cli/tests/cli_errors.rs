@@ -323,6 +323,34 @@ fn serve_with_a_bad_listen_address() {
     );
 }
 
+/// NBD has no authentication: a non-loopback TCP address needs --allow-remote.
+#[test]
+fn serve_on_a_non_loopback_address_needs_allow_remote() {
+    let dir = TestDir::new("e-remote");
+    let (cache, backing) = formatted_pair(&dir, 16 * MIB, 64 * MIB);
+    let args = [
+        "serve",
+        "--cache",
+        &cache,
+        "--backing",
+        &backing,
+        "--listen",
+        "0.0.0.0:0",
+    ];
+    let line = fails_with(1, &args, &["0.0.0.0:0", "loopback", "--allow-remote"]);
+    assert!(line.contains("authentication"), "{line}");
+    let served = Served::start(&[
+        "--cache",
+        &cache,
+        "--backing",
+        &backing,
+        "--listen",
+        "0.0.0.0:0",
+        "--allow-remote",
+    ]);
+    assert!(served.stop().status.success());
+}
+
 #[test]
 fn cache_already_served_by_another_process() {
     let dir = TestDir::new("e-inuse");

@@ -31,9 +31,13 @@ pub struct ServeArgs {
     /// Serve NBD on this Unix socket.
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Serve NBD on this TCP address (HOST:PORT).
+    /// Serve NBD on this TCP address (HOST:PORT); loopback only unless --allow-remote.
     #[arg(long)]
     pub listen: Option<String>,
+    /// Allow --listen on a non-loopback address. NBD has no authentication or encryption:
+    /// whoever reaches the port can read and overwrite the disk. Use only on a trusted network.
+    #[arg(long)]
+    pub allow_remote: bool,
     /// The control socket for status/set/drain (default: beside the cache, `<cache>.ctl`).
     #[arg(long)]
     pub control: Option<PathBuf>,
@@ -104,6 +108,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let signals = block_termination_signals()?;
     let tunable_sets = parse_assignments(&args.set)?;
     let plan = plan(args)?;
+    if let Some(addr) = &plan.listen {
+        crate::sockets::check_tcp_listen(addr, args.allow_remote)?;
+    }
     if plan.embedded {
         defaults::ensure_files()?;
     }
