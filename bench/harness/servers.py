@@ -1,0 +1,211 @@
+"""The servers the experiments measure, each on a Unix socket in the run's temp dir.
+
+- logcache serve (after logcache format), its cache file on /var/tmp or /dev/shm;
+- the emulated hard disk: `logcache sim-hdd`;
+- nbdkit: null, memory, file, and the cache filter in write-back mode over the nbd plugin.
+"""
+
+import json
+import os
+import re
+import subprocess
+
+from .procs import run_tracked
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+
+def parse_size(s):
+    if isinstance(s, int):
+        return s
+    m = re.fullmatch(r"(\d+)([KMGT]?)i?B?", str(s).strip(), re.I)
+    if not m:
+        raise ValueError(f"bad size {s!r}")
+    mult = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()]
+    return int(m.group(1)) * mult
+
+
+def make_file(path, size, allocate=False):
+    """A file of `size` bytes: sparse, or with its blocks allocated (fallocate)."""
+    if os.path.exists(path):
+        os.unlink(path)
+    with open(path, "wb") as f:
+        f.truncate(size)
+    if allocate:
+        subprocess.run(["fallocate", "-l", str(size), path], check=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The emulated hard disk
+
+
+def sim_hdd_available(ctx):
+    if ctx.force_hdd_standin:
+        return False
+    if not hasattr(ctx, "_sim_hdd"):
+        rc, out, err = run_tracked([ctx.bin, "sim-hdd", "--help"], timeout=30)
+        ctx._sim_hdd = rc == 0
+        ctx._sim_hdd_help = out
+    return ctx._sim_hdd
+
+
+def hdd_model(ctx):
+    """What the emulated disk is, for the report: its kind and its parameters (defaults read
+    from `logcache sim-hdd --help`, overridden by what the harness passes)."""
+    if sim_hdd_available(ctx):
+        params = {}
+        for line in ctx._sim_hdd_help.splitlines():
+            m = re.match(r"\s+--([a-z0-9-]+)\s.*\[default: ([^\]]+)\]", line)
+            if m and m.group(1) not in ("file", "size", "socket", "listen"):
+                params[m.group(1)] = m.group(2)
+        params.update({k: str(v) for k, v in ctx.hdd_options.items()})
+        return {"kind": "logcache sim-hdd", "params": params}
+    return {
+        "kind": "TEMPORARY STAND-IN (logcache sim-hdd not available in this build): nbdkit file "
+                "plugin with --filter=noparallel (one request at a time) and --filter=delay "
+                "(5 ms per read and per write)",
+        "params": {"rdelay": "5ms", "wdelay": "5ms", "serialize": "requests"},
+    }
+
+
+def start_sim_hdd(ctx, name, size, path=None):
+    """Starts the emulated hard disk over a sparse file of `size` bytes; returns the Proc."""
+    size = parse_size(size)
+    path = path or os.path.join(ctx.tmp, f"{name}.img")
+    sock = os.path.join(ctx.tmp, f"{name}.sock")
+    make_file(path, size)
+    if sim_hdd_available(ctx):
+        argv = [ctx.bin, "sim-hdd", "--file", path, "--size", str(size), "--socket", sock]
+        for k, v in ctx.hdd_options.items():
+            argv += [f"--{k}", str(v)]
+    else:
+        # TEMPORARY STAND-IN until `logcache sim-hdd` is on main (then this branch is unused):
+        # a 5 ms delay per request, one request at a time (~200 IOPS, like a 7200 rpm disk's
+        # random IOPS; no seek model at all).
+        argv = ["nbdkit", "--exit-with-parent", "-f", "-U", sock, "--filter=noparallel",
+                "--filter=delay", "file", path, "wdelay=5ms", "rdelay=5ms", "serialize=requests"]
+    return ctx.start(name, argv, sock)
+
+
+# ---------------------------------------------------------------------------------------------
+# nbdkit
+
+
+def start_nbdkit(ctx, name, plugin_args, filters=(), env=None):
+    sock = os.path.join(ctx.tmp, f"{name}.sock")
+    argv = ["nbdkit", "--exit-with-parent", "-f", "-U", sock]
+    argv += [f"--filter={f}" for f in filters]
+    argv += list(plugin_args)
+    return ctx.start(name, argv, sock, env=env)
+
+
+def start_null(ctx, name, size):
+    return start_nbdkit(ctx, name, ["null", str(parse_size(size))])
+
+
+def start_memory(ctx, name, size):
+    return start_nbdkit(ctx, name, ["memory", str(parse_size(size))])
+
+
+def start_file(ctx, name, path, cache_none=True):
+    """nbdkit's file plugin. cache=none keeps the data out of the page cache (each write goes to
+    the device), the nearest nbdkit has to fio's direct=1."""
+    args = ["file", path]
+    if cache_none:
+        args.append("cache=none")
+    return start_nbdkit(ctx, name, args)
+
+
+def start_cache_filter(ctx, name, upstream_sock, cache_dir):
+    """nbdkit's cache filter, cache=writeback, over the nbd plugin connected to upstream_sock.
+    Its cache is a temporary file in cache_dir (TMPDIR)."""
+    os.makedirs(cache_dir, exist_ok=True)
+    return start_nbdkit(
+        ctx, name, ["nbd", f"socket={upstream_sock}", "cache=writeback"], filters=["cache"],
+        env={"TMPDIR": cache_dir},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# logcache
+
+
+class Logcache:
+    """A formatted cache file and the `logcache serve` process in front of a backing device."""
+
+    def __init__(self, ctx, name, cache_path, cache_size, backing, segment_size=None, sets=(),
+                 allocate=False):
+        self.ctx = ctx
+        self.name = name
+        self.cache_path = cache_path
+        self.cache_size = parse_size(cache_size)
+        self.backing = backing
+        self.segment_size = segment_size
+        self.sets = list(sets)
+        self.allocate = allocate
+        self.sock = os.path.join(ctx.tmp, f"{name}.sock")
+        self.control = os.path.join(ctx.tmp, f"{name}.ctl")
+        self.proc = None
+        self.format_seconds = None
+
+    @property
+    def uri(self):
+        return f"nbd+unix:///?socket={self.sock}"
+
+    def create_cache_file(self):
+        make_file(self.cache_path, self.cache_size, allocate=self.allocate)
+
+    def format(self):
+        argv = [self.ctx.bin, "format", "--cache", self.cache_path, "--backing", self.backing,
+                "--force"]
+        if self.segment_size:
+            argv += ["--segment-size", str(self.segment_size)]
+        self.format_seconds = self.ctx.run_checked(argv, timeout=600)
+        return self.format_seconds
+
+    def serve_argv(self):
+        argv = [self.ctx.bin, "serve", "--cache", self.cache_path, "--backing", self.backing,
+                "--socket", self.sock, "--control", self.control]
+        for s in self.sets:
+            argv += ["--set", s]
+        return argv
+
+    def serve(self, timeout=600):
+        self.proc = self.ctx.start(self.name, self.serve_argv(), self.sock, timeout=timeout)
+        return self.proc
+
+    def start_fresh(self, recreate_file=False):
+        """Stops serve if running, (re)formats an empty cache and serves it."""
+        self.stop()
+        if recreate_file or not os.path.exists(self.cache_path):
+            self.create_cache_file()
+        self.format()
+        return self.serve()
+
+    def stop(self, kill=False):
+        if self.proc is not None:
+            if kill:
+                self.ctx.procs.kill(self.proc)
+            else:
+                self.ctx.procs.stop(self.proc, timeout=120)
+            self.proc = None
+
+    def remove(self):
+        self.stop()
+        if os.path.exists(self.cache_path):
+            os.unlink(self.cache_path)
+
+    def status(self):
+        rc, out, err = run_tracked([self.ctx.bin, "status", "--control", self.control, "--json"],
+                                   timeout=60)
+        if rc != 0:
+            raise RuntimeError(f"logcache status failed: {err}")
+        return json.loads(out)
+
+    def set(self, *kv):
+        self.ctx.run_checked([self.ctx.bin, "set", "--control", self.control, *kv], timeout=3600)
+
+    def drain(self):
+        return self.ctx.run_checked([self.ctx.bin, "drain", "--control", self.control],
+                                    timeout=3600)
