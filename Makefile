@@ -1,7 +1,7 @@
 # The two commands the README promises: `make run` and `make test`.
 CARGO ?= cargo
 
-.PHONY: run test setup build bench-engine fmt lint
+.PHONY: run test setup build bench-engine bench-smoke bench-quick bench-full fmt lint
 
 ## Install what is missing on this machine (system packages; the Rust toolchain is assumed).
 setup:
@@ -20,6 +20,22 @@ test: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace
+	$(MAKE) bench-smoke
+
+## The benchmark harness (bench/run; see bench/README.md). bench-smoke runs every experiment at
+## tiny sizes into a temp dir and checks that each produced well-formed rows (docs/ untouched);
+## bench-quick (under 5 minutes) and bench-full regenerate docs/BENCHMARKS.md and bench/results/.
+bench-smoke: setup
+	$(CARGO) build --release -p logcache
+	./bench/run --smoke --no-build
+
+bench-quick: setup
+	$(CARGO) build --release -p logcache
+	./bench/run --quick --no-build
+
+bench-full: setup
+	$(CARGO) build --release -p logcache
+	./bench/run --full --no-build
 
 bench-engine: build
 	./target/release/logcache bench engine --seconds 10

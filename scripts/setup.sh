@@ -28,3 +28,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     $sudo_cmd apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
 fi
+
+# Python packages the benchmark harness (bench/run) needs, for the python3 on PATH.
+if ! command -v python3 >/dev/null 2>&1; then
+    echo "setup: python3 is not installed; bench/run needs it" >&2
+    exit 1
+fi
+if ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
+    python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../bench/requirements.txt" ||
+        python3 -m pip install -q --disable-pip-version-check --break-system-packages \
+            -r "$(dirname "$0")/../bench/requirements.txt"
+fi

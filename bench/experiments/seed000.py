@@ -13,7 +13,7 @@ import os
 
 from harness.context import pick
 from harness.contenders import Contender, alternate, mean_by
-from harness.report import fmt, fmt_int, plt, table
+from harness.report import fmt, fmt_int, human, plt, table
 from harness.servers import GiB, MiB, Logcache, make_file, start_file, start_null, start_sim_hdd
 
 NAME = "seed000"
@@ -134,7 +134,7 @@ def render(res, charts):
         "The seed's fio job (4 KiB `randwrite`, `iodepth=64`, `direct=1`, `norandommap`) through "
         f"fio's nbd engine, over a {p['hdd_size'] / GiB:.0f} GiB region, {rounds} round(s) with "
         "the contenders alternated (order rotated each round). The cache device is a file on "
-        f"/var/tmp ({p['cache_size'] / GiB:.0f} GiB, allocated with fallocate) served by "
+        f"/var/tmp ({human(p['cache_size'])}, allocated with fallocate) served by "
         "`nbdkit file cache=none` for (2) and (4); logcache's cache files are the same size "
         "(on /dev/shm for (5)), formatted afresh before each of its measurements, and fio stops "
         "after writing three quarters of the cache (`io_size`) or at the time limit, so the "

@@ -76,6 +76,21 @@ class Context:
         return rc, out, err
 
     # -- cleanup ---------------------------------------------------------------------------
+    def remove_scratch(self):
+        """Deletes an experiment's files (disk images, fio output), keeping the server logs."""
+        for d in (self.tmp, self.shm):
+            for name in os.listdir(d):
+                path = os.path.join(d, name)
+                if name == "logs":
+                    continue
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
+
     def cleanup(self):
         self.procs.stop_all()
         for d in (self.tmp, self.shm):

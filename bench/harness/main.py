@@ -183,6 +183,7 @@ def main(argv):
                 continue
             finally:
                 ctx.procs.stop_all()
+                ctx.remove_scratch()
             secs = time.monotonic() - t
             res = {
                 "experiment": name,

@@ -43,6 +43,14 @@ def fmt_int(v):
     return "–" if v is None else f"{v:,.0f}"
 
 
+def human(n):
+    """Bytes as the largest binary unit that keeps a whole number: 4 GiB, 256 MiB."""
+    for unit, mult in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= mult and n % mult == 0:
+            return f"{n // mult} {unit}"
+    return f"{n:,} bytes"
+
+
 def fmt(v, nd=2):
     if v is None:
         return "–"

@@ -55,10 +55,19 @@ def hdd_model(ctx):
     from `logcache sim-hdd --help`, overridden by what the harness passes)."""
     if sim_hdd_available(ctx):
         params = {}
+        # Clap's help: an option line, then possibly wrapped continuation lines.
+        blocks, cur = [], None
         for line in ctx._sim_hdd_help.splitlines():
-            m = re.match(r"\s+--([a-z0-9-]+)\s.*\[default: ([^\]]+)\]", line)
-            if m and m.group(1) not in ("file", "size", "socket", "listen"):
-                params[m.group(1)] = m.group(2)
+            m = re.match(r"\s+(?:-\w, )?--([a-z0-9-]+)\b(.*)", line)
+            if m:
+                cur = [m.group(1), m.group(2)]
+                blocks.append(cur)
+            elif cur is not None:
+                cur[1] += " " + line.strip()
+        for name, text in blocks:
+            m = re.search(r"\[default: ([^\]]+)\]", text)
+            if m and name not in ("file", "size", "socket", "listen", "help"):
+                params[name] = m.group(1)
         params.update({k: str(v) for k, v in ctx.hdd_options.items()})
         return {"kind": "logcache sim-hdd", "params": params}
     return {
@@ -117,12 +126,15 @@ def start_file(ctx, name, path, cache_none=True):
     return start_nbdkit(ctx, name, args)
 
 
-def start_cache_filter(ctx, name, upstream_sock, cache_dir):
+def start_cache_filter(ctx, name, upstream_sock, cache_dir, block_size="4K"):
     """nbdkit's cache filter, cache=writeback, over the nbd plugin connected to upstream_sock.
-    Its cache is a temporary file in cache_dir (TMPDIR)."""
+    Its cache is a temporary file in cache_dir (TMPDIR). Its cache block defaults to 64 KiB (or
+    the file system's block), so a 4 KiB write to an uncached block reads the whole block from
+    the disk first; block_size (cache-min-block-size) sets it to the 4 KiB the jobs write."""
     os.makedirs(cache_dir, exist_ok=True)
     return start_nbdkit(
-        ctx, name, ["nbd", f"socket={upstream_sock}", "cache=writeback"], filters=["cache"],
+        ctx, name, ["nbd", f"socket={upstream_sock}", "cache=writeback",
+                    f"cache-min-block-size={block_size}"], filters=["cache"],
         env={"TMPDIR": cache_dir},
     )
 
