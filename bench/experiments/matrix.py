@@ -31,7 +31,7 @@ def params(ctx):
         "smoke": {"bs": ["4k", "1m"], "rw": ["randwrite", "randread"], "iodepth": [1, 16],
                   "runtime": 1, "span": 64 * MiB, "cache_size": 512 * MiB, "hdd_size": 1 * GiB},
         "quick": {"bs": ["4k", "1m"], "rw": ["write", "randwrite", "randread"], "iodepth": [1, 32],
-                  "runtime": 1.5, "span": 1 * GiB, "cache_size": 4 * GiB, "hdd_size": 16 * GiB},
+                  "runtime": 1, "span": 1 * GiB, "cache_size": 4 * GiB, "hdd_size": 16 * GiB},
         "full": {"bs": ["4k", "16k", "64k", "256k", "1m", "4m"], "rw": RW_ORDER,
                  "iodepth": [1, 16, 32, 64, 128], "runtime": 5, "span": 4 * GiB,
                  "cache_size": 12 * GiB, "hdd_size": 16 * GiB},
@@ -138,6 +138,10 @@ def render(res, charts):
                     ax.plot([r["bs_bytes"] / 1024 for r in pts], [r["mb_s"] for r in pts], style,
                             color=color, marker="o", label=f"{LABELS[c]} qd{d}")
         ax.set_xscale("log", base=2)
+        ticks = sorted({r["bs_bytes"] / 1024 for r in rows})
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([f"{t:g}" for t in ticks])
+        ax.minorticks_off()
         ax.set_yscale("log")
         ax.set_xlabel("block size KiB")
         ax.set_title(rw)

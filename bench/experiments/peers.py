@@ -29,7 +29,7 @@ def params(ctx):
     return pick(ctx, {
         "smoke": {"hdd_size": 1 * GiB, "cache_size": 512 * MiB, "runtime": 1, "rounds": 1,
                   "read_span": 16 * MiB, "jobs": ["randwrite-4k", "randread-4k"]},
-        "quick": {"hdd_size": 16 * GiB, "cache_size": 4 * GiB, "runtime": 4, "rounds": 1,
+        "quick": {"hdd_size": 16 * GiB, "cache_size": 4 * GiB, "runtime": 3, "rounds": 1,
                   "read_span": 64 * MiB, "jobs": ["randwrite-4k", "write-1m", "randread-4k"]},
         "full": {"hdd_size": 16 * GiB, "cache_size": 12 * GiB, "runtime": 15, "rounds": 3,
                  "read_span": 512 * MiB, "jobs": ["randwrite-4k", "write-1m", "randread-4k"]},

@@ -26,7 +26,7 @@ def params(ctx):
     return pick(ctx, {
         "smoke": {"points": [1, 16], "runtime": 1, "cache_size": 256 * MiB, "span": 64 * MiB,
                   "hdd_size": 1 * GiB, "null": False},
-        "quick": {"points": [1, 4, 16, 64, 256], "runtime": 2, "cache_size": 2 * GiB,
+        "quick": {"points": [1, 4, 16, 64, 256], "runtime": 1.5, "cache_size": 2 * GiB,
                   "span": 256 * MiB, "hdd_size": 16 * GiB, "null": False},
         "full": {"points": [1, 2, 4, 8, 16, 32, 64, 128, 256], "runtime": 5, "cache_size": 4 * GiB,
                  "span": 512 * MiB, "hdd_size": 16 * GiB, "null": True},
@@ -158,6 +158,9 @@ def render(res, charts):
             if r.get("flag"):
                 ax.plot([r["inflight"]], [r["iops"]], "rx", markersize=12)
     ax.set_xscale("log", base=2)
+    ax.set_xticks(points)
+    ax.set_xticklabels([str(n) for n in points])
+    ax.minorticks_off()
     ax.set_xlabel("requests in flight (numjobs × iodepth)")
     ax.set_ylabel("IOPS")
     ax.set_ylim(bottom=0)

@@ -39,7 +39,7 @@ def params(ctx):
         "smoke": {"hdd_size": 1 * GiB, "cache_size": 256 * MiB, "shm_cache_size": 256 * MiB,
                   "runtime": 1, "rounds": 1, "hdd_runtime": 1},
         "quick": {"hdd_size": 16 * GiB, "cache_size": 4 * GiB, "shm_cache_size": 4 * GiB,
-                  "runtime": 5, "rounds": 2, "hdd_runtime": 5},
+                  "runtime": 4, "rounds": 2, "hdd_runtime": 4},
         "full": {"hdd_size": 16 * GiB, "cache_size": 12 * GiB, "shm_cache_size": 8 * GiB,
                  "runtime": 20, "rounds": 3, "hdd_runtime": 20},
     })
@@ -88,12 +88,13 @@ def run(ctx):
                   dict(job, io_size=cap_disk, time_based=False), lc_finish(lc_disk, False)),
         Contender("ssd_seq", LABELS["ssd_seq"], lambda: raw.uri,
                   dict(job, rw="write", bs="1M", size=p["cache_size"])),
-        Contender("lc_shm", LABELS["lc_shm"], lc_prepare(lc_shm, True),
-                  dict(job, io_size=cap_shm, time_based=False), lc_finish(lc_shm, True)),
+        Contender("lc_shm", LABELS["lc_shm"], lc_prepare(lc_shm, False),
+                  dict(job, io_size=cap_shm, time_based=False), lc_finish(lc_shm, False)),
         Contender("null", LABELS["null"], lambda: null.uri, dict(job)),
     ]
     rows = alternate(ctx, contenders, p["rounds"])
     lc_disk.remove()
+    lc_shm.remove()
     return {"rows": rows, "params": {k: v for k, v in p.items()},
             "extra": {"fio_span_bytes": span}}
 
