@@ -21,7 +21,8 @@ BENCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(BENCH_DIR)
 
 # Report order. Each module lives in bench/experiments/<name>.py.
-EXPERIMENTS = ["seed000", "peers", "writeback", "scaling", "matrix", "segments", "engine"]
+EXPERIMENTS = ["seed000", "peers", "writeback", "scaling", "matrix", "segments", "latency",
+               "engine"]
 
 MODES = ("smoke", "quick", "full")
 

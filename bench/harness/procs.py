@@ -10,7 +10,6 @@ import ctypes
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import time
 
@@ -105,9 +104,7 @@ class Procs:
                     f"$ {p.command()}\n{p.log_tail()}"
                 )
             if os.path.exists(p.socket):
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
-                    s.connect(p.socket)
                     # A full NBD handshake, so the server is really serving.
                     r = subprocess.run(
                         ["nbdinfo", "--size", p.uri],
@@ -119,8 +116,6 @@ class Procs:
                         return int(r.stdout.strip())
                 except (OSError, subprocess.TimeoutExpired):
                     pass
-                finally:
-                    s.close()
             if time.monotonic() > deadline:
                 self.stop(p)
                 raise ProcError(f"{p.name} did not listen on {p.socket} within {timeout}s:\n{p.log_tail()}")

@@ -74,7 +74,7 @@ def hdd_model(ctx):
         "kind": "TEMPORARY STAND-IN (logcache sim-hdd not available in this build): nbdkit file "
                 "plugin with --filter=noparallel (one request at a time) and --filter=delay "
                 "(5 ms per read and per write)",
-        "params": {"rdelay": "5ms", "wdelay": "5ms", "serialize": "requests"},
+        "params": {"rdelay": "5ms", "wdelay": "5ms", "serialize": "all-requests"},
     }
 
 
@@ -93,7 +93,7 @@ def start_sim_hdd(ctx, name, size, path=None):
         # a 5 ms delay per request, one request at a time (~200 IOPS, like a 7200 rpm disk's
         # random IOPS; no seek model at all).
         argv = ["nbdkit", "--exit-with-parent", "-f", "-U", sock, "--filter=noparallel",
-                "--filter=delay", "file", path, "wdelay=5ms", "rdelay=5ms", "serialize=requests"]
+                "--filter=delay", "file", path, "wdelay=5ms", "rdelay=5ms", "serialize=all-requests"]
     return ctx.start(name, argv, sock)
 
 

@@ -1,0 +1,162 @@
+"""Experiment 4: seed 004's latency question (bcache kept every IO under 1 ms while the uncached
+RAID hit 100 ms). Per-IO latency percentiles of a foreground job (4 KiB random reads and writes,
+50/50, one IO at a time) while 0, 4 or 16 background jobs (4 KiB random reads and writes, 4 in
+flight each) work on other regions of the same disk: the emulated HDD alone, logcache in
+write-through mode, logcache in write-back mode (cache file on /var/tmp). One fio process runs
+the foreground job and the background jobs; each job is its own NBD connection.
+"""
+
+import json
+import os
+import shlex
+
+from harness.context import pick
+from harness.fio import FioError, PERCENTILES, _pct, run_fio
+from harness.procs import run_tracked
+from harness.report import commands_block, fmt, fmt_int, human, plt, table
+from harness.servers import GiB, MiB, Logcache, start_sim_hdd
+
+NAME = "latency"
+TITLE = "Foreground latency with background load (seed 004): HDD, write-through, write-back"
+COLUMNS = {"config": str, "bg_jobs": int, "side": str, "iops": float}
+
+
+def check(rows):
+    for r in rows:
+        if r["bg_jobs"] == 0 and not (isinstance(r.get("p50_us"), (int, float)) and r["p50_us"] > 0):
+            raise ValueError(f"latency: no p50 without background load: {r}")
+
+CONFIGS = ["hdd", "write-through", "write-back"]
+LABELS = {"hdd": "emulated HDD alone", "write-through": "logcache write-through",
+          "write-back": "logcache write-back"}
+
+
+def params(ctx):
+    return pick(ctx, {
+        "smoke": {"bg": [0, 4], "runtime": 1, "region": 16 * MiB, "hdd_size": 1 * GiB,
+                  "cache_size": 512 * MiB},
+        "quick": {"bg": [0, 4, 16], "runtime": 2, "region": 64 * MiB, "hdd_size": 16 * GiB,
+                  "cache_size": 4 * GiB},
+        "full": {"bg": [0, 4, 16], "runtime": 15, "region": 512 * MiB, "hdd_size": 16 * GiB,
+                 "cache_size": 12 * GiB},
+    })
+
+
+def fio_argv(uri, p, bg, out):
+    argv = ["fio", "--ioengine=nbd", f"--uri={uri}", "--direct=1", "--norandommap",
+            "--randrepeat=0", "--time_based", f"--runtime={p['runtime']}", "--bs=4k",
+            "--percentile_list=" + ":".join(str(x) for x in PERCENTILES),
+            "--output-format=json", f"--output={out}",
+            "--name=fg", "--rw=randrw", "--rwmixread=50", "--iodepth=1", f"--size={p['region']}",
+            "--offset=0"]
+    if bg:
+        argv += ["--name=bg", "--new_group", "--rw=randrw", "--rwmixread=50", "--iodepth=4",
+                 f"--numjobs={bg}", f"--size={p['region']}", f"--offset={p['region']}",
+                 f"--offset_increment={p['region']}"]
+    return argv
+
+
+def measure(ctx, uri, p, bg, label):
+    ctx.fio_count += 1
+    out = os.path.join(ctx.tmp, f"fio-{ctx.fio_count:04d}-{label}.json")
+    argv = fio_argv(uri, p, bg, out)
+    ctx.record_command(argv)
+    rc, so, se = run_tracked(argv, timeout=p["runtime"] * 4 + 120)
+    if rc != 0:
+        raise FioError(f"fio failed ({rc}): {shlex.join(argv)}\n{se[-1500:]}")
+    text = open(out).read()
+    data = json.loads(text[text.find("{"):])
+    jobs = data["jobs"]
+    fg = next(j for j in jobs if j["jobname"] == "fg")
+    bg_iops = sum(j[s]["iops"] for j in jobs if j["jobname"] == "bg" for s in ("read", "write"))
+    rows = []
+    for side in ("read", "write"):
+        s = fg[side]
+        clat = s.get("clat_ns") or {}
+        row = {"side": side, "iops": s.get("iops", 0.0), "ios": s.get("total_ios", 0),
+               "lat_mean_us": (clat.get("mean") or 0) / 1000, "lat_max_us": (clat.get("max") or 0) / 1000,
+               "bg_iops": bg_iops}
+        for q in PERCENTILES:
+            row["p" + str(q).replace(".", "") + "_us"] = _pct(clat, q)
+        rows.append(row)
+    return rows
+
+
+def run(ctx):
+    p = params(ctx)
+    hdd = start_sim_hdd(ctx, "hdd", p["hdd_size"])
+    lc = Logcache(ctx, "lc", os.path.join(ctx.tmp, "lc-cache.img"), p["cache_size"], hdd.uri,
+                  allocate=True)
+    lc.create_cache_file()
+    rows = []
+    for bg in p["bg"]:
+        for config in CONFIGS:
+            if config == "hdd":
+                uri = hdd.uri
+            else:
+                lc.sets = [f"cache_mode={config}"]
+                lc.start_fresh()
+                uri = lc.uri
+                # The foreground's region is written once first, so the cache holds it (dirty
+                # in write-back, clean in write-through); the background regions are not.
+                run_fio(ctx, uri, rw="write", bs="1m", iodepth=16, size=p["region"], runtime=600,
+                        time_based=False, label=f"prefill-{config}")
+            for r in measure(ctx, uri, p, bg, f"{config}-bg{bg}"):
+                r.update({"config": config, "bg_jobs": bg})
+                rows.append(r)
+                ctx.log(f"   {config:<13} bg {bg:>2} {r['side']:<5} p50 {fmt(r['p50_us'])} µs "
+                        f"p99 {fmt(r['p99_us'])} µs p99.9 {fmt(r.get('p999_us'))} µs")
+            if config != "hdd":
+                lc.stop()
+    lc.remove()
+    return {"rows": rows, "params": p}
+
+
+def render(res, charts):
+    rows = res["rows"]
+    p = res["params"]
+    out = [
+        f"Foreground: 4 KiB `randrw` 50/50, iodepth 1, over the first {human(p['region'])}; "
+        f"background: 0 to {max(p['bg'])} jobs of 4 KiB `randrw` 50/50, iodepth 4, each on its own "
+        f"{human(p['region'])} region after it; {p['runtime']} s per point. logcache's cache is a "
+        f"{human(p['cache_size'])} file on /var/tmp, formatted afresh for each point with "
+        "`--set cache_mode=...`, and the foreground's region is written once (1 MiB sequential "
+        "writes, untimed) before the measurement, so the cache holds the foreground's working "
+        "set while the background jobs' regions are not cached (their reads go to the disk). "
+        "Completion latency of the foreground job, µs:",
+        "",
+    ]
+    tab = []
+    for r in rows:
+        tab.append([LABELS[r["config"]], r["bg_jobs"], r["side"], fmt_int(r["iops"]),
+                    fmt(r.get("p50_us"), 0), fmt(r.get("p90_us"), 0), fmt(r.get("p99_us"), 0),
+                    fmt(r.get("p999_us"), 0), fmt_int(r.get("bg_iops"))])
+    out.append(table(["config", "bg jobs", "fg side", "fg IOPS", "p50", "p90", "p99", "p99.9", "bg IOPS"],
+                     tab, ["---", "---:", "---", "---:", "---:", "---:", "---:", "---:", "---:"]))
+    out.append("")
+    under = [r for r in rows if r["config"] == "write-back" and r.get("p999_us") is not None]
+    if under:
+        worst = max(r["p999_us"] for r in under)
+        out.append(f"Write-back's worst foreground p99.9 across the loads: {fmt(worst, 0)} µs "
+                   f"({'under' if worst < 1000 else 'over'} seed 004's 1 ms).")
+        out.append("")
+    pl = plt()
+    fig, axes = pl.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, side in zip(axes, ("read", "write")):
+        for c, color in zip(CONFIGS, ["tab:gray", "tab:blue", "tab:green"]):
+            pts = sorted((r for r in rows if r["config"] == c and r["side"] == side), key=lambda r: r["bg_jobs"])
+            ax.plot([r["bg_jobs"] for r in pts], [r.get("p99_us") or 0 for r in pts], "-o", color=color,
+                    label=f"{LABELS[c]} p99")
+            ax.plot([r["bg_jobs"] for r in pts], [r.get("p50_us") or 0 for r in pts], "--", color=color,
+                    label=f"{LABELS[c]} p50")
+        ax.set_yscale("log")
+        ax.set_xticks(sorted({r["bg_jobs"] for r in rows}))
+        ax.set_xlabel("background jobs")
+        ax.set_title(f"foreground 4 KiB {side}s")
+    axes[0].set_ylabel("latency µs (log)")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    out.append(charts.save(fig, "latency"))
+    out.append("")
+    out.append(commands_block(res["commands"]))
+    return "\n".join(out)
