@@ -17,6 +17,7 @@ mod direct;
 mod flusher;
 pub mod geometry;
 mod inspect;
+mod meta_prefetch;
 mod read;
 mod reclaim;
 mod recover;

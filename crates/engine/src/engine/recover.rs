@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use super::buffers::NO_BUFFER;
 use super::geometry::Geometry;
+use super::meta_prefetch::MetaPrefetch;
 use super::state::{OpenChunk, SegmentInfo, State};
 use super::stats::{Counters, RecoveryReport};
 use crate::error::{Error, Result};
@@ -124,6 +125,10 @@ pub(crate) struct MetaReader<'a> {
     geo: &'a Geometry,
     buf: AlignedBuf,
     pub bytes_read: u64,
+    /// Segments' metadata read ahead of the walk, in parallel.
+    prefetch: MetaPrefetch,
+    /// `buf` holds the whole metadata area of the last header read, not just its first block.
+    buf_has_area: bool,
 }
 
 impl<'a> MetaReader<'a> {
@@ -134,6 +139,8 @@ impl<'a> MetaReader<'a> {
             geo,
             buf: AlignedBuf::new(max_meta_blocks * BLOCK),
             bytes_read: 0,
+            prefetch: MetaPrefetch::new(geo, max_meta_blocks * BLOCK),
+            buf_has_area: false,
         }
     }
 
@@ -193,9 +200,17 @@ impl<'a> MetaReader<'a> {
         block: u32,
     ) -> Result<std::result::Result<ChunkHeader, Reject>> {
         let off = self.geo.offset_of(slot, block);
-        self.cache
-            .read_at(&mut self.buf[..BLOCK], off)
-            .map_err(|e| Error::io(format!("reading chunk metadata at offset {off}"), e))?;
+        let ahead = (block == 0)
+            .then(|| self.prefetch.get(self.cache, self.geo, slot))
+            .flatten();
+        self.buf_has_area = ahead.is_some();
+        match ahead {
+            Some(bytes) => self.buf.copy_from_slice(bytes),
+            None => self
+                .cache
+                .read_at(&mut self.buf[..BLOCK], off)
+                .map_err(|e| Error::io(format!("reading chunk metadata at offset {off}"), e))?,
+        }
         let first = &self.buf[..BLOCK];
         match chunk::decode_header(first, self.geo.format_id, self.geo.blocks_per_segment) {
             Ok(h) => Ok(Ok(h)),
@@ -227,7 +242,8 @@ impl<'a> MetaReader<'a> {
                 self.buf.len() / BLOCK
             ))));
         }
-        if meta_len > BLOCK {
+        // Read ahead, the whole metadata area came with the header.
+        if meta_len > BLOCK && !self.buf_has_area {
             self.cache
                 .read_at(&mut self.buf[BLOCK..meta_len], off + BLOCK as u64)
                 .map_err(|e| Error::io(format!("reading chunk metadata at offset {off}"), e))?;
