@@ -53,6 +53,8 @@ const RATE_MIN_BLOCKS_PER_S: u64 = 256;
 const POLL: Duration = Duration::from_millis(100);
 /// The writeback position is persisted at most this often (and at close).
 const PERSIST_EVERY: Duration = Duration::from_secs(1);
+/// A drain fails once writeback has kept failing for this long (it retries meanwhile).
+const DRAIN_ERROR_PATIENCE: Duration = Duration::from_secs(3);
 /// Longest run of adjacent blocks read or written in one IO.
 const RUN_BLOCKS_MAX: usize = 256;
 /// Dirty blocks this close together in the log are read with one IO, gaps included: one
@@ -650,6 +652,7 @@ pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<(
         (st.dirty_blocks, st.counters.writeback_blocks)
     };
     let res = (|| {
+        let mut failing_since: Option<Instant> = None;
         let mut bufs = inner.manual.then(|| {
             WritebackBuffers::new(inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize)
         });
@@ -670,11 +673,19 @@ pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<(
                 }
                 return Ok(());
             }
-            if let Some(e) = &st.writeback_error {
-                return Err(Error::Io {
-                    what: "drain stopped: writeback failed".into(),
-                    source: std::io::Error::other(e.clone()),
-                });
+            // Writeback retries a failed batch; give up only once it has kept failing for a
+            // while, so a transient backing error (a network blip) does not fail the drain.
+            match &st.writeback_error {
+                Some(e) => {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if bufs.is_some() || since.elapsed() >= DRAIN_ERROR_PATIENCE {
+                        return Err(Error::Io {
+                            what: "drain stopped: writeback failed".into(),
+                            source: std::io::Error::other(e.clone()),
+                        });
+                    }
+                }
+                None => failing_since = None,
             }
             if let Some(bufs) = bufs.as_mut() {
                 let batch_blocks = inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize;
