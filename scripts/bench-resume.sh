@@ -7,6 +7,7 @@
 # engine's own recovery_duration_us. Prints one JSON object per measurement.
 #
 # usage: scripts/bench-resume.sh [CACHE_GIB=24] [SEGMENT=1M] [DIR=/var/tmp] [FILL_PERCENT=85]
+# (LOGCACHE_BIN picks the binary; KEEP=1 keeps the files for further restarts.)
 set -euo pipefail
 gib=${1:-24}
 seg=${2:-1M}
@@ -20,7 +21,7 @@ pid=
 cleanup() {
     [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
     wait 2>/dev/null || true
-    rm -rf "$dir"
+    if [ -n "${KEEP:-}" ]; then echo "kept $dir" >&2; else rm -rf "$dir"; fi
 }
 trap cleanup EXIT
 now_ms() { date +%s%3N; }

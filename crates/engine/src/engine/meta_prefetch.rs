@@ -14,9 +14,9 @@ use crate::io::aligned::AlignedBuf;
 use crate::io::BlockDevice;
 
 /// Segments read per fill of the window.
-const WINDOW_SEGMENTS: usize = 512;
+const WINDOW_SEGMENTS: usize = 2048;
 /// Reads in flight while filling it.
-const THREADS: usize = 16;
+const THREADS: usize = 64;
 
 pub(crate) struct MetaPrefetch {
     /// Bytes kept per segment: the most metadata one chunk can have.
