@@ -504,11 +504,22 @@ fn copy_out(inner: &Inner, bufs: &mut WritebackBuffers) -> Result<(Vec<usize>, u
     } else {
         inner.tunables.get(tunables::WRITEBACK_IO_DEPTH) as usize
     };
+    let reconnects = inner.backing.reconnects();
     let bytes = write_ios(inner, &bufs.data, &bufs.ios, depth)?;
     inner
         .backing
         .flush()
         .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))?;
+    if inner.backing.reconnects() != reconnects {
+        // Some of this batch went over a connection that broke: the server may have lost
+        // them even though the flush succeeded. The blocks stay dirty; the batch runs again.
+        return Err(Error::io(
+            format!("writeback to {}", inner.backing.describe()),
+            std::io::Error::other(
+                "the backing device reconnected during the batch; writing it again",
+            ),
+        ));
+    }
     Ok((bad, bytes))
 }
 
