@@ -16,6 +16,7 @@ mod create;
 mod direct;
 mod flusher;
 pub mod geometry;
+mod inflight;
 mod inspect;
 mod meta_prefetch;
 mod read;

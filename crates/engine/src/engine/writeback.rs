@@ -26,12 +26,13 @@
 //! Below the threshold, nothing: overwrites of a hot working set are absorbed, not written back
 //! again and again.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::MutexGuard;
 
 use super::flusher::wait_durable;
+use super::inflight;
 use super::state::State;
 use super::tunables;
 use super::Inner;
@@ -589,12 +590,10 @@ fn plan_ios(inner: &Inner, bufs: &mut WritebackBuffers, bad: &[usize]) {
     }
 }
 
-/// Issues `ios` with up to `depth` in flight, taken in order: a disk given a queue serves it
-/// in its own best order and has the next write at hand when one completes, where one IO at a
-/// time makes it wait a revolution whenever we are late by a few sectors. Returns the bytes
-/// written; on an error, the first one (the rest of the batch is abandoned; it stays dirty).
+/// Issues `ios` with up to `depth` in flight (see `inflight`). Returns the bytes written; on an
+/// error, the first one (the rest of the batch is abandoned; it stays dirty).
 fn write_ios(inner: &Inner, data: &[u8], ios: &[WbIo], depth: usize) -> Result<u64> {
-    let write = |io: &WbIo| {
+    inflight::run(ios, depth, |io| {
         inner
             .backing
             .write_at(&data[io.start..io.start + io.len], io.offset_bytes)
@@ -607,43 +606,8 @@ fn write_ios(inner: &Inner, data: &[u8], ios: &[WbIo], depth: usize) -> Result<u
                     e,
                 )
             })
-    };
-    let bytes = ios.iter().map(|io| io.len as u64).sum();
-    if depth <= 1 || ios.len() <= 1 {
-        for io in ios {
-            write(io)?;
-        }
-        return Ok(bytes);
-    }
-    let next = AtomicUsize::new(0);
-    let failed: Mutex<Option<Error>> = Mutex::new(None);
-    let worker = || loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= ios.len() || failed.lock().is_some() {
-            break;
-        }
-        if let Err(e) = write(&ios[i]) {
-            failed.lock().get_or_insert(e);
-            break;
-        }
-    };
-    std::thread::scope(|s| {
-        for _ in 1..depth.min(ios.len()) {
-            // A helper that cannot start leaves its share to the others.
-            if std::thread::Builder::new()
-                .name("logcache-wb-io".into())
-                .spawn_scoped(s, worker)
-                .is_err()
-            {
-                break;
-            }
-        }
-        worker();
-    });
-    match failed.into_inner() {
-        Some(e) => Err(e),
-        None => Ok(bytes),
-    }
+    })?;
+    Ok(ios.iter().map(|io| io.len as u64).sum())
 }
 
 /// Progress of a drain, for a progress bar.
