@@ -20,6 +20,8 @@ test: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace
+	$(CARGO) build --release -p logcache
+	MAX_LAT_MS=0 ./scripts/soak-load.sh 8 64 64 1G
 	$(MAKE) bench-smoke
 
 ## The benchmark harness (bench/run; see bench/README.md). bench-smoke runs every experiment at

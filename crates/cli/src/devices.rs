@@ -58,6 +58,16 @@ pub struct CacheLock {
 }
 
 pub fn lock_cache(path: &Path) -> Result<CacheLock> {
+    lock_exclusive(path, || {
+        format!(
+            "cache {} is in use by another logcache process; stop it first (logcache status shows it)",
+            path.display()
+        )
+    })
+}
+
+/// The same lock on any file; `in_use` says what to do when another process holds it.
+pub fn lock_exclusive(path: &Path, in_use: impl FnOnce() -> String) -> Result<CacheLock> {
     let file =
         File::open(path).with_context(|| format!("opening {} to lock it", path.display()))?;
     // SAFETY: flock on a descriptor we own.
@@ -65,10 +75,7 @@ pub fn lock_cache(path: &Path) -> Result<CacheLock> {
     if rc != 0 {
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            bail!(
-                "cache {} is in use by another logcache process; stop it first (logcache status shows it)",
-                path.display()
-            );
+            bail!("{}", in_use());
         }
         return Err(err).with_context(|| format!("locking {}", path.display()));
     }

@@ -45,6 +45,11 @@ enum Command {
     Check(cmd::inspect::CheckArgs),
     /// Print a cache's segment metadata for humans.
     Dump(cmd::inspect::DumpArgs),
+    /// Serve an EMULATED hard disk over NBD, for tests and benchmarks: the data lives in a
+    /// file, and every IO takes as long as a 7200 rpm disk would (seeks, rotation, transfer,
+    /// command queueing). Not a real disk and not part of the cache. Serves until SIGTERM or
+    /// SIGINT, then prints the disk's figures.
+    SimHdd(cmd::sim_hdd::SimHddArgs),
     /// Measure logcache's speed.
     Bench {
         #[command(subcommand)]
@@ -57,10 +62,10 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    if !matches!(cli.command, Command::Serve(_)) {
+    if !matches!(cli.command, Command::Serve(_) | Command::SimHdd(_)) {
         // Printing commands die quietly when their reader goes away (`logcache dump | head`),
-        // like other command-line tools. serve keeps Rust's default (SIGPIPE ignored): a
-        // client closing its socket must not kill it.
+        // like other command-line tools. Servers keep Rust's default (SIGPIPE ignored): a
+        // client closing its socket must not kill them.
         // SAFETY: resetting a signal disposition before any thread exists.
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
@@ -69,6 +74,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Format(a) => cmd::format::run(&a),
         Command::Serve(a) => cmd::serve::run(&a),
+        Command::SimHdd(a) => cmd::sim_hdd::run(&a),
         Command::Status(a) => cmd::admin::status(&a),
         Command::Set(a) => cmd::admin::set(&a),
         Command::Drain(a) => cmd::admin::drain(&a),

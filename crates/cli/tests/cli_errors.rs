@@ -10,41 +10,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// Runs `logcache ARGS...`, which must fail (with exit code `code`) saying one line on stderr
-/// that starts with "logcache:" and contains every string of `mentions`. Returns that line.
-fn fails_with(code: i32, args: &[&str], mentions: &[&str]) -> String {
-    let out = run_timeout(Command::new(BIN).args(args), Duration::from_secs(30));
-    let stderr = text(&out.stderr);
-    let what = format!("logcache {}", args.join(" "));
-    assert!(!stderr.contains("panicked"), "{what} panicked:\n{stderr}");
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "{what}: expected exit code {code}, got {}\nstdout:\n{}\nstderr:\n{stderr}",
-        out.status,
-        text(&out.stdout)
-    );
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "{what}: expected exactly one line on stderr, got {}:\n{stderr}",
-        lines.len()
-    );
-    let line = lines[0];
-    assert!(
-        line.starts_with("logcache: "),
-        "{what}: the error line does not start with \"logcache: \": {line:?}"
-    );
-    for m in mentions {
-        assert!(
-            line.contains(m),
-            "{what}: the error line does not mention {m:?}: {line:?}"
-        );
-    }
-    line.to_string()
-}
-
 #[test]
 fn serve_with_missing_cache_file() {
     let dir = TestDir::new("e-nocache");
@@ -348,6 +313,60 @@ fn serve_on_a_non_loopback_address_needs_allow_remote() {
         "0.0.0.0:0",
         "--allow-remote",
     ]);
+    assert!(served.stop().status.success());
+}
+
+/// A cache file cut short (a failed copy, a wrong `truncate`) is refused, saying so.
+#[test]
+fn serve_of_a_truncated_cache_file() {
+    let dir = TestDir::new("e-truncated");
+    let (cache, backing) = formatted_pair(&dir, 16 * MIB, 64 * MIB);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&cache)
+        .unwrap()
+        .set_len(4 * MIB)
+        .unwrap();
+    fails_with(
+        1,
+        &["serve", "--cache", &cache, "--backing", &backing],
+        &[&cache, "truncated"],
+    );
+}
+
+/// A format killed after labelling the backing device but before the cache's superblocks
+/// reached the disk: serve says the cache is not formatted, and formatting again needs
+/// --force because the label could belong to a cache holding data.
+#[test]
+fn a_format_killed_half_way_is_named_and_redone_with_force() {
+    let dir = TestDir::new("e-halfformat");
+    let (cache, backing) = formatted_pair(&dir, 16 * MIB, 64 * MIB);
+    // The superblock copies are the cache's first 8 KiB.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&cache)
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 8192], 0).unwrap();
+    drop(f);
+    fails_with(
+        1,
+        &["serve", "--cache", &cache, "--backing", &backing],
+        &[&cache, "format"],
+    );
+    fails_with(
+        1,
+        &["format", "--cache", &cache, "--backing", &backing],
+        &[&backing, "another cache", "force"],
+    );
+    logcache_ok(&[
+        "format",
+        "--cache",
+        &cache,
+        "--backing",
+        &backing,
+        "--force",
+    ]);
+    let served = Served::start(&["--cache", &cache, "--backing", &backing]);
     assert!(served.stop().status.success());
 }
 

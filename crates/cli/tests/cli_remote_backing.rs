@@ -308,3 +308,64 @@ fn backing_uri_with_an_unknown_export_name() {
         "{stderr}"
     );
 }
+
+/// The backing server goes away and comes back (issue 6): writes keep being absorbed and
+/// flushed into the cache meanwhile; reads of data only on the backing device fail with an
+/// error rather than hang; a drain fails saying why; once the server is back (a file export,
+/// so what it had survives), writeback reconnects and the drain puts everything on it.
+#[test]
+fn backing_server_away_and_back() {
+    let dir = TestDir::new("r-away");
+    let kit_sock = dir.join("kit.sock");
+    let backing_file = dir.join("backing.raw");
+    sparse(&backing_file, BACKING_BYTES);
+    let start_kit = || {
+        let _ = std::fs::remove_file(&kit_sock);
+        Daemon::start(
+            tool("nbdkit")
+                .args(["-f", "-U"])
+                .arg(&kit_sock)
+                .arg("file")
+                .arg(&backing_file),
+            &kit_sock,
+            &dir.join("nbdkit.log"),
+        )
+    };
+    let mut kit = start_kit();
+    let kit_uri = format!("nbd+unix:///?socket={}", kit_sock.display());
+    let cache = dir.s("cache.img");
+    format_against(&cache, &kit_uri);
+    let served = Served::start(&serve_args(&cache, &kit_uri));
+    let uri = served.unix_uri();
+    qemu_io_ok(&uri, &["write -P 0x31 0 1M", "flush"]);
+    kit.stop();
+
+    // Away: writes and flushes still work (they only need the cache)...
+    qemu_io_ok(&uri, &["write -P 0x32 1M 1M", "flush"]);
+    // ...reads of never-cached data fail, promptly...
+    let out = run(Command::new("qemu-io").args(["-f", "raw", &uri, "-c", "read 100M 64k"]));
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(said.contains("Input/output error"), "{said}");
+    // ...and a drain says why it cannot finish.
+    let ctl = served.control().to_string_lossy().into_owned();
+    let out = logcache(&["drain", "--control", &ctl]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("unreachable") && err.contains("kit.sock"),
+        "{err}"
+    );
+    assert_eq!(dirty_blocks(&served), 2 * MIB / 4096);
+
+    // Back: the drain reconnects and completes.
+    let _kit = start_kit();
+    let out = logcache(&["drain", "--control", &ctl]);
+    assert_ok(&out, "logcache drain after the backing returned");
+    assert_eq!(dirty_blocks(&served), 0);
+    qemu_io_flags_ok(
+        &kit_uri,
+        &["-r"],
+        &["read -P 0x31 0 1M", "read -P 0x32 1M 1M"],
+    );
+    assert!(served.stop().status.success());
+}

@@ -132,6 +132,25 @@ impl BlockIndex {
         }
     }
 
+    /// Hints the CPU to load the table slot `lba` probes first. Recovery inserts millions of
+    /// lbas into a table far larger than the CPU caches; issuing the load a few inserts ahead
+    /// overlaps those cache misses instead of paying them one after another.
+    #[inline]
+    pub fn prefetch(&self, lba: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let slot: *const u32 = &self.slots[self.home(lba)];
+            // SAFETY: a prefetch is only a hint; it never faults, and the pointer is in bounds.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    slot.cast::<i8>(),
+                )
+            };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = lba;
+    }
+
     /// Maps `lba` → `block`. `block` must be unmapped (panics otherwise). If `lba` was mapped to
     /// another block, that block becomes unmapped and is returned.
     pub fn insert(&mut self, lba: u64, block: u32) -> Option<u32> {

@@ -202,6 +202,49 @@ fn a_full_log_with_a_failing_backing_device_is_an_error() {
     e.close().unwrap();
 }
 
+/// Transient backing write errors during background writeback (several writes in flight):
+/// counted (`io_errors`), retried by the writeback thread while a drain waits, and nothing is
+/// lost: the backing device holds every block. A backing device that keeps failing makes the
+/// drain fail, saying why, after a few seconds of retries.
+#[test]
+fn transient_backing_errors_during_writeback_are_retried_and_lose_nothing() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let backing = Arc::new(FaultDevice::new(pair.backing()));
+    let opts = OpenOptions {
+        ram_buffer_bytes: 2 * SEG_64K,
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+    e.set_tunable("writeback_io_depth", "4").unwrap();
+    for b in 0..200u64 {
+        e.write(b * 4096, &[b as u8 ^ 0x5a; 4096], false).unwrap();
+    }
+    e.flush().unwrap();
+    backing.fail_next(OpKind::Write, 3, FaultKind::Io);
+    e.drain(|_| {}).unwrap();
+    assert_eq!(backing.injected(OpKind::Write), 3);
+    let stats = e.stats();
+    assert_eq!(stats.dirty_blocks, 0);
+    assert!(stats.counters.io_errors >= 1, "the errors are counted");
+    for b in 0..200u64 {
+        let mut buf = [0u8; 4096];
+        pair.backing().read_at(&mut buf, b * 4096).unwrap();
+        assert_eq!(
+            buf,
+            [b as u8 ^ 0x5a; 4096],
+            "block {b} on the backing device"
+        );
+    }
+    e.write(0, &[1; 4096], false).unwrap();
+    e.flush().unwrap();
+    backing.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    let err = e.drain(|_| {}).unwrap_err();
+    assert!(err.to_string().contains("writeback failed"), "{err}");
+    backing.heal();
+    e.drain(|_| {}).unwrap();
+    e.close().unwrap();
+}
+
 /// Drain writes everything back, reports progress, leaves the backing device holding the
 /// image, and its position is persisted: after a crash nothing comes back dirty.
 #[test]
@@ -351,6 +394,53 @@ fn a_corrupted_cache_block_is_an_error_not_wrong_data() {
     assert!(matches!(e.read(6 * 4096, &mut b), Err(Error::Io { .. })));
     e.read(6 * 4096, &mut b).unwrap();
     assert_eq!(b, [6u8; 4096]);
+}
+
+/// A clean block is only a copy of the backing device's data: if its copy on the cache device
+/// is corrupt or cannot be read, the read is served from the backing device and the bad copy
+/// is dropped, rather than failing the read.
+#[test]
+fn a_corrupted_or_unreadable_clean_block_is_read_from_the_backing_device() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(2 * SEG_64K)).unwrap();
+    for b in 0..60u64 {
+        e.write(b * 4096, &[b as u8 + 1; 4096], false).unwrap();
+    }
+    e.flush().unwrap();
+    e.drain(|_| {}).unwrap();
+    assert_eq!(e.stats().dirty_blocks, 0);
+    e.close().unwrap();
+    let image = pair.cache.read_volatile(0, MIB + 16 * SEG_64K);
+    let pos = image
+        .chunks(4096)
+        .position(|c| c == [6u8; 4096])
+        .expect("block 5 is on the cache device");
+    pair.cache.corrupt(pos as u64 * 4096 + 7, 0x80);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(2 * SEG_64K)).unwrap();
+    let evicted_before = e.stats().counters.blocks_evicted;
+    let mut b = [0u8; 4096];
+    e.read(5 * 4096, &mut b).unwrap();
+    assert_eq!(b, [6u8; 4096], "served from the backing device");
+    let c = e.stats().counters;
+    assert_eq!(c.checksum_errors, 1);
+    assert_eq!(
+        c.blocks_evicted,
+        evicted_before + 1,
+        "the bad copy is dropped"
+    );
+    e.read(5 * 4096, &mut b).unwrap();
+    assert_eq!(b, [6u8; 4096]);
+    assert_eq!(e.stats().counters.checksum_errors, 1, "not read again");
+    e.close().unwrap();
+    // A transient read error on the cache device: the same.
+    let fault = Arc::new(FaultDevice::new(pair.cache()));
+    let e = Engine::open(fault.clone(), pair.backing(), manual(2 * SEG_64K)).unwrap();
+    fault.fail_next(OpKind::Read, 1, FaultKind::Io);
+    e.read(7 * 4096, &mut b).unwrap();
+    assert_eq!(b, [8u8; 4096]);
+    assert_eq!(fault.injected(OpKind::Read), 1);
+    assert_eq!(e.stats().counters.io_errors, 1);
+    e.close().unwrap();
 }
 
 /// Many threads, each owning a region, write, read and flush at once with the real flusher

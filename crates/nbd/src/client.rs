@@ -47,6 +47,8 @@ pub const SECTOR_BYTES: u64 = 512;
 /// How long connecting and the handshake may take. Not used after the handshake: a slow backing
 /// device is allowed to be slow, and a dead server closes its socket, which reads as EOF.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for a reply (or for room to send a request) once connected.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The largest legal minimum block size (the spec caps it at 64 KiB).
 const MAX_MINIMUM_BLOCK_BYTES: u32 = 64 * 1024;
@@ -506,8 +508,10 @@ fn handshake(mut stream: Stream, uri: &str, export_name: &str) -> io::Result<Cli
         // Leave the server a clean end of stream rather than a half-finished handshake.
         let _ = stream.shutdown(Shutdown::Both);
     })?;
+    // A server that stops answering (stopped, or a network that drops packets silently) must
+    // not hang its caller forever: a request unanswered this long breaks the connection.
     stream
-        .set_timeouts(None)
+        .set_timeouts(Some(REQUEST_TIMEOUT))
         .map_err(|e| prefix_error(uri, e))?;
     let info = export_info(&negotiated).map_err(|reason| {
         let _ = stream.shutdown(Shutdown::Both);

@@ -41,13 +41,14 @@ impl ServerConfig {
 
     /// The transmission flags sent with the export.
     ///
-    /// `CAN_MULTI_CONN` is truthful: every connection shares one engine, the engine's flush
-    /// covers every write that returned before it (from any handle), and we reply to a write
-    /// only after `Engine::write` returned, so a FLUSH or FUA reply on one connection covers
-    /// every write already acknowledged on any connection. `SEND_FAST_ZERO` is offered and
-    /// always answered `ENOTSUP`, which is what the spec asks when zeroing is no faster than
-    /// writing, and lets clients skip a pointless pre-zeroing pass. `SEND_DF` is not offered:
-    /// it would only matter if we split reads into several chunks, which we never do.
+    /// `CAN_MULTI_CONN` is truthful: every connection shares one export (the engine, or a
+    /// device), its flush covers every write that returned before it (from any handle), and we
+    /// reply to a write only after the export's write returned, so a FLUSH or FUA reply on one
+    /// connection covers every write already acknowledged on any connection. `SEND_FAST_ZERO`
+    /// is offered and always answered `ENOTSUP`, which is what the spec asks when zeroing is no
+    /// faster than writing, and lets clients skip a pointless pre-zeroing pass. `SEND_DF` is
+    /// not offered: it would only matter if we split reads into several chunks, which we never
+    /// do.
     pub(crate) fn transmission_flags(&self) -> u16 {
         let mut flags = FLAG_HAS_FLAGS
             | FLAG_SEND_FLUSH

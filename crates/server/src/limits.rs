@@ -24,6 +24,10 @@ pub const BUFFER_KEEP_BYTES: usize = 4 << 20;
 /// Worker threads per connection for slow commands (FLUSH, FUA writes, WRITE_ZEROES, TRIM).
 /// Concurrent flushes share one sync in the engine, so a few are enough to keep them overlapping.
 pub const MAX_WORKERS_PER_CONNECTION: usize = 4;
+/// Worker threads per connection when the export is slow (a plain device) and every command
+/// runs on a worker: as many as fio's usual queue depth, so a disk that reorders its queue
+/// sees all of a client's requests at once.
+pub const MAX_WORKERS_PER_SLOW_CONNECTION: usize = 64;
 /// Recycled payload buffers per connection for writes handed to workers, and the largest
 /// buffer worth keeping there.
 pub const PAYLOAD_POOL_BUFFERS: usize = 8;

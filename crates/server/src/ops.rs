@@ -1,27 +1,28 @@
-//! The block operations behind the commands, on top of the engine's 512-byte-aligned API:
+//! The block operations behind the commands, on top of the export's 512-byte-aligned API:
 //! unaligned reads and writes, zeroing, trim and flush.
 
-use logcache_engine::{Engine, Result};
+use logcache_engine::Result;
 use parking_lot::Mutex;
 
+use crate::export::Export;
 use crate::limits::SECTOR_BYTES;
 
 /// Reads `out.len()` bytes at `offset_bytes`. An unaligned range is read as the covering
 /// sector-aligned range into `scratch`, and the slice copied out.
 pub(crate) fn read(
-    engine: &Engine,
+    export: &dyn Export,
     offset_bytes: u64,
     out: &mut [u8],
     scratch: &mut Vec<u8>,
 ) -> Result<()> {
     let length_bytes = out.len() as u64;
     if is_aligned(offset_bytes, length_bytes) {
-        return engine.read(offset_bytes, out);
+        return export.read(offset_bytes, out);
     }
     let (cover_offset_bytes, cover_length_bytes) = covering(offset_bytes, length_bytes);
     scratch.clear();
     scratch.resize(cover_length_bytes as usize, 0);
-    engine.read(cover_offset_bytes, scratch)?;
+    export.read(cover_offset_bytes, scratch)?;
     let head_bytes = (offset_bytes - cover_offset_bytes) as usize;
     out.copy_from_slice(&scratch[head_bytes..head_bytes + out.len()]);
     Ok(())
@@ -30,17 +31,17 @@ pub(crate) fn read(
 /// Writes `data` at `offset_bytes`; with `fua`, returns once it is durable. Unaligned writes
 /// are read-modify-write of the covering range under `unaligned_lock` (see [`modify`]).
 pub(crate) fn write(
-    engine: &Engine,
+    export: &dyn Export,
     unaligned_lock: &Mutex<()>,
     offset_bytes: u64,
     data: &[u8],
     fua: bool,
 ) -> Result<()> {
     if is_aligned(offset_bytes, data.len() as u64) {
-        return engine.write(offset_bytes, data, fua);
+        return export.write(offset_bytes, data, fua);
     }
     modify(
-        engine,
+        export,
         unaligned_lock,
         offset_bytes,
         data.len() as u64,
@@ -51,14 +52,14 @@ pub(crate) fn write(
 
 /// WRITE_ZEROES: the range reads as zeros afterwards. With `fua`, returns once durable.
 pub(crate) fn write_zeroes(
-    engine: &Engine,
+    export: &dyn Export,
     unaligned_lock: &Mutex<()>,
     offset_bytes: u64,
     length_bytes: u64,
     fua: bool,
 ) -> Result<()> {
     zero_range(
-        engine,
+        export,
         unaligned_lock,
         offset_bytes,
         length_bytes,
@@ -67,17 +68,17 @@ pub(crate) fn write_zeroes(
     )
 }
 
-/// TRIM: the spec leaves a trimmed range's contents unspecified; ours reads as zeros (the
-/// engine drops cached copies and the backing device gets a hole where it can).
+/// TRIM: the spec leaves a trimmed range's contents unspecified; the engine's reads as zeros
+/// (it drops cached copies and the backing device gets a hole where it can).
 pub(crate) fn trim(
-    engine: &Engine,
+    export: &dyn Export,
     unaligned_lock: &Mutex<()>,
     offset_bytes: u64,
     length_bytes: u64,
     fua: bool,
 ) -> Result<()> {
     zero_range(
-        engine,
+        export,
         unaligned_lock,
         offset_bytes,
         length_bytes,
@@ -86,10 +87,10 @@ pub(crate) fn trim(
     )
 }
 
-/// The sector-aligned middle goes to the engine's zero operation (`discard` for TRIM); bytes
+/// The sector-aligned middle goes to the export's zero operation (`discard` for TRIM); bytes
 /// of partial sectors at the ends are zeroed by read-modify-write.
 fn zero_range(
-    engine: &Engine,
+    export: &dyn Export,
     unaligned_lock: &Mutex<()>,
     offset_bytes: u64,
     length_bytes: u64,
@@ -103,7 +104,7 @@ fn zero_range(
     let aligned_start_bytes = offset_bytes.next_multiple_of(SECTOR_BYTES);
     let aligned_end_bytes = end_bytes - end_bytes % SECTOR_BYTES;
     let zero_bytes = |start: u64, end: u64| {
-        modify(engine, unaligned_lock, start, end - start, false, |range| {
+        modify(export, unaligned_lock, start, end - start, false, |range| {
             range.fill(0)
         })
     };
@@ -116,24 +117,24 @@ fn zero_range(
         }
         let middle_bytes = aligned_end_bytes - aligned_start_bytes;
         if discard {
-            engine.discard(aligned_start_bytes, middle_bytes, false)?;
+            export.discard(aligned_start_bytes, middle_bytes)?;
         } else {
-            engine.write_zeroes(aligned_start_bytes, middle_bytes, false)?;
+            export.write_zeroes(aligned_start_bytes, middle_bytes)?;
         }
         if aligned_end_bytes < end_bytes {
             zero_bytes(aligned_end_bytes, end_bytes)?;
         }
     }
     if fua {
-        // The engine's flush covers every piece that returned before it.
-        engine.flush()?;
+        // The export's flush covers every piece that returned before it.
+        export.flush()?;
     }
     Ok(())
 }
 
 /// FLUSH: every write that returned before is durable when this returns.
-pub(crate) fn flush(engine: &Engine) -> Result<()> {
-    engine.flush()
+pub(crate) fn flush(export: &dyn Export) -> Result<()> {
+    export.flush()
 }
 
 /// Read-modify-write of the sector-aligned range covering `[offset, offset + length)`: `apply`
@@ -145,7 +146,7 @@ pub(crate) fn flush(engine: &Engine) -> Result<()> {
 /// without ordering is a race in the clients, whatever the server does. Unaligned IO is rare
 /// (the advertised preferred size is 4 KiB), so one lock and a fresh buffer are fine here.
 fn modify(
-    engine: &Engine,
+    export: &dyn Export,
     unaligned_lock: &Mutex<()>,
     offset_bytes: u64,
     length_bytes: u64,
@@ -156,9 +157,9 @@ fn modify(
     let head_bytes = (offset_bytes - cover_offset_bytes) as usize;
     let mut buffer = vec![0u8; cover_length_bytes as usize];
     let _serialised = unaligned_lock.lock();
-    engine.read(cover_offset_bytes, &mut buffer)?;
+    export.read(cover_offset_bytes, &mut buffer)?;
     apply(&mut buffer[head_bytes..head_bytes + length_bytes as usize]);
-    engine.write(cover_offset_bytes, &buffer, fua)
+    export.write(cover_offset_bytes, &buffer, fua)
 }
 
 fn is_aligned(offset_bytes: u64, length_bytes: u64) -> bool {
@@ -179,7 +180,7 @@ mod tests {
 
     use logcache_engine::io::memory::MemDevice;
     use logcache_engine::io::BlockDevice;
-    use logcache_engine::{format, FormatOptions, OpenOptions};
+    use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
 
     fn engine() -> Engine {
         let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(8 << 20));

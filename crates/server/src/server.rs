@@ -13,18 +13,20 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use logcache_engine::io::BlockDevice;
 use logcache_engine::Engine;
 use parking_lot::Mutex;
 
 use crate::config::ServerConfig;
 use crate::connection;
 use crate::error::ServerError;
+use crate::export::Export;
 use crate::limits::SHUTDOWN_GRACE;
 use crate::listener::{self, Listener};
 use crate::stats::{Counters, ServerStats};
 use crate::stream::Stream;
 
-/// An NBD server exporting one engine. Cloning gives another handle to the same server; when
+/// An NBD server exporting one engine (or one plain device). Cloning gives another handle to the same server; when
 /// the last handle is dropped the server shuts down as if `shutdown` had been called.
 #[derive(Clone)]
 pub struct Server {
@@ -45,7 +47,7 @@ impl Drop for Handle {
 
 /// State shared by the server handle, the accept loops and the connections.
 pub(crate) struct ServerInner {
-    pub engine: Engine,
+    pub export: Box<dyn Export>,
     pub config: ServerConfig,
     pub export_size_bytes: u64,
     pub transmission_flags: u16,
@@ -72,10 +74,20 @@ struct Registry {
 
 impl Server {
     pub fn new(engine: Engine, config: ServerConfig) -> Server {
+        Server::with_export(Box::new(engine), config)
+    }
+
+    /// Serves a device as it is, with no cache in front: every request goes straight to it,
+    /// many at once (for an emulated disk, which only shows its real speed with a full queue).
+    pub fn for_device(device: Arc<dyn BlockDevice>, config: ServerConfig) -> Server {
+        Server::with_export(Box::new(device), config)
+    }
+
+    fn with_export(export: Box<dyn Export>, config: ServerConfig) -> Server {
         let inner = ServerInner {
-            export_size_bytes: engine.size_bytes(),
+            export_size_bytes: export.size_bytes(),
             transmission_flags: config.transmission_flags(),
-            engine,
+            export,
             config,
             stopping: AtomicBool::new(false),
             unaligned_write_lock: Mutex::new(()),

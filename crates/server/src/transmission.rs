@@ -6,12 +6,16 @@
 //! reply buffer. Replies accumulate in that buffer and go out in one `send` when the reader is
 //! about to wait for more input (or the batch is large), so a burst of requests costs one
 //! syscall each way instead of one per request. Slow commands (FLUSH, FUA writes, WRITE_ZEROES,
-//! TRIM) go to the connection's workers and reply on their own, possibly out of order.
+//! TRIM) go to the connection's workers and reply on their own, possibly out of order. On a
+//! slow export (a plain device) READ and WRITE go to the workers too, so the device sees as
+//! many requests at once as the client sends.
 //!
 //! Ordering: plain writes run inline before the next request is even decoded, so every one
 //! received before a FLUSH is in the engine by the time the FLUSH is queued, and the engine's
 //! flush covers it. That includes every write already replied to, which is what the spec asks;
-//! FUA writes still on a worker have not been replied to, so they need not be covered.
+//! FUA writes still on a worker have not been replied to, so they need not be covered. On a
+//! slow export a write is replied to only after the device returned it, so a FLUSH covers every
+//! write replied to before it was received, the same guarantee.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -301,23 +305,14 @@ fn handle(
         return;
     }
     let server = &connection.server;
-    let engine = &server.engine;
+    let slow = server.export.is_slow();
     let result = match request.command {
-        Command::Read => {
+        Command::Read if !slow => {
             read(connection, replies, scratch, &request);
             return;
         }
-        Command::Write if request.has_flag(CMD_FLAG_FUA) => {
-            // FUA waits for durability, which may take milliseconds: a worker does it.
-            let job = Job {
-                request,
-                payload: Some(connection.copy_payload(payload)),
-            };
-            workers.submit(job);
-            return;
-        }
-        Command::Write => ops::write(
-            engine,
+        Command::Write if !slow && !request.has_flag(CMD_FLAG_FUA) => ops::write(
+            &*server.export,
             &server.unaligned_write_lock,
             request.offset_bytes,
             payload,
@@ -335,14 +330,15 @@ fn handle(
             );
             return;
         }
-        Command::Flush | Command::Trim | Command::WriteZeroes => {
-            workers.submit(Job {
-                request,
-                payload: None,
-            });
+        // What may wait for the device (FUA waits for durability, which may take milliseconds;
+        // on a slow export, everything) goes to a worker.
+        Command::Read | Command::Write | Command::Flush | Command::Trim | Command::WriteZeroes => {
+            let payload =
+                (request.command == Command::Write).then(|| connection.copy_payload(payload));
+            workers.submit(Job { request, payload });
             return;
         }
-        // A prefetch hint: the engine reads on demand, so there is nothing to do.
+        // A prefetch hint: the export reads on demand, so there is nothing to do.
         Command::Cache => Ok(()),
         Command::BlockStatus => {
             // One extent covering the whole request, reported as data: always truthful.
@@ -372,8 +368,14 @@ fn handle(
     }
 }
 
-/// READ: the reply header, then the data read straight into the reply buffer behind it.
-fn read(connection: &Connection, replies: &mut Vec<u8>, scratch: &mut Vec<u8>, request: &Request) {
+/// READ: the reply header, then the data read straight into the reply buffer behind it (the
+/// reader's batch, or a worker's reply).
+pub(crate) fn read(
+    connection: &Connection,
+    replies: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+    request: &Request,
+) {
     let structured = connection.session.structured;
     let length_bytes = request.length_bytes as usize;
     let reply_start = replies.len();
@@ -386,9 +388,8 @@ fn read(connection: &Connection, replies: &mut Vec<u8>, scratch: &mut Vec<u8>, r
     );
     let data_start = replies.len();
     replies.resize(data_start + length_bytes, 0);
-    let engine = &connection.server.engine;
     if let Err(error) = ops::read(
-        engine,
+        &*connection.server.export,
         request.offset_bytes,
         &mut replies[data_start..],
         scratch,

@@ -1,9 +1,11 @@
 //! A small per-connection pool of threads for commands that may take long (FLUSH, FUA writes,
-//! WRITE_ZEROES, TRIM), so the reader keeps serving fast requests meanwhile and replies go out
-//! in whatever order commands finish.
+//! WRITE_ZEROES, TRIM; on a slow export, READ and WRITE too), so the reader keeps serving fast
+//! requests meanwhile and replies go out in whatever order commands finish.
 //!
-//! Threads start on demand, up to `MAX_WORKERS_PER_CONNECTION`, and stop when the connection
-//! ends. A pool per connection keeps one client's slow commands from delaying another's.
+//! Threads start on demand, up to `MAX_WORKERS_PER_CONNECTION` (`MAX_WORKERS_PER_SLOW_CONNECTION`
+//! on a slow export, where every worker is one request in flight at the device), and stop when
+//! the connection ends. A pool per connection keeps one client's slow commands from delaying
+//! another's.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -13,8 +15,10 @@ use logcache_nbd::request::{Command, Request};
 use parking_lot::{Condvar, Mutex};
 
 use crate::connection::Connection;
-use crate::limits::MAX_WORKERS_PER_CONNECTION;
-use crate::{errno, ops, reply};
+use crate::limits::{
+    BUFFER_KEEP_BYTES, MAX_WORKERS_PER_CONNECTION, MAX_WORKERS_PER_SLOW_CONNECTION,
+};
+use crate::{errno, ops, reply, transmission};
 
 /// A validated request for a worker; WRITE carries its payload in a recycled buffer.
 pub(crate) struct Job {
@@ -38,11 +42,18 @@ pub(crate) struct WorkerPool {
     connection: Arc<Connection>,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    max_threads: usize,
 }
 
 impl WorkerPool {
     pub(crate) fn new(connection: Arc<Connection>) -> WorkerPool {
+        let max_threads = if connection.server.export.is_slow() {
+            MAX_WORKERS_PER_SLOW_CONNECTION
+        } else {
+            MAX_WORKERS_PER_CONNECTION
+        };
         WorkerPool {
+            max_threads,
             connection,
             shared: Arc::new(Shared {
                 queue: Mutex::new(Queue {
@@ -63,7 +74,7 @@ impl WorkerPool {
         queue.jobs.push_back(job);
         let needs_worker = queue.jobs.len() > queue.idle_workers;
         drop(queue);
-        if needs_worker && self.threads.len() < MAX_WORKERS_PER_CONNECTION && self.spawn() {
+        if needs_worker && self.threads.len() < self.max_threads && self.spawn() {
             return;
         }
         self.shared.wake.notify_one();
@@ -96,21 +107,21 @@ impl WorkerPool {
         }
         // Jobs left if no worker could ever be started, or all of them panicked.
         let leftovers: Vec<Job> = self.shared.queue.lock().jobs.drain(..).collect();
-        let mut out = Vec::new();
+        let mut buffers = Buffers::default();
         for job in leftovers {
-            run(&self.connection, job, &mut out);
+            run(&self.connection, job, &mut buffers);
         }
     }
 }
 
 fn work(shared: &Shared, connection: &Connection) {
     let _guard = PanicGuard(connection);
-    let mut out = Vec::new();
+    let mut buffers = Buffers::default();
     let mut queue = shared.queue.lock();
     loop {
         if let Some(job) = queue.jobs.pop_front() {
             drop(queue);
-            run(connection, job, &mut out);
+            run(connection, job, &mut buffers);
             queue = shared.queue.lock();
         } else if queue.closed {
             return;
@@ -122,32 +133,73 @@ fn work(shared: &Shared, connection: &Connection) {
     }
 }
 
+/// A worker's reusable buffers: its reply, and the covering range of an unaligned read.
+#[derive(Default)]
+struct Buffers {
+    out: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
 /// Executes one job and sends its reply.
-fn run(connection: &Connection, job: Job, out: &mut Vec<u8>) {
-    let server = &connection.server;
-    let engine = &server.engine;
+fn run(connection: &Connection, job: Job, buffers: &mut Buffers) {
     let request = job.request;
+    let out = &mut buffers.out;
+    out.clear();
+    if request.command == Command::Read {
+        transmission::read(connection, out, &mut buffers.scratch, &request);
+    } else {
+        let result = execute(connection, &request, job.payload.as_deref());
+        let structured = connection.session.structured;
+        match result {
+            Ok(()) => reply::push_success(out, structured, request.cookie),
+            Err(error) => reply::push_error(
+                out,
+                structured,
+                request.cookie,
+                errno::from_engine(&error),
+                &error.to_string(),
+            ),
+        }
+    }
+    // A failed send already cut the connection; the reader notices and ends it.
+    let _ = connection.sink.send(out);
+    if out.capacity() > BUFFER_KEEP_BYTES {
+        *out = Vec::new();
+    }
+    if let Some(payload) = job.payload {
+        connection.recycle_payload(payload);
+    }
+}
+
+/// Runs a command other than READ on the export.
+fn execute(
+    connection: &Connection,
+    request: &Request,
+    payload: Option<&[u8]>,
+) -> logcache_engine::Result<()> {
+    let server = &connection.server;
+    let export = &*server.export;
     let offset_bytes = request.offset_bytes;
     let length_bytes = u64::from(request.length_bytes);
     let fua = request.has_flag(logcache_nbd::consts::CMD_FLAG_FUA);
-    let result = match (request.command, &job.payload) {
-        (Command::Flush, _) => ops::flush(engine),
+    match (request.command, payload) {
+        (Command::Flush, _) => ops::flush(export),
         (Command::Write, Some(payload)) => ops::write(
-            engine,
+            export,
             &server.unaligned_write_lock,
             offset_bytes,
             &payload[..request.length_bytes as usize],
             fua,
         ),
         (Command::WriteZeroes, _) => ops::write_zeroes(
-            engine,
+            export,
             &server.unaligned_write_lock,
             offset_bytes,
             length_bytes,
             fua,
         ),
         (Command::Trim, _) => ops::trim(
-            engine,
+            export,
             &server.unaligned_write_lock,
             offset_bytes,
             length_bytes,
@@ -159,23 +211,6 @@ fn run(connection: &Connection, job: Job, out: &mut Vec<u8>) {
                 "{command:?} cannot run on a worker"
             )))
         }
-    };
-    out.clear();
-    let structured = connection.session.structured;
-    match result {
-        Ok(()) => reply::push_success(out, structured, request.cookie),
-        Err(error) => reply::push_error(
-            out,
-            structured,
-            request.cookie,
-            errno::from_engine(&error),
-            &error.to_string(),
-        ),
-    }
-    // A failed send already cut the connection; the reader notices and ends it.
-    let _ = connection.sink.send(out);
-    if let Some(payload) = job.payload {
-        connection.recycle_payload(payload);
     }
 }
 

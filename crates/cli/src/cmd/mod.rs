@@ -4,3 +4,4 @@ pub mod admin;
 pub mod format;
 pub mod inspect;
 pub mod serve;
+pub mod sim_hdd;

@@ -207,7 +207,7 @@ fn print_how_to_connect(uri: &str) {
 
 /// Percent-encodes what a URI query value cannot hold literally, so the printed URI works in
 /// every client (libnbd rejects a raw space).
-fn uri_escape(text: &str) -> String {
+pub(crate) fn uri_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
         if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
@@ -219,7 +219,7 @@ fn uri_escape(text: &str) -> String {
     out
 }
 
-fn absolute(p: &Path) -> PathBuf {
+pub(crate) fn absolute(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
@@ -294,7 +294,7 @@ fn open_engine(
     }
 }
 
-fn block_termination_signals() -> Result<libc::sigset_t> {
+pub(crate) fn block_termination_signals() -> Result<libc::sigset_t> {
     // SAFETY: plain libc signal-mask calls on a local set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -309,7 +309,7 @@ fn block_termination_signals() -> Result<libc::sigset_t> {
     }
 }
 
-fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
+pub(crate) fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
     loop {
         let mut sig: libc::c_int = 0;
         // SAFETY: `set` was initialised by block_termination_signals.

@@ -295,6 +295,41 @@ pub fn assert_ok(out: &Output, what: &str) {
     );
 }
 
+/// Runs `logcache ARGS...`, which must fail (with exit code `code`) saying one line on stderr
+/// that starts with "logcache:" and contains every string of `mentions`. Returns that line.
+pub fn fails_with(code: i32, args: &[&str], mentions: &[&str]) -> String {
+    let out = run_timeout(Command::new(BIN).args(args), Duration::from_secs(30));
+    let stderr = text(&out.stderr);
+    let what = format!("logcache {}", args.join(" "));
+    assert!(!stderr.contains("panicked"), "{what} panicked:\n{stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{what}: expected exit code {code}, got {}\nstdout:\n{}\nstderr:\n{stderr}",
+        out.status,
+        text(&out.stdout)
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{what}: expected exactly one line on stderr, got {}:\n{stderr}",
+        lines.len()
+    );
+    let line = lines[0];
+    assert!(
+        line.starts_with("logcache: "),
+        "{what}: the error line does not start with \"logcache: \": {line:?}"
+    );
+    for m in mentions {
+        assert!(
+            line.contains(m),
+            "{what}: the error line does not mention {m:?}: {line:?}"
+        );
+    }
+    line.to_string()
+}
+
 /// Runs `logcache ARGS...` and requires success; returns stdout.
 pub fn logcache_ok<S: AsRef<OsStr>>(args: &[S]) -> String {
     let out = logcache(args);

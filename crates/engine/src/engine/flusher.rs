@@ -122,19 +122,13 @@ fn step<'a>(
     let mut progressed = !batch.is_empty();
     drop(st);
 
-    let mut bytes = 0u64;
-    let mut write_err = None;
-    for sc in &batch {
-        match write_chunk(inner, sc, synced_for_headers) {
-            Ok(()) => bytes += (sc.meta_blocks + sc.data_count) as u64 * BLOCK_SIZE_BYTES,
-            Err(e) => {
-                write_err = Some(e);
-                break;
-            }
-        }
-    }
+    let bytes: u64 = batch
+        .iter()
+        .map(|sc| (sc.meta_blocks + sc.data_count) as u64 * BLOCK_SIZE_BYTES)
+        .sum();
+    let written = write_chunks(inner, &batch, synced_for_headers);
     let mut st = inner.state.lock();
-    if let Some(e) = write_err {
+    if let Err(e) = written {
         return Err(fail(inner, st, e));
     }
     // Publish the data checksums (for reads from the cache device) from the chunks' own entries,
@@ -229,8 +223,8 @@ unsafe fn chunk_meta<'a>(inner: &'a Inner, sc: &SealedChunk) -> &'a mut [u8] {
 }
 
 /// Fills in a sealed chunk's checksums (data CRCs from its entries, `synced_seq`, the header
-/// CRC) and writes it as one IO.
-fn write_chunk(inner: &Inner, sc: &SealedChunk, synced_seq: u64) -> Result<()> {
+/// CRC); returns its bytes and where they go on the cache device.
+fn prepare_chunk<'a>(inner: &'a Inner, sc: &SealedChunk, synced_seq: u64) -> (u64, &'a [u8]) {
     let format_id = inner.geo.format_id;
     let meta_len = sc.meta_blocks as usize * BLOCK;
     let meta_off = sc.start_block as usize * BLOCK;
@@ -254,11 +248,41 @@ fn write_chunk(inner: &Inner, sc: &SealedChunk, synced_seq: u64) -> Result<()> {
     chunk::seal(meta, format_id, sc.entry_count as u16);
     // SAFETY: as above; the whole chunk is now immutable until its buffer is released.
     let whole = unsafe { inner.buffers.slice(sc.buffer, meta_off, total_len) };
-    let off = inner.geo.offset_of(sc.slot, sc.start_block);
-    inner
-        .cache
-        .write_at(whole, off)
-        .map_err(|e| Error::io(format!("writing chunk {} at offset {off}", sc.seq), e))
+    (inner.geo.offset_of(sc.slot, sc.start_block), whole)
+}
+
+/// Writes a round's chunks, in order; chunks that follow one another on the cache device (the
+/// ring's next slots, or the next chunk of a segment) go out as one vectored IO. With small
+/// segments that turns many small writes, each paying a syscall and a device round trip, into
+/// a few large ones.
+fn write_chunks(inner: &Inner, batch: &[SealedChunk], synced_seq: u64) -> Result<()> {
+    let prepared: Vec<(u64, &[u8])> = batch
+        .iter()
+        .map(|sc| prepare_chunk(inner, sc, synced_seq))
+        .collect();
+    let mut i = 0;
+    while i < prepared.len() {
+        let (off, first) = prepared[i];
+        let mut end = off + first.len() as u64;
+        let mut j = i + 1;
+        while j < prepared.len() && prepared[j].0 == end {
+            end += prepared[j].1.len() as u64;
+            j += 1;
+        }
+        let pieces: Vec<&[u8]> = prepared[i..j].iter().map(|p| p.1).collect();
+        inner.cache.write_vectored_at(&pieces, off).map_err(|e| {
+            Error::io(
+                format!(
+                    "writing chunks {}..={} at offset {off}",
+                    batch[i].seq,
+                    batch[j - 1].seq
+                ),
+                e,
+            )
+        })?;
+        i = j;
+    }
+    Ok(())
 }
 
 pub(crate) fn fail(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {

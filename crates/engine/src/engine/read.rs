@@ -194,7 +194,16 @@ fn read_block(
                 dst.copy_from_slice(&block[in_block..in_block + dst.len()]);
             });
             st = guard;
-            res?;
+            if let Err(e) = res {
+                // A clean copy is only a copy: the backing device holds the same data. Drop
+                // the bad copy (a corrupt one must not be served again) and read from there.
+                // A dirty block is the only copy: the error goes to the client.
+                if st.index.get(lba) == Some(c) && st.dirty_mask[c as usize] == 0 {
+                    st.evict(c);
+                    return Ok(BlockRead::NotCached);
+                }
+                return Err(e);
+            }
         }
     }
     drop(st);

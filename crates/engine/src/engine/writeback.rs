@@ -26,12 +26,13 @@
 //! Below the threshold, nothing: overwrites of a hot working set are absorbed, not written back
 //! again and again.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::MutexGuard;
 
 use super::flusher::wait_durable;
+use super::inflight;
 use super::state::State;
 use super::tunables;
 use super::Inner;
@@ -53,6 +54,8 @@ const RATE_MIN_BLOCKS_PER_S: u64 = 256;
 const POLL: Duration = Duration::from_millis(100);
 /// The writeback position is persisted at most this often (and at close).
 const PERSIST_EVERY: Duration = Duration::from_secs(1);
+/// A drain fails once writeback has kept failing for this long (it retries meanwhile).
+const DRAIN_ERROR_PATIENCE: Duration = Duration::from_secs(3);
 /// Longest run of adjacent blocks read or written in one IO.
 const RUN_BLOCKS_MAX: usize = 256;
 /// Dirty blocks this close together in the log are read with one IO, gaps included: one
@@ -502,11 +505,22 @@ fn copy_out(inner: &Inner, bufs: &mut WritebackBuffers) -> Result<(Vec<usize>, u
     } else {
         inner.tunables.get(tunables::WRITEBACK_IO_DEPTH) as usize
     };
+    let reconnects = inner.backing.reconnects();
     let bytes = write_ios(inner, &bufs.data, &bufs.ios, depth)?;
     inner
         .backing
         .flush()
         .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))?;
+    if inner.backing.reconnects() != reconnects {
+        // Some of this batch went over a connection that broke: the server may have lost
+        // them even though the flush succeeded. The blocks stay dirty; the batch runs again.
+        return Err(Error::io(
+            format!("writeback to {}", inner.backing.describe()),
+            std::io::Error::other(
+                "the backing device reconnected during the batch; writing it again",
+            ),
+        ));
+    }
     Ok((bad, bytes))
 }
 
@@ -576,12 +590,10 @@ fn plan_ios(inner: &Inner, bufs: &mut WritebackBuffers, bad: &[usize]) {
     }
 }
 
-/// Issues `ios` with up to `depth` in flight, taken in order: a disk given a queue serves it
-/// in its own best order and has the next write at hand when one completes, where one IO at a
-/// time makes it wait a revolution whenever we are late by a few sectors. Returns the bytes
-/// written; on an error, the first one (the rest of the batch is abandoned; it stays dirty).
+/// Issues `ios` with up to `depth` in flight (see `inflight`). Returns the bytes written; on an
+/// error, the first one (the rest of the batch is abandoned; it stays dirty).
 fn write_ios(inner: &Inner, data: &[u8], ios: &[WbIo], depth: usize) -> Result<u64> {
-    let write = |io: &WbIo| {
+    inflight::run(ios, depth, |io| {
         inner
             .backing
             .write_at(&data[io.start..io.start + io.len], io.offset_bytes)
@@ -594,43 +606,8 @@ fn write_ios(inner: &Inner, data: &[u8], ios: &[WbIo], depth: usize) -> Result<u
                     e,
                 )
             })
-    };
-    let bytes = ios.iter().map(|io| io.len as u64).sum();
-    if depth <= 1 || ios.len() <= 1 {
-        for io in ios {
-            write(io)?;
-        }
-        return Ok(bytes);
-    }
-    let next = AtomicUsize::new(0);
-    let failed: Mutex<Option<Error>> = Mutex::new(None);
-    let worker = || loop {
-        let i = next.fetch_add(1, Ordering::Relaxed);
-        if i >= ios.len() || failed.lock().is_some() {
-            break;
-        }
-        if let Err(e) = write(&ios[i]) {
-            failed.lock().get_or_insert(e);
-            break;
-        }
-    };
-    std::thread::scope(|s| {
-        for _ in 1..depth.min(ios.len()) {
-            // A helper that cannot start leaves its share to the others.
-            if std::thread::Builder::new()
-                .name("logcache-wb-io".into())
-                .spawn_scoped(s, worker)
-                .is_err()
-            {
-                break;
-            }
-        }
-        worker();
-    });
-    match failed.into_inner() {
-        Some(e) => Err(e),
-        None => Ok(bytes),
-    }
+    })?;
+    Ok(ios.iter().map(|io| io.len as u64).sum())
 }
 
 /// Progress of a drain, for a progress bar.
@@ -650,6 +627,7 @@ pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<(
         (st.dirty_blocks, st.counters.writeback_blocks)
     };
     let res = (|| {
+        let mut failing_since: Option<Instant> = None;
         let mut bufs = inner.manual.then(|| {
             WritebackBuffers::new(inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize)
         });
@@ -670,11 +648,19 @@ pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<(
                 }
                 return Ok(());
             }
-            if let Some(e) = &st.writeback_error {
-                return Err(Error::Io {
-                    what: "drain stopped: writeback failed".into(),
-                    source: std::io::Error::other(e.clone()),
-                });
+            // Writeback retries a failed batch; give up only once it has kept failing for a
+            // while, so a transient backing error (a network blip) does not fail the drain.
+            match &st.writeback_error {
+                Some(e) => {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    if bufs.is_some() || since.elapsed() >= DRAIN_ERROR_PATIENCE {
+                        return Err(Error::Io {
+                            what: "drain stopped: writeback failed".into(),
+                            source: std::io::Error::other(e.clone()),
+                        });
+                    }
+                }
+                None => failing_since = None,
             }
             if let Some(bufs) = bufs.as_mut() {
                 let batch_blocks = inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize;

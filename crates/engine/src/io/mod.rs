@@ -46,6 +46,23 @@ pub trait BlockDevice: Send + Sync {
     }
     /// A short human description (path, "memory", ...) for messages.
     fn describe(&self) -> String;
+    /// Writes `bufs` one after another from `offset`, as one IO where the device can (a file:
+    /// one `pwritev`). The default writes them one by one.
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for b in bufs {
+            self.write_at(b, at)?;
+            at += b.len() as u64;
+        }
+        Ok(())
+    }
+    /// How many times the device has reconnected to its server (0 for local devices). Writes
+    /// that returned before a reconnect may have been lost without an error (the server may
+    /// have restarted), so a `flush` covers only writes since the last reconnect: a caller that
+    /// wrote, then flushed, and sees this number change in between must write again.
+    fn reconnects(&self) -> u64 {
+        0
+    }
 }
 
 /// Writes zeros over a range in 1 MiB pieces: the fallback of [`BlockDevice::write_zeroes`].

@@ -3,12 +3,11 @@
 //!
 //! [`NbdDevice`] keeps a small pool of blocking [`Client`] connections, each behind its own
 //! mutex, so calls from several threads run in parallel (one request in flight per connection).
-//! A broken connection fails the whole device for good: see [`NbdDevice`].
+//! A broken connection is replaced by a new one on its next use: see [`NbdDevice`].
 
 use std::fmt;
 use std::io;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use logcache_engine::io::{BlockDevice, SECTOR_SIZE_BYTES};
 use logcache_nbd::client::{Client, ExportInfo};
@@ -20,18 +19,25 @@ pub const DEFAULT_CONNECTIONS: usize = 4;
 
 /// An NBD export as a [`BlockDevice`].
 ///
-/// Failure policy: once any connection breaks (the server died, the network dropped, the server
-/// broke the protocol), every later call fails, on every connection. Nothing reconnects: the
-/// server may have acknowledged writes that it had not yet flushed, and whether those survived
-/// is unknowable from here, so the error has to reach the engine (which stops) and the operator.
+/// Failure policy: a call on a connection that broke (the server died or restarted, the
+/// network dropped, a request went unanswered for a minute, the server broke the protocol)
+/// fails. The next call on that connection first connects again; while that fails, calls fail
+/// at once with the reason, so the cache keeps absorbing writes and retries writeback later.
+/// The new connection must show the same export (size and flags), or the device refuses it.
+///
+/// The server may have acknowledged writes on the broken connection that it had not flushed,
+/// and lost them: a flush on the new connection does not cover them. [`BlockDevice::reconnects`]
+/// counts reconnections so that writeback, which writes a batch and then flushes, notices one
+/// in between and writes the batch again.
 pub struct NbdDevice {
     uri: String,
+    parsed: NbdUri,
     info: ExportInfo,
     connections: Vec<Mutex<Client>>,
     /// Where the next call starts looking for a free connection (round robin).
     next_connection: AtomicUsize,
-    /// Why the device stopped working; set by the first call that broke a connection.
-    failure: OnceLock<String>,
+    /// Successful reconnections so far.
+    reconnects: AtomicU64,
 }
 
 impl NbdDevice {
@@ -94,10 +100,11 @@ impl NbdDevice {
         }
         Ok(NbdDevice {
             uri: uri.to_owned(),
+            parsed,
             info,
             connections: clients,
             next_connection: AtomicUsize::new(0),
-            failure: OnceLock::new(),
+            reconnects: AtomicU64::new(0),
         })
     }
 
@@ -111,41 +118,65 @@ impl NbdDevice {
         self.connections.len()
     }
 
-    /// Whether a connection failure made the device unusable.
+    /// Whether some connection is broken now (it reconnects on its next use).
     pub fn has_failed(&self) -> bool {
-        self.failure.get().is_some()
+        self.connections
+            .iter()
+            .any(|c| c.try_lock().is_some_and(|c| c.is_broken()))
     }
 
-    fn check_failed(&self) -> io::Result<()> {
-        match self.failure.get() {
-            None => Ok(()),
-            Some(reason) => Err(io::Error::new(
-                io::ErrorKind::NotConnected,
+    /// A new connection to replace a broken one, if the server answers with the same export.
+    fn reconnect(&self) -> io::Result<Client> {
+        let client = Client::connect(&self.parsed)?;
+        let other = client.info();
+        if other.size_bytes != self.info.size_bytes
+            || other.transmission_flags != self.info.transmission_flags
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
                 format!(
-                    "NBD backing device {} is unusable after an earlier connection failure \
-                     ({reason}); it does not reconnect by itself, because writes the server \
-                     acknowledged but had not flushed may have been lost",
-                    self.uri
+                    "{}: the export changed while reconnecting (size {} vs {} bytes, flags {:#x} \
+                     vs {:#x}); refusing to use it as the same backing device",
+                    self.uri,
+                    other.size_bytes,
+                    self.info.size_bytes,
+                    other.transmission_flags,
+                    self.info.transmission_flags
                 ),
-            )),
+            ));
         }
+        Ok(client)
     }
 
     /// Runs `op` on a free connection (the first that `try_lock` gets, starting round robin),
-    /// or waits for the starting one if all are busy.
+    /// or waits for the starting one if all are busy. A broken connection reconnects first.
     fn with_connection<T>(&self, op: impl FnOnce(&mut Client) -> io::Result<T>) -> io::Result<T> {
-        self.check_failed()?;
         let count = self.connections.len();
         let start = self.next_connection.fetch_add(1, Ordering::Relaxed) % count;
         let mut client: MutexGuard<'_, Client> = (0..count)
             .find_map(|step| self.connections[(start + step) % count].try_lock())
             .unwrap_or_else(|| self.connections[start].lock());
-        let result = op(&mut client);
         if let Some(reason) = client.broken_reason() {
-            // Only the first failure is kept: it is the cause, later ones are consequences.
-            let _ = self.failure.set(reason.to_owned());
+            let reason = reason.to_owned();
+            match self.reconnect() {
+                Ok(fresh) => {
+                    *client = fresh;
+                    self.reconnects.fetch_add(1, Ordering::AcqRel);
+                }
+                Err(e) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::NotConnected,
+                        format!(
+                            "NBD backing device {} is unreachable (the connection broke: \
+                             {reason}; reconnecting failed: {e}); dirty data stays in the cache \
+                             and is written back once it answers again",
+                            self.uri
+                        ),
+                    ))
+                }
+            }
         }
-        result
+        op(&mut client)
     }
 
     fn check_range(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
@@ -195,7 +226,7 @@ impl BlockDevice for NbdDevice {
     /// write is durable once it has replied to it (and the spec forbids sending the command).
     fn flush(&self) -> io::Result<()> {
         if !self.info.can_flush() {
-            return self.check_failed();
+            return Ok(());
         }
         self.with_connection(|client| client.flush())
     }
@@ -205,13 +236,17 @@ impl BlockDevice for NbdDevice {
     fn discard(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
         self.check_range(offset, len_bytes)?;
         if !self.info.can_trim() || self.info.is_read_only() || len_bytes == 0 {
-            return self.check_failed();
+            return Ok(());
         }
         self.with_connection(|client| client.trim(offset, len_bytes))
     }
 
     fn describe(&self) -> String {
         self.uri.clone()
+    }
+
+    fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Acquire)
     }
 }
 
@@ -221,7 +256,7 @@ impl fmt::Debug for NbdDevice {
             .field("uri", &self.uri)
             .field("info", &self.info)
             .field("connections", &self.connections.len())
-            .field("failure", &self.failure.get())
+            .field("reconnects", &self.reconnects.load(Ordering::Relaxed))
             .finish()
     }
 }

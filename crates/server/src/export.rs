@@ -1,0 +1,134 @@
+//! [`Export`]: the block operations the server's commands need, and the two things it serves:
+//! the cache [`Engine`], and a plain [`BlockDevice`] served as it is (for `logcache sim-hdd`,
+//! an emulated hard disk over a file).
+//!
+//! Offsets and lengths reaching an export are multiples of 512 and inside the export (the
+//! request loop checks the range, `ops` turns unaligned requests into aligned ones).
+
+use std::sync::Arc;
+
+use logcache_engine::io::BlockDevice;
+use logcache_engine::{Engine, Error, Result};
+
+pub(crate) trait Export: Send + Sync {
+    fn size_bytes(&self) -> u64;
+    fn read(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()>;
+    /// With `fua`, returns once the data is durable.
+    fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()>;
+    /// The range reads as zeros afterwards (durable after a later flush).
+    fn write_zeroes(&self, offset_bytes: u64, length_bytes: u64) -> Result<()>;
+    /// TRIM: the range's contents are no longer needed.
+    fn discard(&self, offset_bytes: u64, length_bytes: u64) -> Result<()>;
+    /// Every write that returned before this call is durable when it returns.
+    fn flush(&self) -> Result<()>;
+    /// Whether requests may each take long enough that the client should have many in flight
+    /// (a disk rather than a cache): then every command runs on the connection's workers.
+    fn is_slow(&self) -> bool;
+}
+
+impl Export for Engine {
+    fn size_bytes(&self) -> u64 {
+        Engine::size_bytes(self)
+    }
+
+    fn read(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()> {
+        Engine::read(self, offset_bytes, out)
+    }
+
+    fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        Engine::write(self, offset_bytes, data, fua)
+    }
+
+    fn write_zeroes(&self, offset_bytes: u64, length_bytes: u64) -> Result<()> {
+        Engine::write_zeroes(self, offset_bytes, length_bytes, false)
+    }
+
+    fn discard(&self, offset_bytes: u64, length_bytes: u64) -> Result<()> {
+        Engine::discard(self, offset_bytes, length_bytes, false)
+    }
+
+    fn flush(&self) -> Result<()> {
+        Engine::flush(self)
+    }
+
+    /// Reads and plain writes answer in about a microsecond (see `transmission`).
+    fn is_slow(&self) -> bool {
+        false
+    }
+}
+
+/// Device errors keep their `io::Error` (and so its errno for the reply) behind a description
+/// of the operation, as the engine's do.
+impl Export for Arc<dyn BlockDevice> {
+    fn size_bytes(&self) -> u64 {
+        (**self).size_bytes()
+    }
+
+    fn read(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()> {
+        self.read_at(out, offset_bytes)
+            .map_err(|e| Error::io(format!("reading at offset {offset_bytes}"), e))
+    }
+
+    fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.write_at(data, offset_bytes)
+            .map_err(|e| Error::io(format!("writing at offset {offset_bytes}"), e))?;
+        if fua {
+            Export::flush(self)?;
+        }
+        Ok(())
+    }
+
+    fn write_zeroes(&self, offset_bytes: u64, length_bytes: u64) -> Result<()> {
+        (**self)
+            .write_zeroes(offset_bytes, length_bytes)
+            .map_err(|e| Error::io(format!("zeroing at offset {offset_bytes}"), e))
+    }
+
+    fn discard(&self, offset_bytes: u64, length_bytes: u64) -> Result<()> {
+        (**self)
+            .discard(offset_bytes, length_bytes)
+            .map_err(|e| Error::io(format!("discarding at offset {offset_bytes}"), e))
+    }
+
+    fn flush(&self) -> Result<()> {
+        (**self)
+            .flush()
+            .map_err(|e| Error::io("flushing the device", e))
+    }
+
+    /// Every request waits for the device; a disk only does its best with many queued.
+    fn is_slow(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use logcache_engine::io::memory::MemDevice;
+
+    #[test]
+    fn device_export_passes_operations_through_and_keeps_the_errno() {
+        let device: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 20));
+        let export: &dyn Export = &device;
+        assert_eq!(export.size_bytes(), 1 << 20);
+        assert!(export.is_slow());
+        export.write(4096, &[7u8; 8192], true).unwrap();
+        let mut out = vec![0u8; 8192];
+        export.read(4096, &mut out).unwrap();
+        assert_eq!(out, vec![7u8; 8192]);
+        export.write_zeroes(4096, 4096).unwrap();
+        export.read(4096, &mut out).unwrap();
+        assert_eq!(out[..4096], [0u8; 4096]);
+        assert_eq!(out[4096..], [7u8; 4096]);
+        export.discard(8192, 4096).unwrap();
+        export.flush().unwrap();
+
+        let past_end = export.read(1 << 20, &mut out).unwrap_err();
+        assert!(matches!(past_end, Error::Io { .. }), "{past_end}");
+        assert!(
+            past_end.to_string().contains("offset 1048576"),
+            "{past_end}"
+        );
+    }
+}

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Load soak (issue 6, item 6): JOBS fio jobs (one NBD connection each) x DEPTH requests in flight
+# of mixed 4 KiB-1 MiB random reads and writes against `logcache serve` (a CACHE cache file in
+# front of a sparse backing file 4x its size, both in DIR) for SECONDS. Checks:
+#   - fio finishes without an IO error;
+#   - the server's resident memory stays flat (the highest sample of the second half at most
+#     16 MiB + 10% above the highest of the first half);
+#   - the statistics add up: the engine's read/write counters and bytes moved by exactly what
+#     fio says it did;
+#   - no request took longer than MAX_LAT_MS (default 1000; 0 skips this check, for CI on a
+#     2-core machine where a 4096-deep queue makes latency a matter of scheduling).
+# Prints one JSON summary line; exits non-zero on any violation.
+#
+# usage: scripts/soak-load.sh [SECONDS=600] [JOBS=64] [DEPTH=64] [CACHE=2G] [DIR=/var/tmp]
+set -euo pipefail
+secs=${1:-600}
+jobs=${2:-64}
+depth=${3:-64}
+cache_size=${4:-2G}
+base=${5:-/var/tmp}
+max_lat_ms=${MAX_LAT_MS:-1000}
+root=$(cd "$(dirname "$0")/.." && pwd)
+bin=${LOGCACHE_BIN:-$root/target/release/logcache}
+[ -x "$bin" ] || (cd "$root" && cargo build --release -q -p logcache)
+dir=$(mktemp -d "$base/lcload.XXXXXX")
+pid=
+sampler=
+cleanup() {
+    [ -n "$sampler" ] && kill "$sampler" 2>/dev/null || true
+    [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null || true
+    wait 2>/dev/null || true
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+truncate -s "$cache_size" "$dir/cache.img"
+cache_bytes=$(stat -c %s "$dir/cache.img")
+truncate -s $((cache_bytes * 4)) "$dir/backing.img"
+"$bin" format --cache "$dir/cache.img" --backing "$dir/backing.img" >/dev/null
+"$bin" serve --cache "$dir/cache.img" --backing "$dir/backing.img" --socket "$dir/nbd.sock" \
+    >"$dir/serve.log" 2>&1 &
+pid=$!
+until [ -S "$dir/nbd.sock" ] && "$bin" status --control "$dir/cache.img.ctl" --json >/dev/null 2>&1; do
+    kill -0 "$pid" 2>/dev/null || { cat "$dir/serve.log" >&2; exit 1; }
+    sleep 0.05
+done
+"$bin" status --control "$dir/cache.img.ctl" --json >"$dir/before.json"
+(while kill -0 "$pid" 2>/dev/null; do
+    awk '/^VmRSS:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true
+    sleep 1
+done >"$dir/rss.txt") &
+sampler=$!
+# The export is the backing file minus logcache's 4 KiB label; fio works on the first 3/4.
+span=$((cache_bytes * 3 / 1048576))m
+fio --name=load --ioengine=nbd --uri="nbd+unix:///?socket=$dir/nbd.sock" --rw=randrw \
+    --rwmixread=50 --bssplit=4k/50:16k/20:64k/15:256k/10:1m/5 --iodepth="$depth" \
+    --numjobs="$jobs" --size="$span" --time_based --runtime="$secs" --group_reporting=0 \
+    --output-format=json --output="$dir/fio.json" >"$dir/fio.out" 2>&1 || {
+    cat "$dir/fio.out" >&2
+    echo "fio failed" >&2
+    exit 1
+}
+"$bin" status --control "$dir/cache.img.ctl" --json >"$dir/after.json"
+kill "$sampler" 2>/dev/null || true
+sampler=
+kill -TERM "$pid"
+wait "$pid" || { cat "$dir/serve.log" >&2; echo "serve did not stop cleanly" >&2; exit 1; }
+pid=
+python3 - "$dir" "$max_lat_ms" "$secs" "$jobs" "$depth" <<'EOF'
+import json, sys
+d, max_lat_ms, secs, jobs, depth = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+fio = json.load(open(f"{d}/fio.json"))
+before, after = json.load(open(f"{d}/before.json")), json.load(open(f"{d}/after.json"))
+rss = [int(x) for x in open(f"{d}/rss.txt").read().split()]
+tot = {"read": [0, 0], "write": [0, 0]}
+errors, lat_max_ns = 0, 0
+for j in fio["jobs"]:
+    errors += j["error"]
+    for k in ("read", "write"):
+        tot[k][0] += j[k]["total_ios"]
+        tot[k][1] += j[k]["io_bytes"]
+        lat_max_ns = max(lat_max_ns, j[k]["clat_ns"]["max"])
+def delta(name):
+    return after[name] - before[name]
+problems = []
+if errors:
+    problems.append(f"fio reported {errors} errors")
+for k, ios, byts in (("read", "reads", "read_bytes"), ("write", "writes", "write_bytes")):
+    if delta(ios) != tot[k][0] or delta(byts) != tot[k][1]:
+        problems.append(f"{k}s do not add up: fio {tot[k][0]} ios / {tot[k][1]} bytes, "
+                        f"logcache {delta(ios)} / {delta(byts)}")
+half = len(rss) // 2
+first, second = max(rss[:half] or [0]), max(rss[half:] or [0])
+if half >= 2 and second > first * 1.10 + 16 * 1024:
+    problems.append(f"memory grew: {first} KiB in the first half, {second} KiB in the second")
+if max_lat_ms and lat_max_ns > max_lat_ms * 1e6:
+    problems.append(f"a request took {lat_max_ns / 1e6:.0f} ms (limit {max_lat_ms} ms)")
+print(json.dumps({
+    "seconds": secs, "connections": jobs, "iodepth": depth,
+    "reads": tot["read"][0], "writes": tot["write"][0],
+    "read_mib": round(tot["read"][1] / 2**20), "write_mib": round(tot["write"][1] / 2**20),
+    "max_latency_ms": round(lat_max_ns / 1e6, 1),
+    "rss_kib_first_half_max": first, "rss_kib_second_half_max": second,
+    "problems": problems,
+}))
+sys.exit(1 if problems else 0)
+EOF
