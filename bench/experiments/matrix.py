@@ -28,7 +28,7 @@ RW_ORDER = ["write", "randwrite", "read", "randread"]
 
 def params(ctx):
     return pick(ctx, {
-        "smoke": {"bs": ["4k", "1m"], "rw": ["randwrite", "randread"], "iodepth": [1, 16],
+        "smoke": {"bs": ["4k", "1m"], "rw": ["randwrite", "randread"], "iodepth": [16],
                   "runtime": 1, "span": 64 * MiB, "cache_size": 512 * MiB, "hdd_size": 1 * GiB},
         "quick": {"bs": ["4k", "1m"], "rw": ["write", "randwrite", "randread"], "iodepth": [1, 32],
                   "runtime": 1, "span": 1 * GiB, "cache_size": 4 * GiB, "hdd_size": 16 * GiB},

@@ -16,10 +16,9 @@ class CommandFailed(RuntimeError):
 
 
 class Context:
-    def __init__(self, mode, bin_path, log_file=None, force_hdd_standin=False):
+    def __init__(self, mode, bin_path, log_file=None):
         self.mode = mode
         self.bin = bin_path
-        self.force_hdd_standin = force_hdd_standin
         # Scratch space: files that stand for disks go to /var/tmp (the local disk), memory
         # devices to /dev/shm.
         self.tmp = tempfile.mkdtemp(prefix="lcbench.", dir="/var/tmp")

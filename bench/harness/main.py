@@ -111,8 +111,6 @@ def parse_args(argv):
     p.add_argument("--no-report", action="store_true", help="run and store results only")
     p.add_argument("--report-only", action="store_true",
                    help="regenerate the report from stored results, run nothing")
-    p.add_argument("--hdd-standin", action="store_true",
-                   help="use the nbdkit delay stand-in even if logcache sim-hdd exists")
     return p.parse_args(argv)
 
 
@@ -146,8 +144,7 @@ def main(argv):
 
     bin_path = find_binary(args)
     os.makedirs(results_dir, exist_ok=True)
-    ctx = Context(mode, bin_path, log_file=os.path.join(results_dir, "run.log"),
-                  force_hdd_standin=args.hdd_standin)
+    ctx = Context(mode, bin_path, log_file=os.path.join(results_dir, "run.log"))
     open(ctx.log_file, "w").close()
 
     def on_signal(signum, frame):

@@ -40,60 +40,45 @@ def make_file(path, size, allocate=False):
 # The emulated hard disk
 
 
-def sim_hdd_available(ctx):
-    if ctx.force_hdd_standin:
-        return False
-    if not hasattr(ctx, "_sim_hdd"):
+def _sim_hdd_help(ctx):
+    if not hasattr(ctx, "_sim_hdd_help"):
         rc, out, err = run_tracked([ctx.bin, "sim-hdd", "--help"], timeout=30)
-        ctx._sim_hdd = rc == 0
+        if rc != 0:
+            raise RuntimeError(f"{ctx.bin} has no sim-hdd command (rebuild it): {err.strip()}")
         ctx._sim_hdd_help = out
-    return ctx._sim_hdd
+    return ctx._sim_hdd_help
 
 
 def hdd_model(ctx):
-    """What the emulated disk is, for the report: its kind and its parameters (defaults read
-    from `logcache sim-hdd --help`, overridden by what the harness passes)."""
-    if sim_hdd_available(ctx):
-        params = {}
-        # Clap's help: an option line, then possibly wrapped continuation lines.
-        blocks, cur = [], None
-        for line in ctx._sim_hdd_help.splitlines():
-            m = re.match(r"\s+(?:-\w, )?--([a-z0-9-]+)\b(.*)", line)
-            if m:
-                cur = [m.group(1), m.group(2)]
-                blocks.append(cur)
-            elif cur is not None:
-                cur[1] += " " + line.strip()
-        for name, text in blocks:
-            m = re.search(r"\[default: ([^\]]+)\]", text)
-            if m and name not in ("file", "size", "socket", "listen", "help"):
-                params[name] = m.group(1)
-        params.update({k: str(v) for k, v in ctx.hdd_options.items()})
-        return {"kind": "logcache sim-hdd", "params": params}
-    return {
-        "kind": "TEMPORARY STAND-IN (logcache sim-hdd not available in this build): nbdkit file "
-                "plugin with --filter=noparallel (one request at a time) and --filter=delay "
-                "(5 ms per read and per write)",
-        "params": {"rdelay": "5ms", "wdelay": "5ms", "serialize": "all-requests"},
-    }
+    """What the emulated disk is, for the report: its parameters (defaults read from
+    `logcache sim-hdd --help`, overridden by what the harness passes)."""
+    params = {}
+    # Clap's help: an option line, then possibly wrapped continuation lines.
+    blocks, cur = [], None
+    for line in _sim_hdd_help(ctx).splitlines():
+        m = re.match(r"\s+(?:-\w, )?--([a-z0-9-]+)\b(.*)", line)
+        if m:
+            cur = [m.group(1), m.group(2)]
+            blocks.append(cur)
+        elif cur is not None:
+            cur[1] += " " + line.strip()
+    for name, text in blocks:
+        m = re.search(r"\[default: ([^\],]+)", text)
+        if m and name not in ("file", "size", "socket", "listen", "help"):
+            params[name] = m.group(1).strip()
+    params.update({k: str(v) for k, v in ctx.hdd_options.items()})
+    return {"kind": "logcache sim-hdd", "params": params}
 
 
 def start_sim_hdd(ctx, name, size, path=None):
-    """Starts the emulated hard disk over a sparse file of `size` bytes; returns the Proc."""
+    """Starts the emulated hard disk (`logcache sim-hdd`) over a sparse file of `size` bytes."""
     size = parse_size(size)
     path = path or os.path.join(ctx.tmp, f"{name}.img")
     sock = os.path.join(ctx.tmp, f"{name}.sock")
     make_file(path, size)
-    if sim_hdd_available(ctx):
-        argv = [ctx.bin, "sim-hdd", "--file", path, "--size", str(size), "--socket", sock]
-        for k, v in ctx.hdd_options.items():
-            argv += [f"--{k}", str(v)]
-    else:
-        # TEMPORARY STAND-IN until `logcache sim-hdd` is on main (then this branch is unused):
-        # a 5 ms delay per request, one request at a time (~200 IOPS, like a 7200 rpm disk's
-        # random IOPS; no seek model at all).
-        argv = ["nbdkit", "--exit-with-parent", "-f", "-U", sock, "--filter=noparallel",
-                "--filter=delay", "file", path, "wdelay=5ms", "rdelay=5ms", "serialize=all-requests"]
+    argv = [ctx.bin, "sim-hdd", "--file", path, "--size", str(size), "--socket", sock]
+    for k, v in ctx.hdd_options.items():
+        argv += [f"--{k}", str(v)]
     return ctx.start(name, argv, sock)
 
 
