@@ -107,7 +107,7 @@ def run(ctx):
                 ctx.log(f"   {config:<13} bg {bg:>2} {r['side']:<5} p50 {fmt(r['p50_us'])} µs "
                         f"p99 {fmt(r['p99_us'])} µs p99.9 {fmt(r.get('p999_us'))} µs")
             if config != "hdd":
-                lc.stop()
+                lc.stop(kill=True)  # thrown away; a clean stop waits for writeback in flight
     lc.remove()
     return {"rows": rows, "params": p}
 

@@ -72,6 +72,9 @@ def run(ctx):
                         uris["logcache"] = lc.uri
                     res = run_fio(ctx, uris[c], rw=rw, bs=bs, iodepth=depth, size=p["span"],
                                   runtime=p["runtime"], label=f"{c}-{rw}-{bs}-{depth}", **kw)
+                    if c == "logcache" and not reading:
+                        # Its writeback must not load the disk while the HDD alone is measured.
+                        lc.stop(kill=True)
                     row = {"contender": c, "rw": rw, "bs": bs, "bs_bytes": parse_size(bs.upper()),
                            "iodepth": depth}
                     row.update(res)

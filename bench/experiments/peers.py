@@ -68,7 +68,7 @@ def run(ctx):
         return f
 
     def stop_lc():
-        lc.stop()
+        lc.stop(kill=True)  # thrown away; a clean stop waits for writeback in flight
 
     def start_nk(reading, block_size="4K"):
         def f():

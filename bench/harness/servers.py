@@ -173,8 +173,9 @@ class Logcache:
         return self.proc
 
     def start_fresh(self, recreate_file=False):
-        """Stops serve if running, (re)formats an empty cache and serves it."""
-        self.stop()
+        """Ends serve if running (SIGKILL: its contents are thrown away), formats an empty cache
+        and serves it."""
+        self.stop(kill=True)
         if recreate_file or not os.path.exists(self.cache_path):
             self.create_cache_file()
         self.format()
@@ -189,7 +190,7 @@ class Logcache:
             self.proc = None
 
     def remove(self):
-        self.stop()
+        self.stop(kill=True)
         if os.path.exists(self.cache_path):
             os.unlink(self.cache_path)
 
