@@ -116,7 +116,7 @@ def render(res, charts):
     out = [
         "Each contender on the same emulated HDD. nbdkit's cache filter keeps its cache in a "
         "temporary file on /var/tmp (through the page cache), in 4 KiB blocks (`cache-min-block-size=4K`; its default, 64 KiB, is measured too on the first job); it writes dirty blocks to the "
-        "disk only when the client flushes, and fio sends no flush here); logcache's cache file "
+        "disk only when the client flushes, and fio sends no flush here. logcache's cache file "
         f"({p['cache_size'] / GiB:g} GiB) is on /var/tmp too. Jobs: `randwrite-4k` = seed 000's "
         "(4 KiB, iodepth 64), `write-1m` = 1 MiB sequential, iodepth 32, `randread-4k` = 4 KiB "
         f"random reads, iodepth 32, of a {p['read_span'] / MiB:g} MiB region written (sequentially) "

@@ -129,7 +129,9 @@ def render(res, charts):
         f"{v.get('writeback_batch_blocks')} blocks, {v.get('writeback_io_depth')} writes in flight. "
         "This benchmark runs the engine in-process (no NBD, no fio): it times writeback itself.")
     out.append("")
-    drains = [r for r in rows if r["kind"] == "drain"]
+    order = ["direct", "drain_unsorted", "drain_sorted"]
+    drains = sorted((r for r in rows if r["kind"] == "drain"),
+                    key=lambda r: (order.index(r["case"]) if r["case"] in order else len(order), r["case"]))
     out.append(table(
         ["case", "wall s", "modelled disk s", "backing IOs", "blocks/s"],
         [[CASE_LABELS.get(r["case"], r["case"]), fmt(r["seconds"]), fmt(r.get("modelled_seconds")),
@@ -141,7 +143,7 @@ def render(res, charts):
         out.append(f"**Goal: sorted ≥ 3× faster than unsorted: {'met' if s >= 3 else 'not met'} "
                    f"({s:.2f}×)** on this dataset; dm-writeboost's own figure on its dataset: 2.4×.")
         out.append("")
-    fgs = [r for r in rows if r["kind"] == "foreground"]
+    fgs = sorted((r for r in rows if r["kind"] == "foreground"), key=lambda r: r["case"] != "no_writeback")
     if fgs:
         fg = v.get("foreground", {})
         out.append(

@@ -37,7 +37,9 @@ def describe(repo):
     except OSError:
         pass
     commit = _cmd(["git", "-C", repo, "rev-parse", "--short=12", "HEAD"])
-    dirty = _cmd(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no"])
+    # What the harness itself writes (results, the report) does not make the build dirty.
+    dirty = _cmd(["git", "-C", repo, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                  ":!bench/results", ":!docs/bench", ":!docs/BENCHMARKS.md"])
     return {
         "nproc": os.cpu_count(),
         "cpu": cpu,

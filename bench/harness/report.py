@@ -127,7 +127,7 @@ def render_report(names, results_dir, doc_path, chart_dir, mode):
         mod = importlib.import_module(f"experiments.{name}")
         loaded.append(res)
         body = mod.render(res, charts)
-        sections.append(f"## {res['title']}\n\n{header(res)}\n\n{body}")
+        sections.append(f"## {res['title']}\n\n{header(res)}\n\n{body}\n")
         summ = getattr(mod, "summary", None)
         if summ:
             summaries.extend(summ(res))
