@@ -35,7 +35,7 @@ def params(ctx):
     return pick(ctx, {
         "smoke": {"bg": [0, 4], "runtime": 1, "region": 16 * MiB, "hdd_size": 1 * GiB,
                   "cache_size": 512 * MiB},
-        "quick": {"bg": [0, 4, 16], "runtime": 2, "region": 64 * MiB, "hdd_size": 16 * GiB,
+        "quick": {"bg": [0, 4, 16], "runtime": 1.5, "region": 64 * MiB, "hdd_size": 16 * GiB,
                   "cache_size": 4 * GiB},
         "full": {"bg": [0, 4, 16], "runtime": 15, "region": 512 * MiB, "hdd_size": 16 * GiB,
                  "cache_size": 12 * GiB},

@@ -32,7 +32,7 @@ def params(ctx):
         "smoke": {"bs": ["4k", "1m"], "rw": ["randwrite", "randread"], "iodepth": [16],
                   "runtime": 1, "span": 64 * MiB, "cache_size": 512 * MiB, "hdd_size": 1 * GiB},
         "quick": {"bs": ["4k", "1m"], "rw": ["write", "randwrite", "randread"], "iodepth": [1, 32],
-                  "runtime": 1, "span": 1 * GiB, "cache_size": 4 * GiB, "hdd_size": 16 * GiB},
+                  "runtime": 1, "span": 512 * MiB, "cache_size": 4 * GiB, "hdd_size": 16 * GiB},
         "full": {"bs": ["4k", "16k", "64k", "256k", "1m", "4m"], "rw": RW_ORDER,
                  "iodepth": [1, 16, 32, 64, 128], "runtime": 5, "span": 4 * GiB,
                  "cache_size": 12 * GiB, "hdd_size": 16 * GiB},

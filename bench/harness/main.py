@@ -166,6 +166,7 @@ def main(argv):
             ctx.begin_experiment()
             ctx.log(f"== {name}: {mod.TITLE}")
             started = datetime.datetime.now(datetime.timezone.utc)
+            mach = dict(mach, loadavg_at_start=" ".join(open("/proc/loadavg").read().split()[:3]))
             t = time.monotonic()
             try:
                 got = mod.run(ctx)
@@ -190,6 +191,7 @@ def main(argv):
                 "date": started.strftime("%Y-%m-%d"),
                 "started_utc": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "seconds": round(secs, 1),
+                "loadavg_end": " ".join(open("/proc/loadavg").read().split()[:3]),
                 "invocation": invocation,
                 "machine": mach,
                 "hdd": hdd,

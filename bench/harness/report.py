@@ -72,7 +72,9 @@ def header(res):
     m = res["machine"]
     return (
         f"*Measured {res['started_utc']} by `{res['invocation']}` ({res['mode']} mode, "
-        f"{res['seconds']:.0f} s). Machine: {machine.one_line(m)}.*\n\n"
+        f"{res['seconds']:.0f} s). Machine: {machine.one_line(m)}"
+        + (f", at end {res['loadavg_end']}" if res.get("loadavg_end") else "")
+        + " (other work on this shared machine shows here and moves every figure).*\n\n"
         f"Raw rows: `bench/results/{res['mode']}/{res['experiment']}.csv` and `.json` (the JSON "
         f"also lists every command run)."
     )
