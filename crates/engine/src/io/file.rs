@@ -730,7 +730,9 @@ mod tests {
             dev.read_at(&mut back, 128 * 1024).unwrap();
             assert_eq!(&back[..4096], &b[..]);
             assert_eq!(&back[4096..], &c[..]);
-            let err = dev.write_vectored_at(&[&a, &b], (1 << 20) - 8192).unwrap_err();
+            let err = dev
+                .write_vectored_at(&[&a, &b], (1 << 20) - 8192)
+                .unwrap_err();
             assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
         }
     }
