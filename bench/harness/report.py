@@ -156,6 +156,24 @@ def render_report(names, results_dir, doc_path, chart_dir, mode):
     if summaries:
         parts += ["## Goals", "", table(["goal", "figure", "verdict"], summaries,
                                         ["---", "---:", "---"]), ""]
+    loads = []
+    for res in loaded:
+        for key in ("loadavg_at_start",):
+            v = res["machine"].get(key)
+            if v:
+                loads.append(float(v.split()[0]))
+        if res.get("loadavg_end"):
+            loads.append(float(res["loadavg_end"].split()[0]))
+    if loads:
+        nproc = loaded[0]["machine"].get("nproc") or 0
+        parts += [
+            f"Verdicts are this run's alone. The 1-minute load average ranged from "
+            f"{min(loads):.2f} to {max(loads):.2f} at the starts and ends of the experiments "
+            f"on {nproc} vCPUs"
+            + (": other work was competing for the CPUs, which lowers every figure not taken "
+               "from the emulated disk's clock (each section gives its own load)."
+               if max(loads) > nproc else "."),
+            ""]
     if missing:
         parts += ["Not run yet in this mode: " + ", ".join(f"`{m}`" for m in missing) + ".", ""]
     parts += sections
