@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import random
+import re
 import select
 import shutil
 import signal
@@ -68,6 +69,11 @@ POOL = 1 << 16
 ZERO_SECTOR = bytes(SECTOR)
 ZERO_BLOCK = bytes(BLOCK)
 MIB = 1 << 20
+
+# serve's line after recovering from an unclean stop.
+RECOVERED = re.compile(
+    r"recovered after an unclean stop in ([0-9.]+) s: (\d+) chunks replayed, (\d+) discarded"
+)
 
 SCENARIOS = {
     # name: weight
@@ -309,15 +315,21 @@ class Admin:
         self.steps = list(steps)
         self.proc = None
         self.current = None
-        self.done = []  # (argv, returncode, stderr)
+        self.started = 0.0
+        self.done = []  # (argv, returncode, stderr, seconds)
+
+    def _finish(self):
+        secs = time.monotonic() - self.started
+        self.done.append((self.current, self.proc.returncode, self.proc.stderr.read(), secs))
+        self.proc.stderr.close()
+        self.proc = None
 
     def step(self):
         if self.proc is not None and self.proc.poll() is not None:
-            self.done.append((self.current, self.proc.returncode, self.proc.stderr.read()))
-            self.proc.stderr.close()
-            self.proc = None
+            self._finish()
         if self.proc is None and self.steps:
             self.current = self.steps.pop(0)
+            self.started = time.monotonic()
             self.proc = self.server.admin(self.current)
 
     def running(self):
@@ -334,9 +346,7 @@ class Admin:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-            self.done.append((self.current, self.proc.returncode, self.proc.stderr.read()))
-            self.proc.stderr.close()
-            self.proc = None
+            self._finish()
         self.steps = []
 
 
@@ -374,7 +384,8 @@ class Conn:
 class Cycle:
     """Everything one cycle issued, in the order it issued it."""
 
-    def __init__(self):
+    def __init__(self, lie=False):
+        self.lie = lie
         self.writes = {}  # wid -> Write
         self.versions = {}  # block -> [wid] in issue order (never two in flight per block)
         self.ack_seq = 0
@@ -385,6 +396,8 @@ class Cycle:
         self.errors = []  # I/O errors while the server was healthy
 
     def durable(self, w):
+        if self.lie:  # --self-test: pretend every acknowledged write was flushed
+            return w.ack is not None
         return w.ack is not None and (w.fua or w.ack <= self.durable_ack)
 
     def tag(self, wid):
@@ -408,6 +421,8 @@ class Verifier:
         self.region_sectors = self.region_blocks * SPB
         self.baseline = bytearray(self.region_blocks * BLOCK)  # zeros after format
         self.next_wid = 1
+        # How long these commands have been taking (seconds, moving average), to aim kills.
+        self.admin_secs = {"drain": 0.5, "set cache_mode=write-through": 0.5}
         self.violations = []
         self.problems = []  # not violations of the contract, but a failed run all the same
         self.s = {  # totals
@@ -439,6 +454,7 @@ class Verifier:
             "recovered_chunks_replayed": 0,
             "recovered_chunks_discarded": 0,
             "restart_seconds_max": 0.0,
+            "recovery_seconds_max": 0.0,
             "admin_commands": 0,
             "admin_failed_while_serving": 0,
             "violations": 0,
@@ -473,8 +489,10 @@ class Verifier:
         # same plans even though the number of requests per cycle depends on timing.
         rng = self.rng = random.Random(self.seed * 1_000_003 + index)
         t_cycle = time.monotonic()
-        cyc = Cycle()
+        cyc = Cycle(lie=args.self_test)
         scenario = rng.choices(list(SCENARIOS), weights=list(SCENARIOS.values()))[0]
+        if args.self_test:
+            scenario = "load"
         recovery_kills = 0
         if rng.random() < args.recovery_kill_prob:
             recovery_kills = rng.choice((1, 1, 2, 3))
@@ -490,6 +508,8 @@ class Verifier:
             "hot": (hot_start, hot_start + hot_len),
             "max_blocks": rng.choice((1, 4, 16)),
         }
+        if args.self_test:  # no flushes, no FUA: what the kill loses was never durable
+            p["p_flush"], p["p_fua"], recovery_kills = 0.0, 0.0, 0
         load_time = rng.uniform(args.load_min, args.load_max)
         kill_after = load_time
         load_stop = load_time
@@ -500,15 +520,20 @@ class Verifier:
             admin_at = rng.uniform(0.0, 0.6) * load_time
             admin_steps = [["set", "writeback_threshold_percent=0"]]
         elif scenario == "drain":
+            # Kill within about the time a drain has been taking, so most kills land in one.
             admin_at = rng.uniform(0.0, 0.7) * load_time
             admin_steps = [["drain"]]
             if rng.random() < 0.5:  # let the drain make progress without new writes
                 load_stop = admin_at + rng.uniform(0.0, 0.2)
-            kill_after = admin_at + rng.uniform(0.0, 1.5)
+            kill_after = admin_at + rng.uniform(0.0, 1.2) * self.admin_secs["drain"]
         elif scenario == "mode-switch":
             admin_at = rng.uniform(0.0, 0.7) * load_time
             admin_steps = [["set", "cache_mode=write-through"], ["set", "cache_mode=write-back"]]
-            kill_after = admin_at + rng.uniform(0.0, 2.0)
+            est = self.admin_secs["set cache_mode=write-through"]
+            if rng.random() < 0.75:  # during the switch to write-through (which drains)
+                kill_after = admin_at + rng.uniform(0.0, 1.2) * est
+            else:  # in write-through, or while switching back
+                kill_after = admin_at + est + rng.uniform(0.0, 1.0)
         s = self.s
         s["scenarios"][scenario] = s["scenarios"].get(scenario, 0) + 1
 
@@ -527,7 +552,13 @@ class Verifier:
         fixes = []
         if st.get("mode") != "write-back" and rng.random() < 0.67:
             fixes.append("cache_mode=write-back")
-        if tun.get("writeback_threshold_percent") != "10" and rng.random() < 0.67:
+        threshold = tun.get("writeback_threshold_percent")
+        if scenario in ("drain", "mode-switch"):
+            # Half the time let more dirty data pile up first, so there is more to drain.
+            want = rng.choice(("10", "50"))
+            if threshold != want:
+                fixes.append(f"writeback_threshold_percent={want}")
+        elif threshold != "10" and rng.random() < 0.67:
             fixes.append("writeback_threshold_percent=10")
         if fixes:
             out = subprocess.run(
@@ -718,6 +749,10 @@ class Verifier:
             admin.step()
             admin.steps = []  # start nothing new
             finished_while_serving = list(admin.done)
+            for argv, rc, _err, secs in finished_while_serving:
+                key = " ".join(argv)
+                if rc == 0 and key in self.admin_secs:
+                    self.admin_secs[key] = 0.7 * self.admin_secs[key] + 0.3 * secs
         admin_running = admin.describe_running() if admin else None
         flush_in_flight = any(op[0] == "f" for c in conns for op in c.inflight.values())
         requests_in_flight = inflight()
@@ -744,7 +779,7 @@ class Verifier:
             s["admin_commands"] += len(admin.done)
             # Commands interrupted by the kill fail, as they should; one that failed while the
             # server was healthy is a problem.
-            for argv, rc, err in finished_while_serving:
+            for argv, rc, err, _secs in finished_while_serving:
                 if rc != 0:
                     s["admin_failed_while_serving"] += 1
                     self.problems.append(
@@ -770,15 +805,13 @@ class Verifier:
         h, secs = server.wait_ready(args.restart_timeout)
         self.ready_estimate = 0.7 * self.ready_estimate + 0.3 * secs
         s["restart_seconds_max"] = max(s["restart_seconds_max"], secs)
-        text = server.log_since_start()
-        for line in text.splitlines():
-            if "recovered after an unclean stop" in line:
-                try:
-                    words = line.split(":")[-1].split(",")
-                    s["recovered_chunks_replayed"] += int(words[0].split()[0])
-                    s["recovered_chunks_discarded"] += int(words[1].split()[0])
-                except (ValueError, IndexError):
-                    pass
+        m = RECOVERED.search(server.log_since_start())
+        rec_secs = 0.0
+        if m:
+            rec_secs = float(m.group(1))
+            s["recovery_seconds_max"] = max(s["recovery_seconds_max"], rec_secs)
+            s["recovered_chunks_replayed"] += int(m.group(2))
+            s["recovered_chunks_discarded"] += int(m.group(3))
         conns.append(Conn(h, 0))
         for i in range(1, args.connections):
             conns.append(Conn(server.connect(), i))
@@ -805,7 +838,7 @@ class Verifier:
             f" flushes {cyc.flushes_done}/{cyc.flushes_issued}"
             f" in-flight-at-kill {requests_in_flight}"
             f"{' during ' + admin_running if admin_running else ''}"
-            f" restart {secs:.2f}s verify {tv:.2f}s cycle {time.monotonic() - t_cycle:.2f}s"
+            f" restart {secs:.2f}s (recovery {rec_secs:.2f}s) verify {tv:.2f}s cycle {time.monotonic() - t_cycle:.2f}s"
             f" violations {found}"
         )
         if args.verbose:
@@ -892,7 +925,9 @@ class Verifier:
         return got
 
     def verify_region(self, server, cyc, index, scenario):
-        got = self.read_region(server)
+        self.verify_content(self.read_region(server), cyc, index, scenario)
+
+    def verify_content(self, got, cyc, index, scenario):
         s = self.s
         touched = cyc.versions
         # Untouched blocks: exactly as before, compared a MiB at a time.
@@ -964,7 +999,7 @@ class Verifier:
                     if k == j or not w.covers(sec):
                         continue
                     other = found[k]
-                    if other == wid:
+                    if other == wid or other is None:  # None: reported as corrupt already
                         continue
                     if (
                         other in order
@@ -1053,7 +1088,7 @@ class Verifier:
             next_report = time.monotonic() + args.progress_seconds
             for i in range(args.cycles):
                 self.run_cycle(server, conns, i)
-                if self.violations and args.stop_on_violation:
+                if self.violations and (args.stop_on_violation or args.self_test):
                     break
                 if time.monotonic() >= next_report:
                     next_report = time.monotonic() + args.progress_seconds
@@ -1065,7 +1100,17 @@ class Verifier:
                         f"{time.monotonic() - started:.0f} s"
                     )
             self.final_clean_restart(server, conns)
-            ok = not self.violations and not self.problems
+            if args.self_test:
+                # The verifier pretended every acknowledged write was flushed; the kills lose
+                # the unflushed ones, and the checker must say so.
+                lost = sum(1 for v in self.violations if v["kind"] == "lost-or-foreign")
+                ok = lost > 0 and not self.problems
+                log(
+                    f"kill_verify: self-test: {lost} sectors of acknowledged, never flushed "
+                    f"writes reported lost ({'as they must be' if ok else 'NONE: the checker is blind'})"
+                )
+            else:
+                ok = not self.violations and not self.problems
         except Failure as e:
             failure = str(e)
             self.problems.append(f"FAILURE: {failure}")
@@ -1123,6 +1168,168 @@ class Verifier:
         }
 
 
+def check_the_checker():
+    """Feeds the checker made-up disk contents, no server: each case must produce exactly the
+    violations listed (none for the legal outcomes)."""
+    args = argparse.Namespace(seed=7, region_mib=1, max_reports=0, self_test=False)
+    v = Verifier(args)
+    st = v.stamps
+    zero = bytes(v.region_blocks * BLOCK)
+    failures = []
+
+    def case(name, expect, build):
+        cyc = Cycle()
+        v.baseline = bytearray(zero)
+        got = bytearray(zero)
+        build(cyc, got)
+        v.violations = []
+        v.verify_content(got, cyc, 0, "checker")
+        kinds = sorted({x["kind"] for x in v.violations})
+        status = "ok" if kinds == sorted(expect) else "WRONG"
+        if status != "ok":
+            failures.append(name)
+        log(f"check-checker: {status}: {name}: expected {sorted(expect)}, got {kinds}")
+
+    def write(cyc, wid, start, n, ack=True, fua=False):
+        w = Write(wid, start, n, fua)
+        cyc.writes[wid] = w
+        for b in w.blocks():
+            cyc.versions.setdefault(b, []).append(wid)
+        if ack:
+            cyc.ack_seq += 1
+            w.ack = cyc.ack_seq
+        return w
+
+    def flush(cyc):
+        cyc.durable_ack = cyc.ack_seq
+
+    def put(got, start, n, wid):
+        got[start * SECTOR : (start + n) * SECTOR] = st.data(start, n, wid)
+
+    def durable_present(cyc, got):
+        write(cyc, 1, 0, 8)
+        flush(cyc)
+        put(got, 0, 8, 1)
+
+    def durable_lost(cyc, got):
+        write(cyc, 1, 0, 8)
+        flush(cyc)
+
+    def fua_lost(cyc, got):
+        write(cyc, 1, 0, 8, fua=True)
+
+    def unflushed_lost(cyc, got):
+        write(cyc, 1, 0, 8)
+
+    def acked_after_flush_issue_lost(cyc, got):
+        write(cyc, 1, 0, 8)
+        flush(cyc)
+        write(cyc, 2, 0, 8)  # acknowledged after the flush was issued: not covered
+        put(got, 0, 8, 1)
+
+    def later_unacked_present(cyc, got):
+        write(cyc, 1, 0, 8)
+        flush(cyc)
+        write(cyc, 2, 0, 8, ack=False)
+        put(got, 0, 8, 2)
+
+    def older_than_durable(cyc, got):
+        write(cyc, 1, 0, 8)
+        write(cyc, 2, 0, 8)
+        flush(cyc)
+        put(got, 0, 8, 1)
+
+    def torn_full_block(cyc, got):
+        write(cyc, 1, 0, 8)
+        put(got, 0, 4, 1)
+
+    def sector_write_over_block(cyc, got):
+        write(cyc, 1, 0, 8)
+        flush(cyc)
+        write(cyc, 2, 2, 2)
+        put(got, 0, 8, 1)
+        put(got, 2, 2, 2)
+
+    def torn_sector_write(cyc, got):
+        write(cyc, 1, 0, 8)
+        flush(cyc)
+        write(cyc, 2, 2, 2)
+        put(got, 0, 8, 1)
+        put(got, 2, 1, 2)
+
+    def durable_sector_write_lost(cyc, got):
+        write(cyc, 1, 8 + 3, 2, fua=True)
+
+    def misplaced(cyc, got):
+        write(cyc, 1, 0, 16)
+        flush(cyc)
+        put(got, 0, 8, 1)
+        got[BLOCK : 2 * BLOCK] = got[0:BLOCK]
+
+    def garbage(cyc, got):
+        write(cyc, 1, 0, 8)
+        got[0:BLOCK] = random.Random(1).randbytes(BLOCK)
+
+    def bit_flip(cyc, got):
+        write(cyc, 1, 0, 8)
+        flush(cyc)
+        put(got, 0, 8, 1)
+        got[100] ^= 1
+
+    def foreign_write(cyc, got):
+        write(cyc, 1, 0, 8)
+        put(got, 0, 8, 999)
+
+    def untouched_changed(cyc, got):
+        put(got, 5 * SPB, 8, 1)
+
+    def baseline_kept(cyc, got):
+        v.baseline[0:BLOCK] = st.data(0, 8, 500)
+        write(cyc, 1, 0, 8)
+        put(got, 0, 8, 500)
+
+    def baseline_replaced_by_zeros(cyc, got):
+        v.baseline[0:BLOCK] = st.data(0, 8, 500)
+        write(cyc, 1, 0, 8)
+
+    case("a flushed write is there", [], durable_present)
+    case("a flushed write is lost", ["lost-or-foreign"], durable_lost)
+    case("a FUA write is lost", ["lost-or-foreign"], fua_lost)
+    case("an unflushed write is lost", [], unflushed_lost)
+    case("a write acked after the flush was issued is lost", [], acked_after_flush_issue_lost)
+    case("a later, unacknowledged write is there", [], later_unacked_present)
+    case("an older version than the durable one", ["lost-or-foreign"], older_than_durable)
+    case("half a 4 KiB write", ["torn-block"], torn_full_block)
+    case("a sector write over a block write", [], sector_write_over_block)
+    case("half a sector write", ["torn-block"], torn_sector_write)
+    case("a FUA sector write is lost", ["lost-or-foreign"], durable_sector_write_lost)
+    case("another block's data", ["corrupt"], misplaced)
+    case("garbage", ["corrupt"], garbage)
+    case("one flipped bit", ["corrupt"], bit_flip)
+    case("a write never issued", ["lost-or-foreign"], foreign_write)
+    case("a block nobody wrote changed", ["unwritten-block-changed"], untouched_changed)
+    case("nothing durable: the baseline stays", [], baseline_kept)
+    case("nothing durable: zeros replace the baseline", ["lost-or-foreign"], baseline_replaced_by_zeros)
+
+    # Reads while serving: exactly the newest version.
+    cyc = Cycle()
+    v.baseline = bytearray(zero)
+    v.violations = []
+    write(cyc, 1, 0, 8)
+    v.check_read(cyc, 0, "checker", 0, 8, bytearray(st.data(0, 8, 1)))
+    v.check_read(cyc, 0, "checker", 0, 8, bytearray(BLOCK))
+    kinds = [x["kind"] for x in v.violations]
+    good = kinds == ["read-while-serving"] * 8
+    if not good:
+        failures.append("a stale read while serving")
+    log(f"check-checker: {'ok' if good else 'WRONG'}: a stale read while serving: {kinds}")
+    if failures:
+        log(f"check-checker: FAIL: {failures}")
+        return 1
+    log("check-checker: PASS: every made-up violation was caught, every legal outcome accepted")
+    return 0
+
+
 def replay_command(a):
     parts = [
         "/usr/bin/python3 reliability/kill_verify.py",
@@ -1166,7 +1373,14 @@ def main():
     ap.add_argument("--max-reports", type=int, default=50)
     ap.add_argument("--progress-seconds", type=float, default=60.0)
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per cycle")
+    ap.add_argument("--self-test", action="store_true",
+                    help="pretend every acknowledged write was flushed (and flush none): the "
+                    "kills must then show as lost writes; passes only if they do")
+    ap.add_argument("--check-checker", action="store_true",
+                    help="run the checker on made-up contents (no server) and exit")
     args = ap.parse_args()
+    if args.check_checker:
+        sys.exit(check_the_checker())
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")
     if not os.access(args.bin, os.X_OK):
