@@ -513,6 +513,8 @@ class Verifier:
         load_time = rng.uniform(args.load_min, args.load_max)
         kill_after = load_time
         load_stop = load_time
+        if args.self_test:  # stop, wait for the acknowledgements, kill (see the load loop)
+            kill_after = load_time + 0.5
         admin_steps, admin_at = [], None
         if scenario == "idle-writeback":
             kill_after = load_time + rng.uniform(1.0, 1.8)  # writeback_idle_ms defaults to 1000
@@ -706,6 +708,8 @@ class Verifier:
             now = time.monotonic()
             if now >= kill_at:
                 break
+            if args.self_test and now >= stop_at and not inflight():
+                break  # everything acknowledged, the newest writes still in RAM: kill now
             if admin is not None:
                 if admin_start is not None and now >= admin_start:
                     admin_start = None
