@@ -50,6 +50,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 import zlib
 
 try:
@@ -88,6 +89,14 @@ SCENARIOS = {
 
 class Failure(Exception):
     """The run cannot go on: the server did not restart, exited on its own, or similar."""
+
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) // 1024
+    return 0
 
 
 def log(msg):
@@ -372,6 +381,47 @@ class Write:
         return range(self.start // SPB, (self.start + self.n - 1) // SPB + 1)
 
 
+class BufferPool:
+    """Request buffers, reused. libnbd 1.14's Python binding never drops the reference
+    aio_pwrite takes on its buffer, nor frees an nbd.Buffer given to aio_pread, so a fresh buffer
+    per request leaks all of it (the first soak reached 24 GB and was OOM-killed after 420
+    cycles). Buffers are kept by size and reused; one in flight when its connection died
+    returns only once that handle is gone (it holds a weak reference to check)."""
+
+    def __init__(self):
+        self.free = {}  # size -> [nbd.Buffer]
+        self.orphans = []  # (weakref to a dead handle, [buffers it may still name])
+        self.allocated = 0
+
+    def get(self, size):
+        lst = self.free.get(size)
+        if lst:
+            return lst.pop()
+        if self.orphans:
+            self.adopt()
+            lst = self.free.get(size)
+            if lst:
+                return lst.pop()
+        self.allocated += size
+        return nbd.Buffer.from_buffer(bytearray(size))
+
+    def put(self, buf):
+        self.free.setdefault(len(buf), []).append(buf)
+
+    def orphan(self, handle, bufs):
+        self.orphans.append((weakref.ref(handle), bufs))
+
+    def adopt(self):
+        keep = []
+        for ref, bufs in self.orphans:
+            if ref() is None:
+                for b in bufs:
+                    self.put(b)
+            else:
+                keep.append((ref, bufs))
+        self.orphans = keep
+
+
 class Conn:
     def __init__(self, h, index):
         self.h = h
@@ -421,6 +471,7 @@ class Verifier:
         self.region_sectors = self.region_blocks * SPB
         self.baseline = bytearray(self.region_blocks * BLOCK)  # zeros after format
         self.next_wid = 1
+        self.pool = BufferPool()
         # How long these commands have been taking (seconds, moving average), to aim kills.
         self.admin_secs = {"drain": 0.5, "set cache_mode=write-through": 0.5}
         self.violations = []
@@ -458,6 +509,7 @@ class Verifier:
             "admin_commands": 0,
             "admin_failed_while_serving": 0,
             "violations": 0,
+            "rss_mib_max": 0,
         }
 
     # --- load ---------------------------------------------------------------------------
@@ -601,7 +653,7 @@ class Verifier:
                 if rngd is None:
                     return False
                 start, n = rngd
-                buf = nbd.Buffer(n * SECTOR)
+                buf = self.pool.get(n * SECTOR)
                 cookie = conn.h.aio_pread(buf, start * SECTOR)
                 blocks = range(start // SPB, (start + n - 1) // SPB + 1)
                 busy.update(blocks)
@@ -615,8 +667,8 @@ class Verifier:
             fua = rng.random() < p["p_fua"]
             w = Write(self.next_wid, start, n, fua)
             self.next_wid += 1
-            data = self.stamps.data(start, n, w.wid)
-            buf = nbd.Buffer.from_bytearray(bytearray(data))
+            buf = self.pool.get(n * SECTOR)
+            buf.to_buffer()[:] = self.stamps.data(start, n, w.wid)
             cookie = conn.h.aio_pwrite(
                 buf, start * SECTOR, flags=nbd.CMD_FLAG_FUA if fua else 0
             )
@@ -634,6 +686,7 @@ class Verifier:
             kind = op[0]
             if kind == "w":
                 w = op[1]
+                self.pool.put(op[2])
                 for b in w.blocks():
                     busy.discard(b)
                 if ok:
@@ -651,8 +704,10 @@ class Verifier:
             else:
                 _, start, n, buf, blocks = op
                 busy.difference_update(blocks)
+                data = buf.to_bytearray()
+                self.pool.put(buf)
                 if ok:
-                    self.check_read(cyc, index, scenario, start, n, buf.to_bytearray())
+                    self.check_read(cyc, index, scenario, start, n, data)
                 else:
                     cyc.errors.append(f"read of sectors {start}+{n}: {err}")
 
@@ -777,6 +832,8 @@ class Verifier:
             s["kills_during_admin"][k] = s["kills_during_admin"].get(k, 0) + 1
         for c in conns:
             c.alive = False
+            bufs = [op[2] if op[0] == "w" else op[3] for op in c.inflight.values() if op[0] != "f"]
+            self.pool.orphan(c.h, bufs)
         conns.clear()
         if admin is not None:
             admin.reap()
@@ -1092,6 +1149,10 @@ class Verifier:
             next_report = time.monotonic() + args.progress_seconds
             for i in range(args.cycles):
                 self.run_cycle(server, conns, i)
+                rss = rss_mib()
+                self.s["rss_mib_max"] = max(self.s["rss_mib_max"], rss)
+                if rss > args.max_rss_mib:  # never let a leak here starve the machine
+                    raise Failure(f"the verifier itself grew to {rss} MiB (--max-rss-mib)")
                 if self.violations and (args.stop_on_violation or args.self_test):
                     break
                 if time.monotonic() >= next_report:
@@ -1101,7 +1162,7 @@ class Verifier:
                         f"kill_verify: progress: {s['cycles']} cycles, {s['kills']} kills, "
                         f"{s['writes_verified']} writes verified "
                         f"({s['durable_writes_verified']} durable), {s['violations']} violations, "
-                        f"{time.monotonic() - started:.0f} s"
+                        f"{time.monotonic() - started:.0f} s, verifier {s['rss_mib_max']} MiB"
                     )
             self.final_clean_restart(server, conns)
             if args.self_test:
@@ -1374,6 +1435,8 @@ def main():
     ap.add_argument("--tmpdir", default=None, help="where the temporary directory goes")
     ap.add_argument("--keep", action="store_true", help="keep the files even on success")
     ap.add_argument("--stop-on-violation", action="store_true")
+    ap.add_argument("--max-rss-mib", type=int, default=2048,
+                    help="stop (failed) if this script's own memory grows past this")
     ap.add_argument("--max-reports", type=int, default=50)
     ap.add_argument("--progress-seconds", type=float, default=60.0)
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per cycle")
