@@ -184,6 +184,7 @@ class Server:
                 segment_size,
             ],
             capture_output=True,
+            check=False,
             text=True,
             timeout=60,
         )
@@ -193,17 +194,17 @@ class Server:
 
     def start(self):
         assert self.proc is None
-        self.log_offset = os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
-        logf = open(self.log_path, "ab")
         self.incarnations += 1
-        logf.write(f"=== kill_verify: start #{self.incarnations}: {' '.join(self.cmd)}\n".encode())
-        logf.flush()
-        self.log_offset = logf.tell()
-        self.started_at = time.monotonic()
-        self.proc = subprocess.Popen(
-            self.cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT
-        )
-        logf.close()
+        with open(self.log_path, "ab") as logf:
+            logf.write(
+                f"=== kill_verify: start #{self.incarnations}: {' '.join(self.cmd)}\n".encode()
+            )
+            logf.flush()
+            self.log_offset = logf.tell()
+            self.started_at = time.monotonic()
+            self.proc = subprocess.Popen(
+                self.cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT
+            )
 
     def log_since_start(self):
         try:
@@ -364,7 +365,7 @@ class Admin:
 
 
 class Write:
-    __slots__ = ("wid", "start", "n", "fua", "ack", "failed")
+    __slots__ = ("ack", "failed", "fua", "n", "start", "wid")
 
     def __init__(self, wid, start, n, fua):
         self.wid = wid
@@ -517,7 +518,7 @@ class Verifier:
     def pick_range(self, cyc_params, busy, unaligned):
         rng = self.rng
         hot = rng.random() < cyc_params["p_hot"]
-        lo, hi = (cyc_params["hot"] if hot else (0, self.region_blocks))
+        lo, hi = cyc_params["hot"] if hot else (0, self.region_blocks)
         if unaligned:
             n = rng.randint(1, 24)
             start = rng.randrange(lo * SPB, hi * SPB - n)
@@ -618,6 +619,7 @@ class Verifier:
             out = subprocess.run(
                 [args.bin, "set", "--control", server.ctl] + fixes,
                 capture_output=True,
+                check=False,
                 text=True,
                 timeout=120,
             )
@@ -669,9 +671,7 @@ class Verifier:
             self.next_wid += 1
             buf = self.pool.get(n * SECTOR)
             buf.to_buffer()[:] = self.stamps.data(start, n, w.wid)
-            cookie = conn.h.aio_pwrite(
-                buf, start * SECTOR, flags=nbd.CMD_FLAG_FUA if fua else 0
-            )
+            cookie = conn.h.aio_pwrite(buf, start * SECTOR, flags=nbd.CMD_FLAG_FUA if fua else 0)
             cyc.writes[w.wid] = w
             for b in w.blocks():
                 busy.add(b)
@@ -779,8 +779,12 @@ class Verifier:
                     live = [c for c in conns if c.alive]
                     if not live:
                         break
-                    if not issue(rng.choice(live)):
-                        misses += 1
+                    c = rng.choice(live)
+                    try:
+                        if not issue(c):
+                            misses += 1
+                    except nbd.Error as e:  # the connection broke: the server may have died
+                        c.alive, c.error = False, str(e)
             if not any(c.alive for c in conns):
                 server.check_alive("during the load")
                 raise Failure(f"every NBD connection failed: {[c.error for c in conns]}")
@@ -791,13 +795,16 @@ class Verifier:
             live = [c for c in conns if c.alive]
             if live:
                 c = rng.choice(live)
-                for _ in range(rng.randint(0, 3)):
-                    p["p_fua"], p["p_flush"], p["p_read"] = 1.0, 0.0, 0.0
-                    issue(c)
-                cookie = c.h.aio_flush()
-                c.inflight[cookie] = ("f", cyc.ack_seq)
-                cyc.flushes_issued += 1
-                pump(0)
+                try:
+                    for _ in range(rng.randint(0, 3)):
+                        p["p_fua"], p["p_flush"], p["p_read"] = 1.0, 0.0, 0.0
+                        issue(c)
+                    cookie = c.h.aio_flush()
+                    c.inflight[cookie] = ("f", cyc.ack_seq)
+                    cyc.flushes_issued += 1
+                    pump(0)
+                except nbd.Error as e:
+                    c.alive, c.error = False, str(e)
                 time.sleep(rng.uniform(0, 0.002))
 
         # The kill. Note what was going on.
@@ -893,7 +900,7 @@ class Verifier:
         s["cycles"] += 1
         found = len(self.violations) - before
         line = (
-            f"cycle {index}: {scenario}{' +recovery-kill x%d' % recovery_kills if recovery_kills else ''}"
+            f"cycle {index}: {scenario}{f' +recovery-kill x{recovery_kills}' if recovery_kills else ''}"
             f" writes {len(cyc.writes)} (acked {sum(1 for w in cyc.writes.values() if w.ack)},"
             f" durable {sum(1 for w in cyc.writes.values() if cyc.durable(w))})"
             f" flushes {cyc.flushes_done}/{cyc.flushes_issued}"
@@ -1043,7 +1050,14 @@ class Verifier:
                         "lost-or-foreign" if wid is not None else "corrupt",
                         sec,
                         desc or (f"W{wid}" if wid else "zeros"),
-                        [(cyc.tag(w) if w in cyc.writes else (f"W{w} (baseline)" if w else "zeros (baseline)")) for w in allowed],
+                        [
+                            (
+                                cyc.tag(w)
+                                if w in cyc.writes
+                                else (f"W{w} (baseline)" if w else "zeros (baseline)")
+                            )
+                            for w in allowed
+                        ],
                         [cyc.tag(w) for w in vers],
                     )
                 elif d is not None and wid != cov[d]:
@@ -1102,6 +1116,7 @@ class Verifier:
         out = subprocess.run(
             [self.args.bin, "check", "--cache", server.cache, "--backing", server.backing],
             capture_output=True,
+            check=False,
             text=True,
             timeout=300,
         )
@@ -1199,7 +1214,7 @@ class Verifier:
             log(f"PROBLEM {p}")
         s = self.s
         log(
-            f"kill_verify: {'PASS' if ok else 'FAIL'} seed={self.seed} cycles={s['cycles']} "
+            f"kill_verify: {'PASS' if ok else 'FAIL'}{' (self-test)' if args.self_test else ''} seed={self.seed} cycles={s['cycles']} "
             f"kills={s['kills']} (recovery {s['recovery_kills']}) "
             f"writes issued={s['writes_issued']} acked={s['writes_acked']} "
             f"durable={s['writes_durable']} verified={s['writes_verified']} "
@@ -1374,7 +1389,11 @@ def check_the_checker():
     case("a write never issued", ["lost-or-foreign"], foreign_write)
     case("a block nobody wrote changed", ["unwritten-block-changed"], untouched_changed)
     case("nothing durable: the baseline stays", [], baseline_kept)
-    case("nothing durable: zeros replace the baseline", ["lost-or-foreign"], baseline_replaced_by_zeros)
+    case(
+        "nothing durable: zeros replace the baseline",
+        ["lost-or-foreign"],
+        baseline_replaced_by_zeros,
+    )
 
     # Reads while serving: exactly the newest version.
     cyc = Cycle()
@@ -1423,35 +1442,56 @@ def main():
     ap.add_argument("--segment-size", default="256K", help="passed to logcache format")
     ap.add_argument("--region-mib", type=int, default=128, help="verified region, from 0")
     ap.add_argument("--connections", type=int, default=2, help="NBD connections (multi-conn)")
-    ap.add_argument("--verify-connections", type=int, default=4,
-                    help="connections reading the region in parallel after each restart")
+    ap.add_argument(
+        "--verify-connections",
+        type=int,
+        default=4,
+        help="connections reading the region in parallel after each restart",
+    )
     ap.add_argument("--load-min", type=float, default=0.2, help="seconds of load per cycle")
     ap.add_argument("--load-max", type=float, default=1.5)
     ap.add_argument("--recovery-kill-prob", type=float, default=0.25)
     ap.add_argument("--restart-timeout", type=float, default=120.0)
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="passed to every logcache serve (repeatable)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="passed to every logcache serve (repeatable)",
+    )
     ap.add_argument("--json", help="write the JSON summary here")
     ap.add_argument("--tmpdir", default=None, help="where the temporary directory goes")
     ap.add_argument("--keep", action="store_true", help="keep the files even on success")
     ap.add_argument("--stop-on-violation", action="store_true")
-    ap.add_argument("--max-rss-mib", type=int, default=2048,
-                    help="stop (failed) if this script's own memory grows past this")
+    ap.add_argument(
+        "--max-rss-mib",
+        type=int,
+        default=2048,
+        help="stop (failed) if this script's own memory grows past this",
+    )
     ap.add_argument("--max-reports", type=int, default=50)
     ap.add_argument("--progress-seconds", type=float, default=60.0)
     ap.add_argument("-v", "--verbose", action="store_true", help="one line per cycle")
-    ap.add_argument("--self-test", action="store_true",
-                    help="pretend every acknowledged write was flushed (and flush none): the "
-                    "kills must then show as lost writes; passes only if they do")
-    ap.add_argument("--check-checker", action="store_true",
-                    help="run the checker on made-up contents (no server) and exit")
+    ap.add_argument(
+        "--self-test",
+        action="store_true",
+        help="pretend every acknowledged write was flushed (and flush none): the "
+        "kills must then show as lost writes; passes only if they do",
+    )
+    ap.add_argument(
+        "--check-checker",
+        action="store_true",
+        help="run the checker on made-up contents (no server) and exit",
+    )
     args = ap.parse_args()
     if args.check_checker:
         sys.exit(check_the_checker())
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little")
     if not os.access(args.bin, os.X_OK):
-        sys.exit(f"kill_verify: {args.bin} is not an executable; build it: cargo build --release -p logcache")
+        sys.exit(
+            f"kill_verify: {args.bin} is not an executable; build it: cargo build --release -p logcache"
+        )
     args.bin = os.path.abspath(args.bin)
     v = Verifier(args)
     log(f"kill_verify: seed={args.seed} parameters={json.dumps(v.params(), sort_keys=True)}")
