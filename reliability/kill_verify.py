@@ -1214,7 +1214,8 @@ class Verifier:
             log(f"PROBLEM {p}")
         s = self.s
         log(
-            f"kill_verify: {'PASS' if ok else 'FAIL'}{' (self-test)' if args.self_test else ''} seed={self.seed} cycles={s['cycles']} "
+            f"kill_verify: {'PASS' if ok else 'FAIL'}{' (self-test)' if args.self_test else ''}"
+            f" seed={self.seed} cycles={s['cycles']} "
             f"kills={s['kills']} (recovery {s['recovery_kills']}) "
             f"writes issued={s['writes_issued']} acked={s['writes_acked']} "
             f"durable={s['writes_durable']} verified={s['writes_verified']} "
