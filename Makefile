@@ -1,5 +1,8 @@
 # The two commands the README promises: `make run` and `make test`.
 CARGO ?= cargo
+# Where cargo puts its output (the environment's CARGO_TARGET_DIR, if set).
+CARGO_TARGET_DIR ?= target
+LOGCACHE_BIN = $(CARGO_TARGET_DIR)/release/logcache
 
 .PHONY: run test setup build bench-engine bench-smoke bench-quick bench-full fmt lint
 
@@ -15,13 +18,18 @@ build: setup
 run: build
 	./target/release/logcache serve
 
-## Everything CI checks: formatting, lints, and the whole test suite.
+## Everything CI checks: formatting, lints, the whole test suite, then a short run of the
+## SIGKILL verifier (docs/RELIABILITY.md): its checker on made-up contents, a self-test (it must
+## report the unflushed writes a kill loses when told they were flushed), and 10 kill cycles.
 test: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace
 	$(CARGO) build --release -p logcache
-	MAX_LAT_MS=0 ./scripts/soak-load.sh 8 64 64 1G
+	MAX_LAT_MS=0 LOGCACHE_BIN=$(LOGCACHE_BIN) ./scripts/soak-load.sh 8 64 64 1G
+	/usr/bin/python3 reliability/kill_verify.py --check-checker >/dev/null
+	/usr/bin/python3 reliability/kill_verify.py --bin $(LOGCACHE_BIN) --self-test --cycles 10 --region-mib 32 --max-reports 0
+	/usr/bin/python3 reliability/kill_verify.py --bin $(LOGCACHE_BIN) --cycles 10
 	$(MAKE) bench-smoke
 
 ## The benchmark harness (bench/run; see bench/README.md). bench-smoke runs every experiment at
