@@ -10,7 +10,7 @@ import os
 
 from harness.context import pick
 from harness.fio import run_fio
-from harness.report import commands_block, fmt, fmt_int, plt, table
+from harness.report import commands_block, fmt_int, plt, table
 from harness.servers import GiB, MiB, Logcache, start_null, start_sim_hdd
 
 NAME = "scaling"
