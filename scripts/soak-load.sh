@@ -54,7 +54,7 @@ span=$((cache_bytes * 3 / 1048576))m
 fio --name=load --ioengine=nbd --uri="nbd+unix:///?socket=$dir/nbd.sock" --rw=randrw \
     --rwmixread=50 --bssplit=4k/50:16k/20:64k/15:256k/10:1m/5 --iodepth="$depth" \
     --numjobs="$jobs" --size="$span" --time_based --runtime="$secs" --group_reporting=0 \
-    --output-format=json --output="$dir/fio.json" >"$dir/fio.out" 2>&1 || {
+    --percentile_list=50:99:99.9 --output-format=json --output="$dir/fio.json" >"$dir/fio.out" 2>&1 || {
     cat "$dir/fio.out" >&2
     echo "fio failed" >&2
     exit 1
@@ -73,12 +73,26 @@ before, after = json.load(open(f"{d}/before.json")), json.load(open(f"{d}/after.
 rss = [int(x) for x in open(f"{d}/rss.txt").read().split()]
 tot = {"read": [0, 0], "write": [0, 0]}
 errors, lat_max_ns = 0, 0
+# Where the time goes: each job's mean and p99.9 completion latency (a starved connection shows
+# as a job whose mean is far above the others').
+job_mean_ms, p999_ms, p50_ms = [], [], []
 for j in fio["jobs"]:
     errors += j["error"]
+    ios, lat_sum = 0, 0.0
     for k in ("read", "write"):
         tot[k][0] += j[k]["total_ios"]
         tot[k][1] += j[k]["io_bytes"]
-        lat_max_ns = max(lat_max_ns, j[k]["clat_ns"]["max"])
+        clat = j[k]["clat_ns"]
+        lat_max_ns = max(lat_max_ns, clat["max"])
+        ios += j[k]["total_ios"]
+        lat_sum += clat["mean"] * j[k]["total_ios"]
+        pct = clat.get("percentile", {})
+        if "99.900000" in pct:
+            p999_ms.append(pct["99.900000"] / 1e6)
+        if "50.000000" in pct:
+            p50_ms.append(pct["50.000000"] / 1e6)
+    if ios:
+        job_mean_ms.append(lat_sum / ios / 1e6)
 def delta(name):
     return after[name] - before[name]
 problems = []
@@ -99,6 +113,11 @@ print(json.dumps({
     "reads": tot["read"][0], "writes": tot["write"][0],
     "read_mib": round(tot["read"][1] / 2**20), "write_mib": round(tot["write"][1] / 2**20),
     "max_latency_ms": round(lat_max_ns / 1e6, 1),
+    "job_mean_latency_ms_min": round(min(job_mean_ms or [0]), 1),
+    "job_mean_latency_ms_max": round(max(job_mean_ms or [0]), 1),
+    "job_p50_latency_ms_max": round(max(p50_ms or [0]), 1),
+    "job_p999_latency_ms_max": round(max(p999_ms or [0]), 1),
+    "write_waits": delta("write_waits") if "write_waits" in after else None,
     "rss_kib_first_half_max": first, "rss_kib_second_half_max": second,
     "problems": problems,
 }))

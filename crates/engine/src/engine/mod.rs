@@ -10,6 +10,7 @@
 //! - Unflushed writes stay in RAM at most about `seal_interval_ms` before the flusher makes them
 //!   durable on its own.
 
+mod admission;
 mod buffers;
 mod checkpoint;
 mod create;
@@ -99,6 +100,8 @@ pub(crate) struct Inner {
     pub progress: Condvar,
     /// Wakes the writeback thread (drain requested, closing, writers short of room).
     pub writeback_wake: Condvar,
+    /// Wakes writers queued for room when the turn passes (`admission`).
+    pub room_turn: Condvar,
     pub buffers: SegmentBuffers,
     /// Per slot: readers currently reading blocks of this segment from the cache device.
     pub pins: Vec<AtomicU32>,
@@ -212,6 +215,7 @@ impl Engine {
             flusher_wake: Condvar::new(),
             progress: Condvar::new(),
             writeback_wake: Condvar::new(),
+            room_turn: Condvar::new(),
             buffers,
             pins,
             superblock,

@@ -805,6 +805,8 @@ impl Recovered {
             failed: None,
             closing: false,
             space_waiters: 0,
+            room_next_ticket: 0,
+            room_serving_ticket: 0,
             dirty_blocks: self.dirty_blocks,
             unsynced_ends: Vec::new(),
             drain_requests: 0,

@@ -129,6 +129,10 @@ pub struct State {
     pub failed: Option<String>,
     pub closing: bool,
     pub space_waiters: u32,
+    /// The queue for log room (`admission`): the next ticket to hand out, and the ticket whose
+    /// holder may reserve blocks. Equal when nobody queues.
+    pub room_next_ticket: u64,
+    pub room_serving_ticket: u64,
     /// Bytes written to the cache device since its last sync.
     pub unsynced_bytes: u64,
     /// Live blocks with at least one dirty sector.

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use parking_lot::MutexGuard;
 
+use super::admission::Turn;
 use super::flusher;
 use super::read::read_verified;
 use super::state::{Location, State};
@@ -31,6 +32,19 @@ pub fn sector_mask(first: usize, count: usize) -> u8 {
 /// Copies `data` into the log. `dirty`: the backing device does not hold it yet (write-back);
 /// otherwise the caller already wrote it there (write-through) and the blocks stay clean.
 pub fn write(inner: &Inner, offset: u64, data: &[u8], dirty: bool) -> Result<()> {
+    let mut turn = Turn::default();
+    let result = write_blocks(inner, offset, data, dirty, &mut turn);
+    turn.release(inner);
+    result
+}
+
+fn write_blocks(
+    inner: &Inner,
+    offset: u64,
+    data: &[u8],
+    dirty: bool,
+    turn: &mut Turn,
+) -> Result<()> {
     let mut done = 0usize;
     while done < data.len() {
         let pos = offset + done as u64;
@@ -46,6 +60,7 @@ pub fn write(inner: &Inner, offset: u64, data: &[u8], dirty: bool) -> Result<()>
             &data[done..done + len],
             request_bytes,
             dirty,
+            turn,
         )?;
         done += len;
     }
@@ -64,6 +79,7 @@ fn write_block(
     src: &[u8],
     request_bytes: u64,
     dirty: bool,
+    turn: &mut Turn,
 ) -> Result<()> {
     debug_assert_eq!(src.len() % SECTOR, 0);
     let new_mask = sector_mask(first_sector, src.len() / SECTOR);
@@ -105,8 +121,14 @@ fn write_block(
             st = read_old_copy(inner, st, lba, c, &mut disk_copy)?;
             continue; // the state may have changed while the lock was released
         }
+        if !turn.may_reserve(&st) {
+            // Writers already wait for room: take a place behind them.
+            st = turn.queue(inner, st);
+            continue;
+        }
         let sealed_before = st.counters.chunks_sealed;
         let Some(nc) = st.reserve_block(&inner.buffers, Instant::now(), false) else {
+            turn.hold(&mut st);
             st = flusher::wait_for_room(inner, st)?;
             continue;
         };
