@@ -116,11 +116,22 @@ def summary(res):
     wb = [r for r in res["rows"] if r["config"] == "write-back" and r.get("p999_us") is not None]
     if not wb:
         return []
+    bg_max = max(r["bg_jobs"] for r in wb)
+    out = []
+    # The issue's goal, as worded: foreground writes, write-back, the heaviest background load.
+    goal = [r for r in wb if r["side"] == "write" and r["bg_jobs"] == bg_max]
+    if goal:
+        g = goal[0]
+        out.append([f"write-back: foreground write p99.9 ≤ 1 ms with {bg_max} background jobs",
+                    f"{fmt(g['p999_us'], 0)} µs",
+                    "met" if g["p999_us"] <= 1000 else "**not met**"])
+    # Stricter, beyond the goal: reads and writes at every load (seed 004's bcache result).
     worst = max(wb, key=lambda r: r["p999_us"])
-    return [[f"write-back: foreground p99.9 under 1 ms with up to {max(r['bg_jobs'] for r in wb)} "
-             "background jobs (seed 004: bcache kept every IO under 1 ms)",
-             f"{fmt(worst['p999_us'], 0)} µs ({worst['side']}s, {worst['bg_jobs']} bg)",
-             "met" if worst["p999_us"] < 1000 else "**not met**"]]
+    out.append([f"write-back, stricter than the goal: every foreground p99.9 (reads and writes, 0 to "
+                f"{bg_max} background jobs) ≤ 1 ms (seed 004: bcache kept every IO under 1 ms)",
+                f"{fmt(worst['p999_us'], 0)} µs ({worst['side']}s, {worst['bg_jobs']} bg)",
+                "met" if worst["p999_us"] <= 1000 else "**not met**"])
+    return out
 
 
 def render(res, charts):
