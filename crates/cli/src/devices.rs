@@ -5,10 +5,12 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use logcache_engine::io::file::{FileDevice, FileOptions};
 use logcache_engine::io::BlockDevice;
+use logcache_nbd::client::DEFAULT_REQUEST_TIMEOUT;
 use logcache_nbd::uri::is_nbd_uri;
 use logcache_server::backing::nbd::NbdDevice;
 
@@ -31,8 +33,16 @@ pub fn open_cache(path: &Path) -> Result<Arc<dyn BlockDevice>> {
 
 /// Opens a backing SPEC: an NBD URI or a file/block device path.
 pub fn open_backing(spec: &str) -> Result<Arc<dyn BlockDevice>> {
+    open_backing_with_timeout(spec, DEFAULT_REQUEST_TIMEOUT)
+}
+
+/// [`open_backing`]; an NBD backing server may take `request_timeout` to answer a request.
+pub fn open_backing_with_timeout(
+    spec: &str,
+    request_timeout: Duration,
+) -> Result<Arc<dyn BlockDevice>> {
     if is_nbd_uri(spec) {
-        let dev = NbdDevice::open(spec, NBD_BACKING_CONNECTIONS)
+        let dev = NbdDevice::open_with_timeout(spec, NBD_BACKING_CONNECTIONS, request_timeout)
             .with_context(|| format!("connecting to backing device {spec}"))?;
         return Ok(Arc::new(dev));
     }

@@ -369,3 +369,87 @@ fn backing_server_away_and_back() {
     );
     assert!(served.stop().status.success());
 }
+
+/// The backing server stops answering (SIGSTOP: its socket still accepts, nothing replies).
+/// With `--backing-timeout 1`, writes and flushes go on (they only need the cache), a read of
+/// never-cached data fails with EIO instead of hanging, and a drain fails; once the server
+/// continues, writeback reconnects and the drain puts everything on it.
+#[test]
+fn backing_server_stopped_and_continued() {
+    let dir = TestDir::new("r-stopped");
+    let kit_sock = dir.join("kit.sock");
+    let backing_file = dir.join("backing.raw");
+    sparse(&backing_file, BACKING_BYTES);
+    let kit = Daemon::start(
+        tool("nbdkit")
+            .args(["-f", "-U"])
+            .arg(&kit_sock)
+            .arg("file")
+            .arg(&backing_file),
+        &kit_sock,
+        &dir.join("nbdkit.log"),
+    );
+    let kit_uri = format!("nbd+unix:///?socket={}", kit_sock.display());
+    let cache = dir.s("cache.img");
+    format_against(&cache, &kit_uri);
+    let mut args = serve_args(&cache, &kit_uri).to_vec();
+    args.extend(["--backing-timeout", "1"]);
+    let served = Served::start(&args);
+    let uri = served.unix_uri();
+    qemu_io_ok(&uri, &["write -P 0x41 0 1M", "flush"]);
+    kit.signal(libc::SIGSTOP);
+
+    qemu_io_ok(&uri, &["write -P 0x42 1M 1M", "flush"]);
+    // `run` gives up on a command after its own timeout, so a hang fails the test too.
+    let out = run(Command::new("qemu-io").args(["-f", "raw", &uri, "-c", "read 100M 64k"]));
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(said.contains("Input/output error"), "{said}");
+    let ctl = served.control().to_string_lossy().into_owned();
+    let out = logcache(&["drain", "--control", &ctl]);
+    assert!(
+        !out.status.success(),
+        "drain succeeded with the backing server stopped"
+    );
+    assert!(
+        text(&out.stderr).contains("kit.sock"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(dirty_blocks(&served), 2 * MIB / 4096);
+
+    kit.signal(libc::SIGCONT);
+    let out = logcache(&["drain", "--control", &ctl]);
+    assert_ok(&out, "logcache drain after the backing server continued");
+    assert_eq!(dirty_blocks(&served), 0);
+    qemu_io_flags_ok(
+        &kit_uri,
+        &["-r"],
+        &[
+            "read -P 0x41 0 1M",
+            "read -P 0x42 1M 1M",
+            "read -P 0 100M 64k",
+        ],
+    );
+    assert!(served.stop().status.success());
+}
+
+#[test]
+fn backing_timeout_must_be_positive() {
+    let dir = TestDir::new("r-timeout-arg");
+    let cache = dir.s("cache.img");
+    let out = logcache(&[
+        "serve",
+        "--cache",
+        &cache,
+        "--backing",
+        "nbd+unix:///?socket=/nonexistent.sock",
+        "--backing-timeout",
+        "0",
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--backing-timeout") && err.lines().count() == 1,
+        "{err}"
+    );
+}

@@ -47,6 +47,8 @@ pub const SECTOR_BYTES: u64 = 512;
 /// How long connecting and the handshake may take. Not used after the handshake: a slow backing
 /// device is allowed to be slow, and a dead server closes its socket, which reads as EOF.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a request may go unanswered before the connection counts as broken, by default.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = REQUEST_TIMEOUT;
 /// Longest wait for a reply (or for room to send a request) once connected.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -127,6 +129,18 @@ impl Client {
     /// `NBD_OPT_GO` (falling back to `NBD_OPT_EXPORT_NAME` for servers without it). Errors are
     /// one line naming the URI.
     pub fn connect(uri: &NbdUri) -> io::Result<Client> {
+        Self::connect_with_timeout(uri, REQUEST_TIMEOUT)
+    }
+
+    /// [`Client::connect`] with another limit on how long the server may take to answer a
+    /// request; the handshake gets the shorter of this and its own 30 s.
+    pub fn connect_with_timeout(uri: &NbdUri, request_timeout: Duration) -> io::Result<Client> {
+        if request_timeout.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{uri}: a request timeout must be longer than zero"),
+            ));
+        }
         let stream = match &uri.address {
             NbdAddress::Tcp { host, port } => {
                 let stream = connect_tcp(host, *port).map_err(|e| {
@@ -154,7 +168,7 @@ impl Client {
                 })?)
             }
         };
-        handshake(stream, uri.as_str(), &uri.export_name)
+        handshake(stream, uri.as_str(), &uri.export_name, request_timeout)
     }
 
     /// Parses `uri` and connects; a convenience for callers holding a string.
@@ -500,9 +514,14 @@ struct Negotiated {
 
 /// Runs the fixed-newstyle handshake on a connected stream and returns a client in the
 /// transmission phase.
-fn handshake(mut stream: Stream, uri: &str, export_name: &str) -> io::Result<Client> {
+fn handshake(
+    mut stream: Stream,
+    uri: &str,
+    export_name: &str,
+    request_timeout: Duration,
+) -> io::Result<Client> {
     stream
-        .set_timeouts(Some(HANDSHAKE_TIMEOUT))
+        .set_timeouts(Some(HANDSHAKE_TIMEOUT.min(request_timeout)))
         .map_err(|e| prefix_error(uri, e))?;
     let negotiated = negotiate(&mut stream, uri, export_name).inspect_err(|_| {
         // Leave the server a clean end of stream rather than a half-finished handshake.
@@ -511,7 +530,7 @@ fn handshake(mut stream: Stream, uri: &str, export_name: &str) -> io::Result<Cli
     // A server that stops answering (stopped, or a network that drops packets silently) must
     // not hang its caller forever: a request unanswered this long breaks the connection.
     stream
-        .set_timeouts(Some(REQUEST_TIMEOUT))
+        .set_timeouts(Some(request_timeout))
         .map_err(|e| prefix_error(uri, e))?;
     let info = export_info(&negotiated).map_err(|reason| {
         let _ = stream.shutdown(Shutdown::Both);

@@ -16,7 +16,7 @@ use logcache_server::{Server, ServerConfig};
 use crate::cmd::admin::parse_assignments;
 use crate::control::server::ControlServer;
 use crate::defaults;
-use crate::devices::{control_path_for, lock_cache, open_backing, open_cache};
+use crate::devices::{control_path_for, lock_cache, open_backing_with_timeout, open_cache};
 use crate::metrics::MetricsServer;
 use crate::served::Served;
 
@@ -50,6 +50,11 @@ pub struct ServeArgs {
     /// Refuse writes.
     #[arg(long)]
     pub read_only: bool,
+    /// With an NBD backing device: seconds its server may take to answer a request before the
+    /// connection counts as broken (the request fails, writeback retries, the next use
+    /// reconnects). A stopped server or a network that drops packets costs this long per try.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
+    pub backing_timeout: f64,
 }
 
 struct Plan {
@@ -103,11 +108,20 @@ fn plan(args: &ServeArgs) -> Result<Plan> {
     }
 }
 
+/// `--backing-timeout` as a duration: positive and at most a day.
+fn backing_timeout(seconds: f64) -> Result<Duration> {
+    if !(seconds > 0.0 && seconds <= 86_400.0) {
+        bail!("--backing-timeout {seconds}: give a number of seconds above 0 and at most 86400");
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
 pub fn run(args: &ServeArgs) -> Result<()> {
     // Before any thread exists, so every thread inherits the mask and only sigwait sees them.
     let signals = block_termination_signals()?;
     let tunable_sets = parse_assignments(&args.set)?;
     let plan = plan(args)?;
+    let backing_timeout = backing_timeout(args.backing_timeout)?;
     if let Some(addr) = &plan.listen {
         crate::sockets::check_tcp_listen(addr, args.allow_remote)?;
     }
@@ -116,7 +130,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     }
     let cache = open_cache(&plan.cache)?;
     let _lock = lock_cache(&plan.cache)?;
-    let backing = open_backing(&plan.backing)?;
+    let backing = open_backing_with_timeout(&plan.backing, backing_timeout)?;
     let engine = open_engine(&plan, cache, backing)?;
     for (k, v) in &tunable_sets {
         engine

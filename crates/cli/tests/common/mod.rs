@@ -735,6 +735,13 @@ impl Daemon {
         fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Sends `signal` (SIGSTOP, SIGCONT, ...) to the daemon.
+    pub fn signal(&self, signal: libc::c_int) {
+        let child = self.child.as_ref().expect("the daemon is running");
+        // SAFETY: kill(2) on our own unreaped child.
+        assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, signal) }, 0);
+    }
+
     /// SIGTERM (SIGKILL after 10 s) and reap.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

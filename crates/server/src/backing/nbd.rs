@@ -8,9 +8,10 @@
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use logcache_engine::io::{BlockDevice, SECTOR_SIZE_BYTES};
-use logcache_nbd::client::{Client, ExportInfo};
+use logcache_nbd::client::{Client, ExportInfo, DEFAULT_REQUEST_TIMEOUT};
 use logcache_nbd::uri::NbdUri;
 use parking_lot::{Mutex, MutexGuard};
 
@@ -20,7 +21,8 @@ pub const DEFAULT_CONNECTIONS: usize = 4;
 /// An NBD export as a [`BlockDevice`].
 ///
 /// Failure policy: a call on a connection that broke (the server died or restarted, the
-/// network dropped, a request went unanswered for a minute, the server broke the protocol)
+/// network dropped, a request went unanswered for the request timeout (a minute unless
+/// [`NbdDevice::open_with_timeout`] says otherwise), the server broke the protocol)
 /// fails. The next call on that connection first connects again; while that fails, calls fail
 /// at once with the reason, so the cache keeps absorbing writes and retries writeback later.
 /// The new connection must show the same export (size and flags), or the device refuses it.
@@ -38,6 +40,8 @@ pub struct NbdDevice {
     next_connection: AtomicUsize,
     /// Successful reconnections so far.
     reconnects: AtomicU64,
+    /// How long the server may take to answer before a connection counts as broken.
+    request_timeout: Duration,
 }
 
 impl NbdDevice {
@@ -48,6 +52,16 @@ impl NbdDevice {
     /// exactly one: without multi-conn a flush on one connection need not cover writes completed
     /// on another, so spreading writes over several connections would make `flush` meaningless.
     pub fn open(uri: &str, connections: usize) -> io::Result<NbdDevice> {
+        Self::open_with_timeout(uri, connections, DEFAULT_REQUEST_TIMEOUT)
+    }
+
+    /// [`NbdDevice::open`] with the time the server may take to answer a request (or a
+    /// handshake, on a reconnection) before its connection counts as broken and the call fails.
+    pub fn open_with_timeout(
+        uri: &str,
+        connections: usize,
+        request_timeout: Duration,
+    ) -> io::Result<NbdDevice> {
         let parsed = NbdUri::parse(uri)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         if connections == 0 {
@@ -56,7 +70,7 @@ impl NbdDevice {
                 format!("{uri}: at least one NBD connection is needed"),
             ));
         }
-        let first = Client::connect(&parsed)?;
+        let first = Client::connect_with_timeout(&parsed, request_timeout)?;
         let info = *first.info();
         let sector_bytes = SECTOR_SIZE_BYTES as u32;
         // The engine issues 512-byte-aligned IO of any multiple of 512 bytes; a server that
@@ -79,7 +93,7 @@ impl NbdDevice {
         let mut clients = Vec::with_capacity(count);
         clients.push(Mutex::new(first));
         for _ in 1..count {
-            let client = Client::connect(&parsed)?;
+            let client = Client::connect_with_timeout(&parsed, request_timeout)?;
             let other = client.info();
             if other.size_bytes != info.size_bytes
                 || other.transmission_flags != info.transmission_flags
@@ -105,6 +119,7 @@ impl NbdDevice {
             connections: clients,
             next_connection: AtomicUsize::new(0),
             reconnects: AtomicU64::new(0),
+            request_timeout,
         })
     }
 
@@ -127,7 +142,7 @@ impl NbdDevice {
 
     /// A new connection to replace a broken one, if the server answers with the same export.
     fn reconnect(&self) -> io::Result<Client> {
-        let client = Client::connect(&self.parsed)?;
+        let client = Client::connect_with_timeout(&self.parsed, self.request_timeout)?;
         let other = client.info();
         if other.size_bytes != self.info.size_bytes
             || other.transmission_flags != self.info.transmission_flags
