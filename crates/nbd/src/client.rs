@@ -988,7 +988,10 @@ mod tests {
     ) -> (io::Result<Client>, JoinHandle<T>) {
         let (client_end, server_end) = UnixStream::pair().unwrap();
         let handle = thread::spawn(move || server(server_end));
-        (handshake(Stream::Unix(client_end), URI, "disk", REQUEST_TIMEOUT), handle)
+        (
+            handshake(Stream::Unix(client_end), URI, "disk", REQUEST_TIMEOUT),
+            handle,
+        )
     }
 
     fn greet(s: &mut UnixStream, handshake_flags: u16) -> ClientFlags {

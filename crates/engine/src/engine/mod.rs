@@ -101,7 +101,7 @@ pub(crate) struct Inner {
     /// Wakes the writeback thread (drain requested, closing, writers short of room).
     pub writeback_wake: Condvar,
     /// Wakes writers queued for room when the turn passes (`admission`).
-    pub room_turn: Condvar,
+    pub room_turn: admission::TurnWake,
     pub buffers: SegmentBuffers,
     /// Per slot: readers currently reading blocks of this segment from the cache device.
     pub pins: Vec<AtomicU32>,
@@ -215,7 +215,7 @@ impl Engine {
             flusher_wake: Condvar::new(),
             progress: Condvar::new(),
             writeback_wake: Condvar::new(),
-            room_turn: Condvar::new(),
+            room_turn: admission::TurnWake::new(),
             buffers,
             pins,
             superblock,
