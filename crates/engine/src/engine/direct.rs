@@ -111,7 +111,15 @@ fn backing_write(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
 /// Runs `io` against the backing device as a direct write: promotions stay off while it is in
 /// flight, and flushes learn they owe a backing-device sync.
 fn direct_io(inner: &Inner, io: impl FnOnce() -> Result<()>) -> Result<()> {
-    inner.state.lock().direct_writes_in_flight += 1;
+    {
+        let mut st = inner.state.lock();
+        if st.direct_writes_in_flight == 0 && st.backing_write_gen == st.backing_synced_gen {
+            // The oldest unsynced direct write starts here: a sync must find the same
+            // connections in place to cover it.
+            st.backing_reconnects_seen = inner.backing.reconnects();
+        }
+        st.direct_writes_in_flight += 1;
+    }
     let res = io();
     let mut st = inner.state.lock();
     st.direct_writes_in_flight -= 1;
@@ -288,10 +296,13 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
     res
 }
 
-/// Syncs the backing device if writes reached it outside writeback since its last sync.
+/// Syncs the backing device if writes reached it outside writeback since its last sync. Fails
+/// once if a connection to it was replaced while such writes were unsynced (see
+/// `note_backing_synced`).
 pub fn sync_backing(inner: &Inner) -> Result<()> {
     let target = {
-        let st = inner.state.lock();
+        let mut st = inner.state.lock();
+        report_lost_backing_writes(inner, &mut st)?;
         if st.backing_synced_gen >= st.backing_write_gen {
             return Ok(());
         }
@@ -302,7 +313,36 @@ pub fn sync_backing(inner: &Inner) -> Result<()> {
         .flush()
         .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))?;
     let mut st = inner.state.lock();
+    note_backing_synced(inner, &mut st, target);
+    report_lost_backing_writes(inner, &mut st)
+}
+
+/// Records a successful backing sync that started at generation `target`. If a connection to
+/// the backing device was replaced since the oldest direct write it covers, that write may have
+/// been acknowledged on the old connection and lost with it, and no sync on the new one vouches
+/// for it: the next flush says so.
+pub(crate) fn note_backing_synced(inner: &Inner, st: &mut State, target: u64) {
     st.backing_synced_gen = st.backing_synced_gen.max(target);
+    st.backing_sync_error = None;
     st.counters.backing_syncs += 1;
-    Ok(())
+    let reconnects = inner.backing.reconnects();
+    if reconnects != st.backing_reconnects_seen {
+        st.backing_reconnects_seen = reconnects;
+        st.backing_writes_maybe_lost = true;
+    }
+}
+
+/// The error a flush returns, once, after `note_backing_synced` found a replaced connection.
+fn report_lost_backing_writes(inner: &Inner, st: &mut State) -> Result<()> {
+    if !std::mem::take(&mut st.backing_writes_maybe_lost) {
+        return Ok(());
+    }
+    st.counters.io_errors += 1;
+    Err(Error::io(
+        format!("syncing {}", inner.backing.describe()),
+        std::io::Error::other(
+            "a connection was replaced after writes bypassing the cache were sent on it; the \
+             server may have lost them, so this flush cannot promise they are durable",
+        ),
+    ))
 }

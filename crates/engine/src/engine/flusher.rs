@@ -110,11 +110,17 @@ fn step<'a>(
         let res = inner.backing.flush();
         st = inner.state.lock();
         if let Err(e) = res {
-            let e = Error::io(format!("syncing {}", inner.backing.describe()), e);
-            return Err(fail(inner, st, e));
+            // The backing device is away (a remote server restarting, say): not a cache
+            // failure. The chunks wait in the queue; flushes waiting for them fail with this
+            // meanwhile, and the next round (after `IDLE_WAKE`) tries again.
+            st.counters.io_errors += 1;
+            st.backing_sync_error =
+                Some(Error::io(format!("syncing {}", inner.backing.describe()), e).to_string());
+            drop(st);
+            inner.progress.notify_all();
+            return Ok((inner.state.lock(), false));
         }
-        st.backing_synced_gen = st.backing_synced_gen.max(target);
-        st.counters.backing_syncs += 1;
+        super::direct::note_backing_synced(inner, &mut st, target);
     }
     let take = st.queue.len().min(CHUNKS_PER_ROUND_MAX);
     let batch: Vec<SealedChunk> = st.queue.drain(..take).collect();
@@ -327,7 +333,10 @@ pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
             if st.synced_seq >= target {
                 return Ok(());
             }
-            let (_, progressed) = step(inner, st)?;
+            let (st, progressed) = step(inner, st)?;
+            if let Some(m) = &st.backing_sync_error {
+                return Err(Error::io("a flush", std::io::Error::other(m.clone())));
+            }
             assert!(
                 progressed,
                 "a flush target {target} the flusher cannot reach"
@@ -338,6 +347,10 @@ pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
     while st.synced_seq < target {
         if let Some(m) = &st.failed {
             return Err(Error::Failed(m.clone()));
+        }
+        if let Some(m) = &st.backing_sync_error {
+            // The target waits behind chunks that need the backing device synced first.
+            return Err(Error::io("a flush", std::io::Error::other(m.clone())));
         }
         inner.progress.wait(&mut st);
     }

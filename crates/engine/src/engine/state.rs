@@ -166,6 +166,15 @@ pub struct State {
     /// holds this" is never durable before the data it speaks of.
     pub backing_write_gen: u64,
     pub backing_synced_gen: u64,
+    /// The backing device's `reconnects()` when the oldest direct write not yet synced began.
+    /// A sync that finds the count moved cannot vouch for writes sent on the replaced
+    /// connection (the server may have acknowledged and then lost them): it sets
+    /// `backing_writes_maybe_lost`, and the next flush reports that as an error.
+    pub backing_reconnects_seen: u64,
+    pub backing_writes_maybe_lost: bool,
+    /// Why the flusher's last backing sync failed, while it retries: chunks that need it wait
+    /// in the queue, and flushes waiting for them fail with this instead of hanging.
+    pub backing_sync_error: Option<String>,
     /// Writes to the backing device outside writeback in flight: read misses are not promoted
     /// meanwhile (they could read the old data).
     pub direct_writes_in_flight: u32,
