@@ -5,7 +5,7 @@
 mod common;
 
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -309,6 +309,55 @@ fn backing_uri_with_an_unknown_export_name() {
     );
 }
 
+/// An `nbdkit file` export of a sparse file in a test directory, restartable on its socket (so
+/// what it held survives a restart).
+struct FileExport {
+    sock: PathBuf,
+    file: PathBuf,
+    log: PathBuf,
+    uri: String,
+}
+
+impl FileExport {
+    fn new(dir: &TestDir) -> FileExport {
+        let sock = dir.join("kit.sock");
+        let file = dir.join("backing.raw");
+        sparse(&file, BACKING_BYTES);
+        FileExport {
+            uri: format!("nbd+unix:///?socket={}", sock.display()),
+            sock,
+            file,
+            log: dir.join("nbdkit.log"),
+        }
+    }
+
+    fn start(&self) -> Daemon {
+        let _ = std::fs::remove_file(&self.sock);
+        Daemon::start(
+            tool("nbdkit")
+                .args(["-f", "-U"])
+                .arg(&self.sock)
+                .arg("file")
+                .arg(&self.file),
+            &self.sock,
+            &self.log,
+        )
+    }
+}
+
+/// A cache in `dir` formatted against a new file export and served with `serve_args` plus
+/// `extra`.
+fn serve_over_file_export(dir: &TestDir, extra: &[&str]) -> (FileExport, Daemon, Served) {
+    let export = FileExport::new(dir);
+    let kit = export.start();
+    let cache = dir.s("cache.img");
+    format_against(&cache, &export.uri);
+    let mut args = serve_args(&cache, &export.uri).to_vec();
+    args.extend_from_slice(extra);
+    let served = Served::start(&args);
+    (export, kit, served)
+}
+
 /// How the backing server is taken away in [`backing_server_unavailable_then_back`].
 enum Away {
     /// Stopped for good (the socket is gone), then started again.
@@ -324,28 +373,8 @@ enum Away {
 /// writeback reconnects and the drain puts everything on it.
 fn backing_server_unavailable_then_back(name: &str, away: Away, extra_serve_args: &[&str]) {
     let dir = TestDir::new(name);
-    let kit_sock = dir.join("kit.sock");
-    let backing_file = dir.join("backing.raw");
-    sparse(&backing_file, BACKING_BYTES);
-    let start_kit = || {
-        let _ = std::fs::remove_file(&kit_sock);
-        Daemon::start(
-            tool("nbdkit")
-                .args(["-f", "-U"])
-                .arg(&kit_sock)
-                .arg("file")
-                .arg(&backing_file),
-            &kit_sock,
-            &dir.join("nbdkit.log"),
-        )
-    };
-    let mut kit = start_kit();
-    let kit_uri = format!("nbd+unix:///?socket={}", kit_sock.display());
-    let cache = dir.s("cache.img");
-    format_against(&cache, &kit_uri);
-    let mut args = serve_args(&cache, &kit_uri).to_vec();
-    args.extend_from_slice(extra_serve_args);
-    let served = Served::start(&args);
+    let (export, mut kit, served) = serve_over_file_export(&dir, extra_serve_args);
+    let kit_uri = export.uri.clone();
     let uri = served.unix_uri();
     qemu_io_ok(&uri, &["write -P 0x31 0 1M", "flush"]);
     match away {
@@ -375,7 +404,7 @@ fn backing_server_unavailable_then_back(name: &str, away: Away, extra_serve_args
 
     // Back: the drain reconnects and completes.
     let _kit = match away {
-        Away::Killed => start_kit(),
+        Away::Killed => export.start(),
         Away::Stopped => {
             kit.signal(libc::SIGCONT);
             kit
@@ -437,33 +466,14 @@ fn backing_timeout_must_be_positive() {
 #[test]
 fn write_through_survives_a_backing_restart_and_the_next_flush_says_what_may_be_lost() {
     let dir = TestDir::new("r-wt-restart");
-    let kit_sock = dir.join("kit.sock");
-    let backing_file = dir.join("backing.raw");
-    sparse(&backing_file, BACKING_BYTES);
-    let start_kit = || {
-        let _ = std::fs::remove_file(&kit_sock);
-        Daemon::start(
-            tool("nbdkit")
-                .args(["-f", "-U"])
-                .arg(&kit_sock)
-                .arg("file")
-                .arg(&backing_file),
-            &kit_sock,
-            &dir.join("nbdkit.log"),
-        )
-    };
-    let mut kit = start_kit();
-    let kit_uri = format!("nbd+unix:///?socket={}", kit_sock.display());
-    let cache = dir.s("cache.img");
-    format_against(&cache, &kit_uri);
-    let mut args = serve_args(&cache, &kit_uri).to_vec();
-    args.extend(["--set", "cache_mode=write-through"]);
-    let served = Served::start(&args);
+    let (export, mut kit, served) =
+        serve_over_file_export(&dir, &["--set", "cache_mode=write-through"]);
+    let kit_uri = export.uri.clone();
     let uri = served.unix_uri();
     qemu_io_ok(&uri, &["write -P 0x61 0 64k", "flush"]);
 
     kit.stop();
-    let _kit = start_kit();
+    let _kit = export.start();
     // nbdsh, not qemu-io: qemu-io flushes when it closes and ignores that flush's error, which
     // would swallow the one this test looks for. Calls on the broken connections fail once
     // each, then reconnect: write until one lands.
