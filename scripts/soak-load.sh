@@ -14,7 +14,7 @@
 #     2-core machine where a 4096-deep queue makes latency a matter of scheduling).
 # Prints one JSON summary line; exits non-zero on any violation.
 #
-# usage: [WARMUP_S=10] [MAX_LAT_MS=1000] scripts/soak-load.sh [SECONDS=600] [JOBS=64] [DEPTH=64]
+# usage: [WARMUP_S=10] [MAX_LAT_MS=1000] [TUNABLES=...] [LAT_LOG=DIR] scripts/soak-load.sh [SECONDS=600] [JOBS=64] [DEPTH=64]
 #        [CACHE=2G] [DIR=/var/tmp]
 set -euo pipefail
 secs=${1:-600}
@@ -60,7 +60,7 @@ span=$((cache_bytes * 3 / 1048576))m
 # to find when the longest requests happened and what the engine was doing.
 lat_log_args=()
 load() { # SECONDS OUTPUT
-    fio "${lat_log_args[@]}" --name=load --ioengine=nbd --uri="nbd+unix:///?socket=$dir/nbd.sock" --rw=randrw \
+    fio "${lat_log_args[@]}" --name=load --ioengine=nbd --uri="nbd+unix:///?socket=$dir/nbd.sock" --rw=randrw --norandommap \
         --rwmixread=50 --bssplit=4k/50:16k/20:64k/15:256k/10:1m/5 --iodepth="$depth" \
         --numjobs="$jobs" --size="$span" --time_based --runtime="$1" --group_reporting=0 \
         --percentile_list=50:99:99.9 --output-format=json --output="$2" >"$dir/fio.out" 2>&1 || {
@@ -69,6 +69,8 @@ load() { # SECONDS OUTPUT
         exit 1
     }
 }
+# TUNABLES="KEY=VALUE ..." are set on the server before the warm-up (to compare policies).
+[ -n "${TUNABLES:-}" ] && "$bin" set --control "$dir/cache.img.ctl" $TUNABLES >/dev/null
 echo '{"jobs": []}' >"$dir/warmup.json"
 [ "$warmup_s" -gt 0 ] && load "$warmup_s" "$dir/warmup.json"
 "$bin" status --control "$dir/cache.img.ctl" --json >"$dir/before.json"

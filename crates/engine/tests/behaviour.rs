@@ -172,6 +172,47 @@ fn a_log_full_of_dirty_data_makes_room_by_writeback() {
     }
 }
 
+/// While the relocator is moving dirty blocks, read misses are not promoted: each promoted block
+/// would cost a relocation and be dropped a ring pass later. The same load with no pause
+/// promotes.
+#[test]
+fn read_misses_are_not_promoted_while_the_relocator_moves_dirty_blocks() {
+    for pause in [Duration::ZERO, Duration::from_secs(3600)] {
+        let pair = SimPair::new(MIB + 32 * SEG_64K, 64 * MIB, SEG_64K);
+        let opts = OpenOptions {
+            promote_pause_after_relocation: pause,
+            ..manual(2 * SEG_64K)
+        };
+        let e = Engine::open(pair.cache(), pair.backing(), opts).unwrap();
+        // Cold dirty blocks written once, then a small hot set rewritten over and over: the
+        // ring wraps onto the cold blocks, which the relocator moves.
+        let (cold, hot) = (160u64, 16u64);
+        for b in 0..cold {
+            e.write(b * 4096, &[b as u8; 4096], false).unwrap();
+        }
+        for round in 0..64u64 {
+            for b in cold..cold + hot {
+                e.write(b * 4096, &[round as u8; 4096], false).unwrap();
+            }
+        }
+        let before = e.stats().counters;
+        assert!(before.blocks_relocated > 0, "{before:?}");
+        let mut buf = [0u8; 4096];
+        e.read(32 * MIB, &mut buf).unwrap();
+        assert_eq!(buf, [0u8; 4096]);
+        let after = e.stats().counters;
+        let tried = (after.promotions + after.promotions_raced)
+            - (before.promotions + before.promotions_raced);
+        let skipped = after.promotions_congested_skipped - before.promotions_congested_skipped;
+        if pause.is_zero() {
+            assert_eq!((tried, skipped), (1, 0), "{after:?}");
+        } else {
+            assert_eq!((tried, skipped), (0, 1), "{after:?}");
+        }
+        e.close().unwrap();
+    }
+}
+
 /// When writeback cannot make room (the backing device fails writes), a manual-mode writer
 /// gets the backing device's error instead of hanging, and what it wrote stays readable.
 #[test]

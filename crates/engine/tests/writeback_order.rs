@@ -33,6 +33,7 @@ fn drain_ios(sorted: bool) -> u64 {
         manual_flusher: true,
         seal_interval_ms: Some(0),
         writeback_sorted: sorted,
+        ..OpenOptions::default()
     };
     let e = Engine::open(cache, hdd.clone(), opts).unwrap();
     let lbas: Vec<u64> = (0..64u64)

@@ -87,10 +87,11 @@ pub fn status(args: &StatusArgs) -> Result<()> {
         n("read_misses_partial")
     );
     println!(
-        "  read cache: {}, {} blocks promoted ({} requests past the sequential cutoff, {} raced)",
+        "  read cache: {}, {} blocks promoted ({} requests past the sequential cutoff, {} while the log was congested, {} raced)",
         if n("read_cache") == 1 { "on" } else { "off" },
         n("promotions"),
         n("promotions_sequential_skipped"),
+        n("promotions_congested_skipped"),
         n("promotions_raced")
     );
     println!(

@@ -33,7 +33,7 @@ mod writeback;
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -59,6 +59,10 @@ use crate::io::BlockDevice;
 
 /// Default total size of the RAM segment buffers (the seed's 64 MiB).
 pub const RAM_BUFFER_DEFAULT_BYTES: u64 = 64 << 20;
+/// Default `OpenOptions::promote_pause_after_relocation`: under sustained write load the
+/// relocator runs every ring pass (seconds), so a pause of several passes keeps promotions off
+/// for as long as the load lasts instead of switching them on and off each pass.
+pub const PROMOTE_PAUSE_AFTER_RELOCATION: Duration = Duration::from_secs(10);
 /// The flusher syncs the cache device at least once per this many bytes written, which bounds
 /// how much data recovery must read to verify the unsynced tail.
 pub const SYNC_EVERY_BYTES: u64 = 64 << 20;
@@ -76,6 +80,10 @@ pub struct OpenOptions {
     /// Benchmarks only: false writes dirty blocks back in log order, one IO per block, to
     /// measure what sorting buys.
     pub writeback_sorted: bool,
+    /// How long read misses are not promoted after the relocator last had to move dirty
+    /// blocks (the log is congested; see `read::decide_promotion`). With `manual_flusher`,
+    /// which reads no clock, a nonzero pause lasts until the engine is reopened.
+    pub promote_pause_after_relocation: Duration,
 }
 
 impl Default for OpenOptions {
@@ -85,6 +93,7 @@ impl Default for OpenOptions {
             seal_interval_ms: None,
             manual_flusher: false,
             writeback_sorted: true,
+            promote_pause_after_relocation: PROMOTE_PAUSE_AFTER_RELOCATION,
         }
     }
 }
@@ -109,6 +118,8 @@ pub(crate) struct Inner {
     pub manual: bool,
     /// `OpenOptions::writeback_sorted`.
     pub writeback_sorted: bool,
+    /// `OpenOptions::promote_pause_after_relocation`.
+    pub promote_pause_after_relocation: Duration,
     pub tunables: Tunables,
     pub recovery: RecoveryReport,
     /// Serialises inline flusher rounds in manual mode.
@@ -221,6 +232,7 @@ impl Engine {
             superblock,
             manual: opts.manual_flusher,
             writeback_sorted: opts.writeback_sorted,
+            promote_pause_after_relocation: opts.promote_pause_after_relocation,
             tunables,
             recovery: report,
             flusher_lock: Mutex::new(()),

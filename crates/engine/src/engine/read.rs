@@ -73,7 +73,11 @@ enum BlockRead {
 }
 
 /// Whether this request's misses should be promoted: read caching on, not part of a stream
-/// past the sequential cutoff, and no write bypassing the cache in flight.
+/// past the sequential cutoff, the log not congested, and no write bypassing the cache in
+/// flight. The log is congested while the relocator has moved dirty blocks lately: the ring is
+/// then full of dirty data, so each promoted (clean) block costs log bandwidth and room that
+/// relocations need, and lives only until the head comes round, which under such load is
+/// seconds (bcache likewise bypasses a congested cache device).
 fn decide_promotion(inner: &Inner, st: &mut State, ctx: &ReadCtx) -> bool {
     if inner.tunables.get(tunables::READ_CACHE) == 0 {
         return false;
@@ -82,6 +86,20 @@ fn decide_promotion(inner: &Inner, st: &mut State, ctx: &ReadCtx) -> bool {
     let cutoff_bytes = inner.tunables.get(tunables::READ_SEQUENTIAL_CUTOFF_KIB) * 1024;
     if cutoff_bytes > 0 && run_bytes > cutoff_bytes {
         st.counters.promotions_sequential_skipped += 1;
+        return false;
+    }
+    // Manual mode promises replayable runs, so it reads no clock: there any pause lasts until
+    // the engine is reopened.
+    let pause = inner.promote_pause_after_relocation;
+    let congested = st.relocated_at.is_some_and(|at| {
+        if inner.manual {
+            !pause.is_zero()
+        } else {
+            at.elapsed() < pause
+        }
+    });
+    if congested {
+        st.counters.promotions_congested_skipped += 1;
         return false;
     }
     st.direct_writes_in_flight == 0

@@ -197,6 +197,9 @@ pub fn relocate_head<'a>(
     }
     inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
     st.counters.blocks_relocated += moved;
+    if moved > 0 {
+        st.relocated_at = Some(now);
+    }
     // The caller seals once after a batch of relocations, so they share one chunk.
     Ok((st, moved > 0 || evicted))
 }

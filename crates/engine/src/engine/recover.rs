@@ -817,6 +817,7 @@ impl Recovered {
             open_ranges: Vec::with_capacity(chunk::entry_capacity(1) as usize),
             zero_pending_seq: None,
             promote_guard: 0,
+            relocated_at: None,
             backing_write_gen: 0,
             backing_reconnects_seen: 0,
             backing_writes_maybe_lost: false,

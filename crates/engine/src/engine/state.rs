@@ -159,6 +159,9 @@ pub struct State {
     /// covering a block (eviction, ranges, writes around the cache): a read miss promotes what
     /// it read only if this did not move meanwhile, so it never caches stale data.
     pub promote_guard: u64,
+    /// When the relocator last moved dirty blocks: promotions pause for a while after
+    /// (`OpenOptions::promote_pause_after_relocation`).
+    pub relocated_at: Option<Instant>,
     /// Writes that reached the backing device outside writeback (write-through, write-around)
     /// count up `backing_write_gen`; a sync of the backing device started after generation g
     /// sets `backing_synced_gen` to g. Flushes sync the backing device while they differ, and

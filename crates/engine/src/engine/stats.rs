@@ -61,6 +61,9 @@ pub struct Counters {
     pub promotion_bytes: u64,
     /// Read misses not promoted because their stream ran past the sequential cutoff.
     pub promotions_sequential_skipped: u64,
+    /// Read misses not promoted because the relocator was moving dirty blocks (the log is
+    /// congested: every block promoted then costs a relocation, and is dropped a ring pass later).
+    pub promotions_congested_skipped: u64,
     /// Promotions given up because the cache or the backing device changed under the read,
     /// or the log had no room.
     pub promotions_raced: u64,
@@ -126,6 +129,10 @@ impl Counters {
             (
                 "promotions_sequential_skipped",
                 self.promotions_sequential_skipped,
+            ),
+            (
+                "promotions_congested_skipped",
+                self.promotions_congested_skipped,
             ),
             ("promotions_raced", self.promotions_raced),
             ("discards", self.discards),
