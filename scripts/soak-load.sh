@@ -2,8 +2,10 @@
 # Load soak (issue 6, item 6): JOBS fio jobs (one NBD connection each) x DEPTH requests in flight
 # of mixed 4 KiB-1 MiB random reads and writes against `logcache serve` (a CACHE cache file in
 # front of a backing file 4x its size, both in DIR and preallocated as real devices would be)
-# for SECONDS, after WARMUP_S seconds (default 10) of the same load that are not measured: a
-# server's first seconds under load include one-time costs (see docs/RELIABILITY.md, "Load").
+# for SECONDS, after WARMUP_S seconds (default 30) of the same load that are not measured: a
+# server's first seconds under load include one-time costs, and a freshly formatted cache takes
+# a few passes of its log to settle: the first wrap finds the whole log dirty, so relocation is
+# at its dearest (see docs/RELIABILITY.md, "Load").
 # The warm-up's longest request is printed too. Checks, over the measured SECONDS:
 #   - fio finishes without an IO error;
 #   - the server's resident memory stays flat (the highest sample of the second half at most
@@ -14,7 +16,7 @@
 #     2-core machine where a 4096-deep queue makes latency a matter of scheduling).
 # Prints one JSON summary line; exits non-zero on any violation.
 #
-# usage: [WARMUP_S=10] [MAX_LAT_MS=1000] [TUNABLES=...] [LAT_LOG=DIR] scripts/soak-load.sh [SECONDS=600] [JOBS=64] [DEPTH=64]
+# usage: [WARMUP_S=30] [MAX_LAT_MS=1000] [TUNABLES=...] [LAT_LOG=DIR] scripts/soak-load.sh [SECONDS=600] [JOBS=64] [DEPTH=64]
 #        [CACHE=2G] [DIR=/var/tmp]
 set -euo pipefail
 secs=${1:-600}
@@ -44,7 +46,7 @@ truncate -s $((cache_bytes * 4)) "$dir/backing.img"
 # Where the file system cannot preallocate, the files stay sparse.
 fallocate -l "$cache_bytes" "$dir/cache.img" 2>/dev/null || true
 fallocate -l $((cache_bytes * 4)) "$dir/backing.img" 2>/dev/null || true
-warmup_s=${WARMUP_S:-10}
+warmup_s=${WARMUP_S:-30}
 "$bin" format --cache "$dir/cache.img" --backing "$dir/backing.img" >/dev/null
 "$bin" serve --cache "$dir/cache.img" --backing "$dir/backing.img" --socket "$dir/nbd.sock" \
     >"$dir/serve.log" 2>&1 &

@@ -2,7 +2,7 @@
 //! device. Runs of blocks missing from the cache become one backing-device read.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::MutexGuard;
 
@@ -72,6 +72,40 @@ enum BlockRead {
     Done,
 }
 
+/// Longest pause, in doublings of `OpenOptions::promote_pause_after_relocation` (10 s → 160 s).
+pub const PROMOTE_PAUSE_DOUBLINGS_MAX: u32 = 4;
+
+/// The current pause of promotions after a relocation.
+fn promote_pause(inner: &Inner, st: &State) -> Duration {
+    inner.promote_pause_after_relocation * (1u32 << st.promote_pause_doublings)
+}
+
+/// Records that the relocator moved dirty blocks at `now`, and adapts the pause. Promotions
+/// resuming into a log that is still congested fill it again and bring the relocator straight
+/// back: in a 10-minute 64 × 64 soak every relocated block followed a burst of promotions,
+/// 2.6 relocated per promoted, each burst a latency spike. So relocation within another
+/// pause after promotions resumed doubles the pause; a log quiet for that long resets it.
+pub fn note_relocation(inner: &Inner, st: &mut State, now: Instant) {
+    if let Some(prev) = st.relocated_at {
+        let since = now.saturating_duration_since(prev);
+        st.promote_pause_doublings =
+            next_pause_doublings(st.promote_pause_doublings, since, promote_pause(inner, st));
+    }
+    st.relocated_at = Some(now);
+}
+
+/// The pause's doublings after a relocation `since` the previous one, under a pause of `pause`.
+fn next_pause_doublings(doublings: u32, since: Duration, pause: Duration) -> u32 {
+    if since < pause {
+        // Promotions were paused: this relocation is the writers' own.
+        doublings
+    } else if since < pause * 2 {
+        (doublings + 1).min(PROMOTE_PAUSE_DOUBLINGS_MAX)
+    } else {
+        0
+    }
+}
+
 /// Whether this request's misses should be promoted: read caching on, not part of a stream
 /// past the sequential cutoff, the log not congested, and no write bypassing the cache in
 /// flight. The log is congested while the relocator has moved dirty blocks lately: the ring is
@@ -90,7 +124,7 @@ fn decide_promotion(inner: &Inner, st: &mut State, ctx: &ReadCtx) -> bool {
     }
     // Manual mode promises replayable runs, so it reads no clock: there any pause lasts until
     // the engine is reopened.
-    let pause = inner.promote_pause_after_relocation;
+    let pause = promote_pause(inner, st);
     let congested = st.relocated_at.is_some_and(|at| {
         if inner.manual {
             !pause.is_zero()
@@ -303,4 +337,25 @@ pub(crate) fn read_verified<'a>(
         Ok(()) => {}
     }
     (st, res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_promotion_pause_backs_off_while_promotions_refill_the_log() {
+        let pause = Duration::from_secs(10);
+        // Relocations during the pause leave it alone.
+        assert_eq!(next_pause_doublings(0, Duration::from_secs(3), pause), 0);
+        assert_eq!(next_pause_doublings(2, Duration::from_secs(3), pause), 2);
+        // Relocation soon after promotions resumed doubles it, up to the cap.
+        assert_eq!(next_pause_doublings(0, Duration::from_secs(12), pause), 1);
+        assert_eq!(
+            next_pause_doublings(PROMOTE_PAUSE_DOUBLINGS_MAX, Duration::from_secs(12), pause),
+            PROMOTE_PAUSE_DOUBLINGS_MAX
+        );
+        // A log quiet for another pause after promotions resumed resets it.
+        assert_eq!(next_pause_doublings(3, Duration::from_secs(20), pause), 0);
+    }
 }

@@ -198,7 +198,7 @@ pub fn relocate_head<'a>(
     inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
     st.counters.blocks_relocated += moved;
     if moved > 0 {
-        st.relocated_at = Some(now);
+        super::read::note_relocation(inner, &mut st, now);
     }
     // The caller seals once after a batch of relocations, so they share one chunk.
     Ok((st, moved > 0 || evicted))

@@ -818,6 +818,7 @@ impl Recovered {
             zero_pending_seq: None,
             promote_guard: 0,
             relocated_at: None,
+            promote_pause_doublings: 0,
             backing_write_gen: 0,
             backing_reconnects_seen: 0,
             backing_writes_maybe_lost: false,

@@ -162,6 +162,9 @@ pub struct State {
     /// When the relocator last moved dirty blocks: promotions pause for a while after
     /// (`OpenOptions::promote_pause_after_relocation`).
     pub relocated_at: Option<Instant>,
+    /// The pause is `promote_pause_after_relocation` doubled this many times
+    /// (`read::note_relocation`).
+    pub promote_pause_doublings: u32,
     /// Writes that reached the backing device outside writeback (write-through, write-around)
     /// count up `backing_write_gen`; a sync of the backing device started after generation g
     /// sets `backing_synced_gen` to g. Flushes sync the backing device while they differ, and
