@@ -16,7 +16,9 @@
 #     2-core machine where a 4096-deep queue makes latency a matter of scheduling).
 # Prints one JSON summary line; exits non-zero on any violation.
 #
-# usage: [WARMUP_S=30] [MAX_LAT_MS=1000] [TUNABLES=...] [LAT_LOG=DIR] scripts/soak-load.sh [SECONDS=600] [JOBS=64] [DEPTH=64]
+# FIO_ARGS="..." adds fio options to both runs (to test a hypothesis about the client).
+#
+# usage: [WARMUP_S=30] [MAX_LAT_MS=1000] [TUNABLES=...] [LAT_LOG=DIR] [FIO_ARGS=...] scripts/soak-load.sh [SECONDS=600] [JOBS=64] [DEPTH=64]
 #        [CACHE=2G] [DIR=/var/tmp]
 set -euo pipefail
 secs=${1:-600}
@@ -62,7 +64,7 @@ span=$((cache_bytes * 3 / 1048576))m
 # to find when the longest requests happened and what the engine was doing.
 lat_log_args=()
 load() { # SECONDS OUTPUT
-    fio "${lat_log_args[@]}" --name=load --ioengine=nbd --uri="nbd+unix:///?socket=$dir/nbd.sock" --rw=randrw --norandommap \
+    fio "${lat_log_args[@]}" ${FIO_ARGS:-} --name=load --ioengine=nbd --uri="nbd+unix:///?socket=$dir/nbd.sock" --rw=randrw --norandommap \
         --rwmixread=50 --bssplit=4k/50:16k/20:64k/15:256k/10:1m/5 --iodepth="$depth" \
         --numjobs="$jobs" --size="$span" --time_based --runtime="$1" --group_reporting=0 \
         --percentile_list=50:99:99.9 --output-format=json --output="$2" >"$dir/fio.out" 2>&1 || {
