@@ -18,7 +18,13 @@
 #
 # FIO_ARGS="..." adds fio options to both runs (to test a hypothesis about the client).
 #
-# usage: [WARMUP_S=30] [MAX_LAT_MS=1000] [TUNABLES=...] [LAT_LOG=DIR] [FIO_ARGS=...] scripts/soak-load.sh [SECONDS=600] [JOBS=64] [DEPTH=64]
+# CPUS=client (the default on a machine with 2 or more CPUs) keeps the client on CPUs of its own
+# (`taskset`: fio on the first half of them) and lets the server use all of them, as if the
+# client ran on another machine: otherwise 64 fio processes setting up their buffers at the start
+# and reporting at the end take every CPU from the server they measure (docs/RELIABILITY.md,
+# "Load"). CPUS=split also confines the server to the second half; CPUS=shared confines nobody.
+#
+# usage: [WARMUP_S=30] [MAX_LAT_MS=1000] [TUNABLES=...] [LAT_LOG=DIR] [FIO_ARGS=...] [CPUS=client|split|shared] scripts/soak-load.sh [SECONDS=600] [JOBS=64] [DEPTH=64]
 #        [CACHE=2G] [DIR=/var/tmp]
 set -euo pipefail
 secs=${1:-600}
@@ -49,8 +55,31 @@ truncate -s $((cache_bytes * 4)) "$dir/backing.img"
 fallocate -l "$cache_bytes" "$dir/cache.img" 2>/dev/null || true
 fallocate -l $((cache_bytes * 4)) "$dir/backing.img" 2>/dev/null || true
 warmup_s=${WARMUP_S:-30}
+ncpu=$(nproc)
+cpus=${CPUS:-client}
+client_cpu=()
+server_cpu=()
+half=$((ncpu / 2))
+case "$cpus" in
+client)
+    if [ "$ncpu" -ge 2 ]; then
+        client_cpu=(taskset -c "0-$((half - 1))")
+    fi
+    ;;
+split)
+    if [ "$ncpu" -ge 2 ]; then
+        client_cpu=(taskset -c "0-$((half - 1))")
+        server_cpu=(taskset -c "$half-$((ncpu - 1))")
+    fi
+    ;;
+shared) ;;
+*)
+    echo "CPUS must be client, split or shared, not '$cpus'" >&2
+    exit 2
+    ;;
+esac
 "$bin" format --cache "$dir/cache.img" --backing "$dir/backing.img" >/dev/null
-"$bin" serve --cache "$dir/cache.img" --backing "$dir/backing.img" --socket "$dir/nbd.sock" \
+"${server_cpu[@]}" "$bin" serve --cache "$dir/cache.img" --backing "$dir/backing.img" --socket "$dir/nbd.sock" \
     >"$dir/serve.log" 2>&1 &
 pid=$!
 until [ -S "$dir/nbd.sock" ] && "$bin" status --control "$dir/cache.img.ctl" --json >/dev/null 2>&1; do
@@ -64,7 +93,7 @@ span=$((cache_bytes * 3 / 1048576))m
 # to find when the longest requests happened and what the engine was doing.
 lat_log_args=()
 load() { # SECONDS OUTPUT
-    fio "${lat_log_args[@]}" ${FIO_ARGS:-} --name=load --ioengine=nbd --uri="nbd+unix:///?socket=$dir/nbd.sock" --rw=randrw --norandommap \
+    "${client_cpu[@]}" fio "${lat_log_args[@]}" ${FIO_ARGS:-} --name=load --ioengine=nbd --uri="nbd+unix:///?socket=$dir/nbd.sock" --rw=randrw --norandommap \
         --rwmixread=50 --bssplit=4k/50:16k/20:64k/15:256k/10:1m/5 --iodepth="$depth" \
         --numjobs="$jobs" --size="$span" --time_based --runtime="$1" --group_reporting=0 \
         --percentile_list=50:99:99.9 --output-format=json --output="$2" >"$dir/fio.out" 2>&1 || {
@@ -101,9 +130,10 @@ sampler=
 kill -TERM "$pid"
 wait "$pid" || { cat "$dir/serve.log" >&2; echo "serve did not stop cleanly" >&2; exit 1; }
 pid=
-python3 - "$dir" "$max_lat_ms" "$secs" "$jobs" "$depth" <<'EOF'
+python3 - "$dir" "$max_lat_ms" "$secs" "$jobs" "$depth" "$cpus" <<'EOF'
 import json, sys
 d, max_lat_ms, secs, jobs, depth = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+cpus = sys.argv[6]
 fio = json.load(open(f"{d}/fio.json"))
 before, after = json.load(open(f"{d}/before.json")), json.load(open(f"{d}/after.json"))
 rss = [int(x) for x in open(f"{d}/rss.txt").read().split()]
@@ -147,7 +177,7 @@ if half >= 2 and second > first * 1.10 + 16 * 1024:
 if max_lat_ms and lat_max_ns > max_lat_ms * 1e6:
     problems.append(f"a request took {lat_max_ns / 1e6:.0f} ms (limit {max_lat_ms} ms)")
 print(json.dumps({
-    "seconds": secs, "connections": jobs, "iodepth": depth,
+    "seconds": secs, "connections": jobs, "iodepth": depth, "cpus": cpus,
     "reads": tot["read"][0], "writes": tot["write"][0],
     "read_mib": round(tot["read"][1] / 2**20), "write_mib": round(tot["write"][1] / 2**20),
     "max_latency_ms": round(lat_max_ns / 1e6, 1),

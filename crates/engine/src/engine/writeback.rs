@@ -193,23 +193,14 @@ fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instant) -
     capped(Some(rate))
 }
 
-/// Nice value of the writeback thread: on a busy machine request handling gets the CPU first,
-/// and writeback takes what is left (the log absorbs the difference), so it adds little to
-/// foreground latency. A full log or a drain still gets it running: it is lowered, not stopped.
-const WRITEBACK_NICE: i32 = 10;
-
-fn lower_own_priority() {
-    // SAFETY: gettid has no arguments; setpriority on our own thread id only affects us. On
-    // Linux, PRIO_PROCESS with a thread id sets that thread's nice value. Failure is harmless.
-    unsafe {
-        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-        libc::setpriority(libc::PRIO_PROCESS, tid, WRITEBACK_NICE);
-    }
-}
-
 /// The writeback thread's loop.
+///
+/// It runs at the same CPU priority as request handling: its rate policy, not the scheduler,
+/// decides how much it does. (At nice 10, on a CPU-bound machine with 64 busy connection
+/// threads, it got 6-8% of a CPU while the log filled; the relocator then moved dirty blocks
+/// instead, at a higher cost, and throughput fell from ~11K to ~2K requests/s with requests
+/// waiting 4.6 s: see docs/RELIABILITY.md, "Load".)
 pub fn run(inner: &Inner) {
-    lower_own_priority();
     let batch_max = tunables::SPECS[tunables::WRITEBACK_BATCH_BLOCKS].max_value() as usize;
     let mut bufs = WritebackBuffers::new(batch_max);
     let mut pacer = Pacer::new(Instant::now());
