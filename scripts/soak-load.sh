@@ -33,6 +33,24 @@ depth=${3:-64}
 cache_size=${4:-2G}
 base=${5:-/var/tmp}
 max_lat_ms=${MAX_LAT_MS:-1000}
+ncpu=$(nproc)
+cpus=${CPUS:-client}
+client_cpu=()
+server_cpu=()
+case "$cpus" in
+client | split | shared) ;;
+*)
+    echo "CPUS must be client, split or shared, not '$cpus'" >&2
+    exit 2
+    ;;
+esac
+half=$((ncpu / 2))
+if [ "$ncpu" -ge 2 ] && [ "$cpus" != shared ]; then
+    client_cpu=(taskset -c "0-$((half - 1))")
+fi
+if [ "$ncpu" -ge 2 ] && [ "$cpus" = split ]; then
+    server_cpu=(taskset -c "$half-$((ncpu - 1))")
+fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${LOGCACHE_BIN:-$root/target/release/logcache}
 [ -x "$bin" ] || (cd "$root" && cargo build --release -q -p logcache)
@@ -55,29 +73,6 @@ truncate -s $((cache_bytes * 4)) "$dir/backing.img"
 fallocate -l "$cache_bytes" "$dir/cache.img" 2>/dev/null || true
 fallocate -l $((cache_bytes * 4)) "$dir/backing.img" 2>/dev/null || true
 warmup_s=${WARMUP_S:-30}
-ncpu=$(nproc)
-cpus=${CPUS:-client}
-client_cpu=()
-server_cpu=()
-half=$((ncpu / 2))
-case "$cpus" in
-client)
-    if [ "$ncpu" -ge 2 ]; then
-        client_cpu=(taskset -c "0-$((half - 1))")
-    fi
-    ;;
-split)
-    if [ "$ncpu" -ge 2 ]; then
-        client_cpu=(taskset -c "0-$((half - 1))")
-        server_cpu=(taskset -c "$half-$((ncpu - 1))")
-    fi
-    ;;
-shared) ;;
-*)
-    echo "CPUS must be client, split or shared, not '$cpus'" >&2
-    exit 2
-    ;;
-esac
 "$bin" format --cache "$dir/cache.img" --backing "$dir/backing.img" >/dev/null
 "${server_cpu[@]}" "$bin" serve --cache "$dir/cache.img" --backing "$dir/backing.img" --socket "$dir/nbd.sock" \
     >"$dir/serve.log" 2>&1 &
