@@ -16,7 +16,8 @@
 //! 5. Persist `writeback_seq`: every chunk before the oldest segment still holding dirty blocks
 //!    is clean, so recovery replays it as clean.
 //!
-//! The policy (`next_batch_plan`): full speed while a `drain` waits, writers wait for room, or
+//! The policy (`next_batch_plan`): full speed while a `drain` waits, writers wait for room in a
+//! ring out of free segments (not for a RAM buffer: that is the flusher's work), or
 //! the front end has been idle for `writeback_idle_ms`. Above `writeback_threshold_percent`,
 //! a proportional controller (bcache's model): the excess over the threshold is written back
 //! over about `SETTLE_S`, so under a steady load the dirty level settles where writeback
@@ -33,6 +34,7 @@ use parking_lot::MutexGuard;
 
 use super::flusher::wait_durable;
 use super::inflight;
+use super::reclaim;
 use super::state::State;
 use super::tunables;
 use super::Inner;
@@ -142,9 +144,11 @@ fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instant) -
         blocks: batch_max,
         rate_blocks_per_s: None,
     };
-    // Outside write-back mode dirty blocks are leftovers of it: write them back now.
+    // Outside write-back mode dirty blocks are leftovers of it: write them back now. Writers
+    // waiting for room in a ring that is out of free segments need writeback; writers waiting
+    // for a RAM buffer need the flusher, and writeback would only compete with it.
     if st.drain_requests > 0
-        || st.space_waiters > 0
+        || (st.space_waiters > 0 && reclaim::under_pressure(st))
         || inner.tunables.get(tunables::CACHE_MODE) != tunables::MODE_WRITE_BACK
     {
         return full;
