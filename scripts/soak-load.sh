@@ -9,7 +9,7 @@
 # The warm-up's longest request is printed too. Checks, over the measured SECONDS:
 #   - fio finishes without an IO error;
 #   - the server's resident memory stays flat (the highest sample of the second half at most
-#     16 MiB + 10% above the highest of the first half);
+#     16 MiB + 10% above the highest of the first half), in runs of 60 s or more;
 #   - the statistics add up: the engine's read/write counters and bytes moved by exactly what
 #     fio says it did;
 #   - no request took longer than MAX_LAT_MS (default 1000; 0 skips this check, for CI on a
@@ -167,7 +167,10 @@ for k, ios, byts in (("read", "reads", "read_bytes"), ("write", "writes", "write
                         f"logcache {delta(ios)} / {delta(byts)}")
 half = len(rss) // 2
 first, second = max(rss[:half] or [0]), max(rss[half:] or [0])
-if half >= 2 and second > first * 1.10 + 16 * 1024:
+# Under a minute the growth is the server's one-time setup (each connection's buffers reaching
+# its largest request so far; a CI run once grew 332 -> 405 MiB in 8 s), not a leak.
+memory_checked = secs >= 60 and half >= 2
+if memory_checked and second > first * 1.10 + 16 * 1024:
     problems.append(f"memory grew: {first} KiB in the first half, {second} KiB in the second")
 if max_lat_ms and lat_max_ns > max_lat_ms * 1e6:
     problems.append(f"a request took {lat_max_ns / 1e6:.0f} ms (limit {max_lat_ms} ms)")
@@ -183,6 +186,7 @@ print(json.dumps({
     "job_p999_latency_ms_max": round(max(p999_ms or [0]), 1),
     "write_waits": delta("write_waits") if "write_waits" in after else None,
     "rss_kib_first_half_max": first, "rss_kib_second_half_max": second,
+    "memory_checked": memory_checked,
     "problems": problems,
 }))
 sys.exit(1 if problems else 0)
