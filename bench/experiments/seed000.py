@@ -183,7 +183,7 @@ def render(res, charts):
         lines.append(
             f"(5), the cache on /dev/shm, came out below (3) in this run ({fmt(mb['lc_shm'], 0)} vs "
             f"{fmt(mb['lc_vartmp'], 0)} MB/s), so it is not a ceiling here. tmpfs refuses O_DIRECT, "
-            "so logcache opens the file buffered (`crates/engine/src/io/file.rs`) and every chunk "
+            "so logcache opens the file buffered (`crates/io/src/file/open.rs`) and every chunk "
             "the flusher writes is a CPU copy into the page cache; on /var/tmp the virtual disk "
             "moves the data. That this copy is what costs the difference on 2 busy vCPUs is a "
             "hypothesis, not measured.")

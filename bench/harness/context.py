@@ -28,7 +28,7 @@ class Context:
         self.fio_count = 0
         self.commands = []
         # Options passed to every `logcache sim-hdd` (empty: its defaults, the model in
-        # crates/engine/src/io/hdd.rs).
+        # crates/testkit/src/hdd.rs).
         self.hdd_options = {}
         self.t0 = time.monotonic()
 

@@ -100,7 +100,7 @@ def hdd_text(hdd):
     return (
         "The hard disk is an **emulation**, not a disk: `logcache sim-hdd` serves a sparse file "
         "over NBD and makes each request take as long as a 7200 rpm disk would. Its model "
-        "(`crates/engine/src/io/hdd.rs`): tracks of what passes the head in one revolution; a "
+        "(`crates/testkit/src/hdd.rs`): tracks of what passes the head in one revolution; a "
         "seek when the track changes, from the settle time rising with the square root of the "
         "distance to a full stroke across the platter; then the wait until the sector comes "
         "round (the angle under the head is the time modulo a revolution); then the transfer at "

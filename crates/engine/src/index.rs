@@ -318,7 +318,7 @@ impl BlockIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rng::{seed_from_env, Rng};
+    use logcache_testkit::rng::{seed_from_env, Rng};
     use std::collections::HashMap;
 
     fn seed() -> u64 {

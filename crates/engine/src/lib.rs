@@ -9,8 +9,10 @@ pub mod engine;
 pub mod error;
 pub mod format;
 pub mod index;
-pub mod io;
-pub mod rng;
+
+/// The device seam lives in its own crate (`logcache-io`); re-exported so `crate::io::...` and
+/// `logcache_engine::io::...` keep naming it.
+pub use logcache_io as io;
 
 pub use engine::{format, Engine, FormatOptions, OpenOptions, Stats};
 pub use error::{Error, Result};

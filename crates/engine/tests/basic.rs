@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use logcache_engine::io::memory::MemDevice;
-use logcache_engine::io::sim::SimDevice;
 use logcache_engine::io::BlockDevice;
 use logcache_engine::{format, Engine, Error, FormatOptions, OpenOptions};
+use logcache_testkit::sim::SimDevice;
 
 const MIB: u64 = 1 << 20;
 

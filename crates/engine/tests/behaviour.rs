@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use logcache_engine::io::fault::{FaultDevice, FaultKind, OpKind};
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::rng::Rng;
 use logcache_engine::{format, Engine, Error, FormatOptions, OpenOptions};
+use logcache_testkit::fault::{FaultDevice, FaultKind, OpKind};
+use logcache_testkit::rng::Rng;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
@@ -501,7 +501,7 @@ fn many_writer_threads() {
     };
     let e = Engine::open(cache.clone(), backing.clone(), opts.clone()).unwrap();
     let region = 256 * KIB;
-    let seed = logcache_engine::rng::seed_from_env("LOGCACHE_SEED");
+    let seed = logcache_testkit::rng::seed_from_env("LOGCACHE_SEED");
     let workers: Vec<_> = (0..4u64)
         .map(|t| {
             let e = e.clone();

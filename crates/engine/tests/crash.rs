@@ -29,8 +29,8 @@
 mod common;
 
 use common::*;
-use logcache_engine::rng::Rng;
 use logcache_engine::{Engine, OpenOptions};
+use logcache_testkit::rng::Rng;
 
 const KIB: u64 = 1024;
 

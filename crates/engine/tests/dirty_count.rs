@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::rng::{seed_from_env, Rng};
 use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+use logcache_testkit::rng::{seed_from_env, Rng};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;

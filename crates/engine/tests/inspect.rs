@@ -10,10 +10,10 @@ use common::*;
 use logcache_engine::engine::{check, dump, CheckReport, CopyState, Reject, Severity, WalkStop};
 use logcache_engine::format::chunk::KIND_DATA;
 use logcache_engine::io::memory::MemDevice;
-use logcache_engine::io::sim::SimDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::rng::Rng;
 use logcache_engine::{Engine, Error, OpenOptions};
+use logcache_testkit::rng::Rng;
+use logcache_testkit::sim::SimDevice;
 
 const KIB: u64 = 1024;
 const SEG: u64 = 32 * KIB;

@@ -12,8 +12,8 @@ mod common;
 
 use common::*;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::rng::Rng;
 use logcache_engine::{Engine, OpenOptions};
+use logcache_testkit::rng::Rng;
 
 const KIB: u64 = 1024;
 const MODES: [&str; 3] = ["write-back", "write-through", "write-around"];

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use logcache_engine::io::hdd::{HddDevice, HddParams};
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
 use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+use logcache_testkit::hdd::{HddDevice, HddParams};
 
 const MIB: u64 = 1 << 20;
 const BLOCK: u64 = 4096;

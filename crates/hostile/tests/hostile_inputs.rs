@@ -9,10 +9,10 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use logcache_engine::format::superblock::SUPERBLOCK_MAGIC;
-use logcache_engine::rng::{seed_from_env, Rng};
 use logcache_hostile::Outcome;
 use logcache_nbd::consts::{IHAVEOPT, REQUEST_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC};
 use logcache_nbd::handshake::{InfoRequest, MetaContextRequest, OptionHeader};
+use logcache_testkit::rng::{seed_from_env, Rng};
 
 fn cases(default: u64) -> u64 {
     std::env::var("LOGCACHE_HOSTILE_CASES")

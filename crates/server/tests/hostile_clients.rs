@@ -16,13 +16,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use logcache_engine::rng::{seed_from_env, Rng};
 use logcache_nbd::consts::{
     CMD_FLAG_FUA, IHAVEOPT, OPT_GO, OPT_INFO, OPT_LIST, OPT_SET_META_CONTEXT, OPT_STRUCTURED_REPLY,
     REPLY_TYPE_NONE, REQUEST_MAGIC,
 };
 use logcache_nbd::handshake::{InfoRequest, OptionHeader};
 use logcache_nbd::request::{Command as NbdCommand, Request};
+use logcache_testkit::rng::{seed_from_env, Rng};
 use server_support::*;
 
 /// Resident memory of this process (the server runs in it), in KiB, after returning the

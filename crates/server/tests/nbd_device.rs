@@ -5,10 +5,10 @@ mod server_support;
 
 use std::sync::Arc;
 
-use logcache_engine::io::hdd::{HddDevice, HddParams};
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
 use logcache_server::{Server, ServerConfig};
+use logcache_testkit::hdd::{HddDevice, HddParams};
 use server_support::*;
 
 const DEVICE_BYTES: u64 = 64 * MIB;

@@ -21,11 +21,11 @@ use anyhow::Context;
 use clap::Args;
 use logcache_engine::engine::tunables;
 use logcache_engine::format::label::label_offset;
-use logcache_engine::io::hdd::{HddDevice, HddParams, HddStats};
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::rng::Rng;
 use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+use logcache_testkit::hdd::{HddDevice, HddParams, HddStats};
+use logcache_testkit::rng::Rng;
 
 use super::histogram::Histogram;
 

@@ -13,8 +13,8 @@ use clap::Args;
 use logcache_engine::io::file::{create_sparse, FileDevice, FileOptions};
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::rng::Rng;
 use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+use logcache_testkit::rng::Rng;
 
 use super::histogram::Histogram;
 

@@ -1,6 +1,6 @@
 //! `logcache sim-hdd`: an EMULATED hard disk served over NBD, for tests and benchmarks. The data
 //! lives in a file; every IO takes as long as a 7200 rpm disk would (the model is
-//! `logcache_engine::io::hdd`), so logcache and its peers can be measured against a slow,
+//! `logcache_testkit::hdd`), so logcache and its peers can be measured against a slow,
 //! seek-bound disk on a machine that has none. Serves until SIGTERM or SIGINT, then prints one
 //! line of the disk's figures.
 
@@ -11,9 +11,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use logcache_engine::io::file::{create_sparse, FileDevice, FileOptions};
-use logcache_engine::io::hdd::{HddDevice, HddParams};
 use logcache_engine::io::{BlockDevice, SECTOR_SIZE_BYTES};
 use logcache_server::{Server, ServerConfig};
+use logcache_testkit::hdd::{HddDevice, HddParams};
 
 use crate::cmd::serve::{absolute, block_termination_signals, uri_escape, wait_for_signal};
 use crate::devices::lock_exclusive;

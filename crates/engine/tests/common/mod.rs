@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use logcache_engine::io::sim::SimDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::rng::{seed_from_env, Rng};
 use logcache_engine::{format, FormatOptions};
+use logcache_testkit::rng::{seed_from_env, Rng};
+use logcache_testkit::sim::SimDevice;
 
 pub const SECTOR: usize = 512;
 

@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 
 use parking_lot::RwLock;
 
-use super::{check_range, BlockDevice};
+use crate::{check_range, BlockDevice};
 
 /// Memory is locked in pieces of this size; a request copies one piece at a time.
 const PIECE_BYTES: u64 = 64 * 1024;
@@ -51,7 +51,7 @@ impl MemDevice {
 
     fn with_flags(size_bytes: u64, extra_flags: libc::c_int) -> MemDevice {
         assert_eq!(
-            size_bytes % super::SECTOR_SIZE_BYTES,
+            size_bytes % crate::SECTOR_SIZE_BYTES,
             0,
             "memory device size {size_bytes} is not a multiple of 512"
         );
@@ -195,8 +195,8 @@ fn page_size_bytes() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::aligned::AlignedBuf;
-    use crate::rng::Rng;
+    use crate::aligned::AlignedBuf;
+    use logcache_testkit::rng::Rng;
     use std::sync::Arc;
 
     #[test]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::BlockDevice;
+use logcache_io::BlockDevice;
 
 /// An operation kind rules apply to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -226,7 +226,7 @@ impl BlockDevice for FaultDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::memory::MemDevice;
+    use logcache_io::memory::MemDevice;
 
     fn setup() -> (Arc<MemDevice>, FaultDevice) {
         let mem = Arc::new(MemDevice::new(64 * 1024));

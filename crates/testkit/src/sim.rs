@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::{BlockDevice, SECTOR_SIZE_BYTES};
 use crate::rng::Rng;
+use logcache_io::{BlockDevice, SECTOR_SIZE_BYTES};
 
 /// A simulated disk with a volatile write cache.
 ///

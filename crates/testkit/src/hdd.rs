@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::{check_range, BlockDevice};
+use logcache_io::{check_range, BlockDevice};
 
 /// The knobs of the emulated disk. The defaults are a typical 1 TB 7200 rpm SATA disk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -428,8 +428,8 @@ impl BlockDevice for HddDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::io::memory::MemDevice;
     use crate::rng::Rng;
+    use logcache_io::memory::MemDevice;
 
     const GIB: u64 = 1 << 30;
     const BLOCK: u64 = 4096;

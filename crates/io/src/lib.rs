@@ -1,17 +1,15 @@
-//! The device seam: every byte the engine moves goes through [`BlockDevice`].
+//! logcache's device seam: every byte the engine moves goes through [`BlockDevice`].
 //!
-//! Implementations: [`file::FileDevice`] (a regular file or block device, O_DIRECT where the file
-//! system allows it), [`memory::MemDevice`] (RAM), and for tests [`sim::SimDevice`] (loses and
-//! tears unsynced writes on a simulated crash), [`fault::FaultDevice`] (a wrapper that injects
-//! errors) and [`hdd::HddDevice`] (a wrapper that emulates a hard disk's timing, for benchmarks).
-//! Wrappers add cross-cutting behaviour; the engine never touches a file descriptor.
+//! Production implementations: [`file::FileDevice`] (a regular file or block device, O_DIRECT
+//! where the file system allows it) and [`memory::MemDevice`] (RAM); [`aligned::AlignedBuf`] is
+//! the 4 KiB-aligned buffer O_DIRECT needs. Devices for tests and benchmarks (simulated crash,
+//! fault injection, hard-disk timing) live in the `logcache-testkit` crate, which production
+//! crates do not depend on. Wrappers add cross-cutting behaviour; the engine never touches a
+//! file descriptor.
 
 pub mod aligned;
-pub mod fault;
 pub mod file;
-pub mod hdd;
 pub mod memory;
-pub mod sim;
 
 use std::io;
 
@@ -83,8 +81,8 @@ pub fn write_zero_blocks<D: BlockDevice + ?Sized>(
     Ok(())
 }
 
-/// Checks the alignment contract shared by all devices.
-pub(crate) fn check_range(dev_size_bytes: u64, offset: u64, len_bytes: u64) -> io::Result<()> {
+/// Checks the alignment contract shared by all devices (wrappers in other crates use it too).
+pub fn check_range(dev_size_bytes: u64, offset: u64, len_bytes: u64) -> io::Result<()> {
     if offset % SECTOR_SIZE_BYTES != 0 || len_bytes % SECTOR_SIZE_BYTES != 0 {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
