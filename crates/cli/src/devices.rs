@@ -2,7 +2,6 @@
 //! cache from being served twice.
 
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +12,8 @@ use logcache_engine::io::BlockDevice;
 use logcache_nbd::client::DEFAULT_REQUEST_TIMEOUT;
 use logcache_nbd::uri::is_nbd_uri;
 use logcache_server::backing::nbd::NbdDevice;
+
+use crate::guard::{lock_holder, try_flock};
 
 /// Connections the NBD backing client opens when the server allows several.
 const NBD_BACKING_CONNECTIONS: usize = 4;
@@ -68,26 +69,37 @@ pub struct CacheLock {
 }
 
 pub fn lock_cache(path: &Path) -> Result<CacheLock> {
-    lock_exclusive(path, || {
+    lock_exclusive(path, |holder| {
         format!(
-            "cache {} is in use by another logcache process; stop it first (logcache status shows it)",
+            "cache {} is in use by {holder}; stop it first (logcache status shows it)",
             path.display()
         )
     })
 }
 
-/// The same lock on any file; `in_use` says what to do when another process holds it.
-pub fn lock_exclusive(path: &Path, in_use: impl FnOnce() -> String) -> Result<CacheLock> {
+/// The same lock on a backing file or block device, held by `serve` (and by `format` and
+/// `check` while they run): two caches on one backing device destroy each other's data. An NBD
+/// backing has no local lock (None); its label names its cache.
+pub fn lock_backing(spec: &str) -> Result<Option<CacheLock>> {
+    if is_nbd_uri(spec) || !Path::new(spec).exists() {
+        return Ok(None);
+    }
+    let lock = lock_exclusive(Path::new(spec), |holder| {
+        format!(
+            "backing device {spec} is in use by {holder}; a backing device serves one cache at a time: stop that process first (nothing was written)"
+        )
+    })?;
+    Ok(Some(lock))
+}
+
+/// The same lock on any file; `in_use` says what to do when another process holds it, given
+/// the holder ("process PID (COMMAND)", or "another process" when /proc does not tell).
+pub fn lock_exclusive(path: &Path, in_use: impl FnOnce(&str) -> String) -> Result<CacheLock> {
     let file =
         File::open(path).with_context(|| format!("opening {} to lock it", path.display()))?;
-    // SAFETY: flock on a descriptor we own.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            bail!("{}", in_use());
-        }
-        return Err(err).with_context(|| format!("locking {}", path.display()));
+    if !try_flock(&file).with_context(|| format!("locking {}", path.display()))? {
+        let holder = lock_holder(&file).unwrap_or_else(|| "another process".to_string());
+        bail!("{}", in_use(&holder));
     }
     Ok(CacheLock { _file: file })
 }

@@ -6,6 +6,7 @@ mod cmd;
 mod control;
 mod defaults;
 mod devices;
+mod guard;
 mod metrics;
 mod offline;
 mod served;

@@ -6,7 +6,8 @@ use anyhow::{Context, Result};
 use clap::Args;
 use logcache_engine::{format, FormatOptions};
 
-use crate::devices::{lock_cache, open_backing, open_cache};
+use crate::devices::{lock_backing, lock_cache, open_backing, open_cache};
+use crate::guard::refuse_same_device;
 use crate::size::parse_size;
 
 #[derive(Args)]
@@ -27,8 +28,11 @@ pub struct FormatArgs {
 }
 
 pub fn run(args: &FormatArgs) -> Result<()> {
+    refuse_same_device(&args.cache, &args.backing)?;
     let cache = open_cache(&args.cache)?;
     let _lock = lock_cache(&args.cache)?;
+    // Even with --force: another process serving this backing device would go on writing it.
+    let _backing_lock = lock_backing(&args.backing)?;
     let backing = open_backing(&args.backing)?;
     let sb = format(
         &*cache,

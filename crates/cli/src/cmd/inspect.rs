@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 
-use crate::devices::{lock_cache, open_backing, open_cache};
+use crate::devices::{lock_backing, lock_cache, open_backing, open_cache};
+use crate::guard::refuse_same_device;
 use crate::offline;
 
 #[derive(Args)]
@@ -28,9 +29,14 @@ pub struct DumpArgs {
 
 /// Returns whether the check found no errors.
 pub fn check(args: &CheckArgs) -> Result<bool> {
+    if let Some(backing) = &args.backing {
+        refuse_same_device(&args.cache, backing)?;
+    }
     let cache = open_cache(&args.cache)?;
-    // A served cache changes under the reader; refuse rather than report nonsense.
+    // A served cache or backing device changes under the reader; refuse rather than report
+    // nonsense.
     let _lock = lock_cache(&args.cache)?;
+    let _backing_lock = args.backing.as_deref().map(lock_backing).transpose()?;
     let backing = args.backing.as_deref().map(open_backing).transpose()?;
     offline::check(cache, backing)
 }

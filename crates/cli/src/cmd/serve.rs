@@ -16,7 +16,10 @@ use logcache_server::{Server, ServerConfig};
 use crate::cmd::admin::parse_assignments;
 use crate::control::server::ControlServer;
 use crate::defaults;
-use crate::devices::{control_path_for, lock_cache, open_backing_with_timeout, open_cache};
+use crate::devices::{
+    control_path_for, lock_backing, lock_cache, open_backing_with_timeout, open_cache,
+};
+use crate::guard::refuse_same_device;
 use crate::metrics::MetricsServer;
 use crate::served::Served;
 
@@ -128,8 +131,10 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     if plan.embedded {
         defaults::ensure_files()?;
     }
+    refuse_same_device(&plan.cache, &plan.backing)?;
     let cache = open_cache(&plan.cache)?;
     let _lock = lock_cache(&plan.cache)?;
+    let _backing_lock = lock_backing(&plan.backing)?;
     let backing = open_backing_with_timeout(&plan.backing, backing_timeout)?;
     let engine = open_engine(&plan, cache, backing)?;
     for (k, v) in &tunable_sets {

@@ -111,11 +111,8 @@ pub fn run(args: &SimHddArgs) -> Result<()> {
     let path = &args.file;
     // Its errors name the path.
     create_sparse(path, args.size).context("preparing the disk's file")?;
-    let _lock = lock_exclusive(path, || {
-        format!(
-            "{} is in use by another logcache process; stop it first",
-            path.display()
-        )
+    let _lock = lock_exclusive(path, |holder| {
+        format!("{} is in use by {holder}; stop it first", path.display())
     })?;
     let file = Arc::new(
         FileDevice::open(path, FileOptions::default()).context("opening the disk's file")?,
