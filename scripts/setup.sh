@@ -16,8 +16,9 @@ done
 
 # Debian packages used by tests and benchmarks: real NBD clients and servers (libnbd-bin has
 # nbdinfo, nbdcopy, nbdsh and nbdfuse; qemu-utils has qemu-img, qemu-io and qemu-nbd), fio for
-# load, xfsprogs and fuse3 for the filesystem test.
-APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd fio qemu-utils xfsprogs fuse3 util-linux)
+# load, xfsprogs and fuse3 for the filesystem test; python3-matplotlib
+# draws the benchmark charts (bench/run runs on Debian's /usr/bin/python3, never pip as root).
+APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd fio qemu-utils xfsprogs fuse3 util-linux python3-matplotlib)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -29,13 +30,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
 fi
 
-# Python packages the benchmark harness (bench/run) needs, for the python3 on PATH.
-if ! command -v python3 >/dev/null 2>&1; then
-    echo "setup: python3 is not installed; bench/run needs it" >&2
+# bench/run runs on /usr/bin/python3, whose packages come from Debian (above).
+if [ ! -x /usr/bin/python3 ]; then
+    echo "setup: /usr/bin/python3 is not installed; bench/run needs it (apt-get install python3)" >&2
     exit 1
-fi
-if ! python3 -c 'import matplotlib' >/dev/null 2>&1; then
-    python3 -m pip install -q --disable-pip-version-check -r "$(dirname "$0")/../bench/requirements.txt" ||
-        python3 -m pip install -q --disable-pip-version-check --break-system-packages \
-            -r "$(dirname "$0")/../bench/requirements.txt"
 fi

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,6 +132,18 @@ def main(argv):
         out = tempfile.mkdtemp(prefix="lcbench-smoke.")
     else:
         out = None
+    # A smoke run's temp dir is scratch: removed when it passes, kept (and named) when it fails.
+    scratch = out if (mode == "smoke" and not args.out) else None
+    code = run_all(args, argv, mode, names, out)
+    if scratch and code == 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+    elif scratch:
+        print(f"bench/run: smoke results kept in {scratch}", file=sys.stderr)
+    return code
+
+
+def run_all(args, argv, mode, names, out):
+    """Runs the experiments `names` into `out` (None: the repository) and writes the report."""
     results_dir = os.path.join(out, "results", mode) if out else os.path.join(BENCH_DIR, "results", mode)
     doc_path = os.path.join(out, "BENCHMARKS.md") if out else os.path.join(REPO, "docs", "BENCHMARKS.md")
     chart_dir = os.path.join(os.path.dirname(doc_path), "bench")
