@@ -4,7 +4,7 @@ CARGO ?= cargo
 CARGO_TARGET_DIR ?= target
 LOGCACHE_BIN = $(CARGO_TARGET_DIR)/release/logcache
 
-.PHONY: run test setup build bench-engine bench-smoke bench-quick bench-full fmt lint
+.PHONY: run test setup build install bench-engine bench-smoke bench-quick bench-full fmt lint
 
 ## Install what is missing on this machine (system packages; the Rust toolchain is assumed).
 setup:
@@ -17,6 +17,11 @@ build: setup
 ## cache in front of an 8 GiB backing file, both sparse), until Ctrl-C.
 run: build
 	./target/release/logcache serve
+
+## Put `logcache` on PATH (cargo's bin directory, ~/.cargo/bin), so the README's `logcache ...`
+## commands work as written from any directory.
+install:
+	$(CARGO) install --locked --path crates/cli
 
 ## Everything CI checks: formatting, lints, the whole test suite, then a short run of the
 ## SIGKILL verifier (docs/RELIABILITY.md): its checker on made-up contents, a self-test (it must

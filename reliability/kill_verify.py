@@ -607,7 +607,7 @@ class Verifier:
         fixes = []
         if st.get("mode") != "write-back" and rng.random() < 0.67:
             fixes.append("cache_mode=write-back")
-        threshold = tun.get("writeback_threshold_percent")
+        threshold = str(tun.get("writeback_threshold_percent"))
         if scenario in ("drain", "mode-switch"):
             # Half the time let more dirty data pile up first, so there is more to drain.
             want = rng.choice(("10", "50"))

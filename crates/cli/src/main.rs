@@ -15,7 +15,7 @@ mod sockets;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -59,7 +59,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m))
+    {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
@@ -94,6 +97,25 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line: every subcommand takes "-1" as a value (so a negative number gets a
+/// range message, not "unexpected argument"), and `set --help` lists the tunables.
+fn command() -> clap::Command {
+    let cmd = negative_numbers_are_values(Cli::command());
+    cmd.mut_subcommand("set", |s| s.after_help(cmd::admin::tunables_help()))
+}
+
+fn negative_numbers_are_values(cmd: clap::Command) -> clap::Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    let mut cmd = cmd.allow_negative_numbers(true);
+    for name in names {
+        cmd = cmd.mut_subcommand(&name, negative_numbers_are_values);
+    }
+    cmd
 }
 
 /// One line: what went wrong, then each cause not already spelled out by the message before it
@@ -132,7 +154,12 @@ fn usage_error(e: clap::Error) -> ExitCode {
         .lines()
         .find(|l| !l.trim().is_empty())
         .unwrap_or("invalid arguments")
-        .trim_start_matches("error: ");
+        .trim_start_matches("error: ")
+        // A negative number for an unsigned value: say what is allowed.
+        .replace(
+            "invalid digit found in string",
+            "give a whole number, 0 or more",
+        );
     eprintln!("logcache: {first} (see logcache --help)");
     ExitCode::from(2)
 }

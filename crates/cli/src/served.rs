@@ -12,6 +12,10 @@ pub struct Served {
     pub engine: Engine,
     pub server: Server,
     pub started: Instant,
+    /// The cache and backing device as named on the command line (status says where the
+    /// backing device's label lives).
+    pub cache_name: String,
+    pub backing_name: String,
 }
 
 /// One metric: name, value, and whether it only grows (a Prometheus counter).
@@ -33,6 +37,8 @@ impl Served {
             })
         };
         gauge("exported_size_bytes", s.exported_size_bytes as f64);
+        // The label is the block right after the exported disk (docs/FORMAT.md).
+        gauge("label_offset_bytes", s.exported_size_bytes as f64);
         gauge("segment_size_bytes", s.segment_size_bytes as f64);
         gauge("segment_count", s.segment_count as f64);
         gauge("segments_in_use", s.segments_in_use as f64);
@@ -96,10 +102,15 @@ impl Served {
             .engine
             .tunables()
             .into_iter()
-            .map(|t| (t.name.to_string(), Value::String(t.value)))
+            .map(|t| (t.name.to_string(), tunable_json(&t.value)))
             .collect();
         let mut extra = vec![
             ("mode".to_string(), Value::String(s.mode.to_string())),
+            ("cache".to_string(), Value::String(self.cache_name.clone())),
+            (
+                "backing".to_string(),
+                Value::String(self.backing_name.clone()),
+            ),
             (
                 "state".to_string(),
                 Value::String(match &s.failed {
@@ -138,6 +149,11 @@ impl Served {
             };
             obj.insert(m.name, v);
         }
+        // One spelling per value: `read_cache` reads as its tunable does ("on"/"off"), not 1/0
+        // (Prometheus keeps the number).
+        let read_cache = obj["tunables"]["read_cache"].clone();
+        assert!(read_cache.is_string());
+        obj.insert("read_cache".into(), read_cache);
         Value::Object(obj)
     }
 
@@ -147,7 +163,8 @@ impl Served {
                 .tunables()
                 .into_iter()
                 .map(|t| {
-                    json!({"name": t.name, "value": t.value, "default": t.default,
+                    json!({"name": t.name, "value": tunable_json(&t.value),
+                           "default": tunable_json(&t.default),
                            "range": t.range, "online": t.online, "help": t.help})
                 })
                 .collect(),
@@ -168,5 +185,13 @@ impl Served {
             let _ = writeln!(out, "logcache_mode{{mode=\"{mode}\"}} 1");
         }
         out
+    }
+}
+
+/// A tunable's value in JSON: a number for numeric tunables, the name for a choice.
+fn tunable_json(text: &str) -> Value {
+    match text.parse::<u64>() {
+        Ok(n) => json!(n),
+        Err(_) => Value::String(text.to_string()),
     }
 }

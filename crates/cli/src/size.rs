@@ -4,6 +4,11 @@
 /// Parses "64M", "1G", "4096", "512KiB".
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
+    if t.starts_with('-') {
+        return Err(format!(
+            "{text:?} is negative; a size is 0 or more bytes, with an optional K, M, G or T suffix"
+        ));
+    }
     let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, suffix) = t.split_at(digits_end);
     let bad = || {
@@ -24,9 +29,37 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
+/// A size for humans: "4.0 KiB", "502.9 MiB", "1.5 GiB" (powers of 1024, one decimal), or
+/// "512 bytes" below 1 KiB.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} bytes");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    assert!(unit < UNITS.len());
+    format!("{value:.1} {}", UNITS[unit])
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::{human, parse_size};
+
+    #[test]
+    fn human_sizes() {
+        assert_eq!(human(0), "0 bytes");
+        assert_eq!(human(1023), "1023 bytes");
+        assert_eq!(human(4096), "4.0 KiB");
+        assert_eq!(human(527_319_040), "502.9 MiB");
+        assert_eq!(human(8 << 30), "8.0 GiB");
+        assert_eq!(human((8 << 30) - 4096), "8.0 GiB");
+        assert_eq!(human(3 << 40), "3.0 TiB");
+    }
 
     #[test]
     fn suffixes() {

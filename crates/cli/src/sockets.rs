@@ -33,9 +33,37 @@ pub fn check_tcp_listen(addr: &str, allow_remote: bool) -> Result<()> {
     Ok(())
 }
 
+/// Checks that `addr` can be bound now, before anything is created or opened: a port in use
+/// (a second checkout's embedded default, say) is said at once, with how to pick another.
+pub fn check_tcp_free(addr: &str) -> Result<()> {
+    match std::net::TcpListener::bind(addr) {
+        Ok(listener) => {
+            drop(listener);
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => anyhow::bail!(
+            "{addr} is in use (another logcache serve?); pick another port with --listen, e.g. --listen 127.0.0.1:10810 (nothing was created or opened)"
+        ),
+        Err(e) => Err(e).with_context(|| format!("--listen {addr}")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::check_tcp_listen;
+    use super::{check_tcp_free, check_tcp_listen};
+
+    #[test]
+    fn a_port_in_use_is_said_with_how_to_pick_another() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap().to_string();
+        let e = check_tcp_free(&addr).unwrap_err().to_string();
+        assert!(
+            e.contains(&addr) && e.contains("in use") && e.contains("--listen"),
+            "{e}"
+        );
+        drop(taken);
+        check_tcp_free(&addr).unwrap();
+    }
 
     #[test]
     fn only_loopback_without_allow_remote() {

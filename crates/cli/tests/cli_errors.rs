@@ -535,11 +535,53 @@ fn set_errors_against_a_running_server() {
         ],
         &["\"=3\"", "KEY=VALUE"],
     );
+    // All or none: a good pair next to a bad one is not applied either.
+    fails_with(
+        1,
+        &[
+            "set",
+            "--control",
+            &ctl,
+            "writeback_threshold_percent=7",
+            "writeback_idle_ms=-1",
+        ],
+        &["writeback_idle_ms=-1", "nothing was changed"],
+    );
     let s = served.status();
-    assert_eq!(s["tunables"]["writeback_threshold_percent"], "10", "{s}");
+    assert_eq!(s["tunables"]["writeback_threshold_percent"], 10, "{s}");
+    assert_eq!(s["tunables"]["cache_mode"], "write-back", "{s}");
+    assert_eq!(s["read_cache"], "on", "one spelling for read_cache: {s}");
+    assert_eq!(s["tunables"]["read_cache"], "on", "{s}");
     // And at serve start.
     let stopped = served.stop();
     assert!(stopped.status.success(), "{}", stopped.stderr);
+    // A bad value is refused before the cache is opened: it stays closed cleanly, byte for byte.
+    let before = std::fs::read(&cache).unwrap();
+    fails_with(
+        1,
+        &[
+            "serve",
+            "--cache",
+            &cache,
+            "--backing",
+            &backing,
+            "--set",
+            "writeback_threshold_percent=500",
+        ],
+        &[
+            "--set writeback_threshold_percent=500",
+            "nothing was changed",
+        ],
+    );
+    assert!(
+        std::fs::read(&cache).unwrap() == before,
+        "a refused serve wrote the cache"
+    );
+    let check = logcache_ok(&["check", "--cache", &cache]);
+    assert!(
+        check.contains("closed cleanly") && !check.contains("NOT closed"),
+        "{check}"
+    );
     fails_with(
         1,
         &[

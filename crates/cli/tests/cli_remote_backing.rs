@@ -26,7 +26,7 @@ fn format_against(cache: &str, backing_uri: &str) {
         "256K",
     ]);
     assert!(
-        out.contains(&format!("({} bytes exported)", BACKING_BYTES - 4096)),
+        out.contains(&format!("({} bytes exported", BACKING_BYTES - 4096)),
         "{out}"
     );
 }

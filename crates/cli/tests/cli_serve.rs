@@ -253,16 +253,7 @@ fn status_counters_and_drain_to_the_backing_file() {
     let disk = Disk::new("s-drain", &["--set", "writeback_idle_ms=0"]);
     let ctl = disk.ctl();
     let s = status_json(Path::new(&ctl));
-    for key in [
-        "cache_blocks",
-        "dirty_blocks",
-        "segment_size_bytes",
-        "read_hits",
-        "read_misses",
-        "write_hits",
-        "write_misses",
-        "writeback_blocks",
-    ] {
+    for key in STATUS_CONTRACT_NUMBERS {
         u64_of(&s, key);
     }
     assert_eq!(s["mode"], "write-back", "{s}");
@@ -283,7 +274,8 @@ fn status_counters_and_drain_to_the_backing_file() {
 
     // The human form too.
     let human = logcache_ok(&["status", "--control", &ctl]);
-    assert!(human.contains(&format!("{blocks} dirty")), "{human}");
+    assert!(human.contains("2.0 MiB dirty"), "{human}");
+    assert!(human.contains("label at byte"), "{human}");
 
     let out = logcache(&["drain", "--control", &ctl]);
     assert_ok(&out, "logcache drain");
@@ -315,7 +307,7 @@ fn set_tunable_persists_across_restart() {
     let out = logcache_ok(&["set", "--control", &ctl, "writeback_threshold_percent=5"]);
     assert_eq!(out.trim(), "writeback_threshold_percent=5");
     let s = status_json(Path::new(&ctl));
-    assert_eq!(s["tunables"]["writeback_threshold_percent"], "5", "{s}");
+    assert_eq!(s["tunables"]["writeback_threshold_percent"], 5, "{s}");
     // `set` alone lists the tunables with their values.
     let list = logcache_ok(&["set", "--control", &ctl]);
     assert!(
@@ -326,14 +318,14 @@ fn set_tunable_persists_across_restart() {
     disk.stop();
     disk.start(&[]);
     let s = status_json(Path::new(&disk.ctl()));
-    assert_eq!(s["tunables"]["writeback_threshold_percent"], "5", "{s}");
+    assert_eq!(s["tunables"]["writeback_threshold_percent"], 5, "{s}");
     // --set at start persists as well.
     disk.stop();
     disk.start(&["--set", "writeback_threshold_percent=7"]);
     disk.stop();
     disk.start(&[]);
     let s = status_json(Path::new(&disk.ctl()));
-    assert_eq!(s["tunables"]["writeback_threshold_percent"], "7", "{s}");
+    assert_eq!(s["tunables"]["writeback_threshold_percent"], 7, "{s}");
 }
 
 #[test]

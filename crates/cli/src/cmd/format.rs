@@ -8,7 +8,7 @@ use logcache_engine::{format, FormatOptions};
 
 use crate::devices::{lock_backing, lock_cache, open_backing, open_cache};
 use crate::guard::refuse_same_device;
-use crate::size::parse_size;
+use crate::size::{human, parse_size};
 
 #[derive(Args)]
 pub struct FormatArgs {
@@ -34,6 +34,14 @@ pub fn run(args: &FormatArgs) -> Result<()> {
     // Even with --force: another process serving this backing device would go on writing it.
     let _backing_lock = lock_backing(&args.backing)?;
     let backing = open_backing(&args.backing)?;
+    let (cache_bytes, backing_bytes) = (cache.size_bytes(), backing.size_bytes());
+    if cache_bytes > backing_bytes {
+        eprintln!(
+            "logcache: warning: the cache ({}) is larger than the backing device it caches ({}); at most the disk's size of it can ever hold live data",
+            human(cache_bytes),
+            human(backing_bytes)
+        );
+    }
     let sb = format(
         &*cache,
         &*backing,
@@ -45,12 +53,13 @@ pub fn run(args: &FormatArgs) -> Result<()> {
     )
     .with_context(|| format!("formatting {}", args.cache.display()))?;
     println!(
-        "formatted {}: {} segments of {} KiB caching {} ({} bytes exported)",
+        "formatted {}: {} segments of {} KiB caching {} ({} bytes exported = {}: the backing device minus its last 4 KiB, logcache's label)",
         args.cache.display(),
         sb.segment_count,
         sb.segment_size_bytes / 1024,
         args.backing,
-        sb.exported_size_bytes
+        sb.exported_size_bytes,
+        human(sb.exported_size_bytes)
     );
     Ok(())
 }

@@ -11,6 +11,7 @@ use crate::offline;
 
 #[derive(Args)]
 pub struct CheckArgs {
+    /// The cache device (file or block device) to verify; it must not be served.
     #[arg(long)]
     pub cache: PathBuf,
     /// Also check that this backing device is the one the cache belongs to.
@@ -20,6 +21,7 @@ pub struct CheckArgs {
 
 #[derive(Args)]
 pub struct DumpArgs {
+    /// The cache device (file or block device) to print; it must not be served.
     #[arg(long)]
     pub cache: PathBuf,
     /// Only this segment.

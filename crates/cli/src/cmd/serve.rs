@@ -13,7 +13,7 @@ use logcache_engine::io::BlockDevice;
 use logcache_engine::{format, Engine, Error as EngineError, FormatOptions, OpenOptions};
 use logcache_server::{Server, ServerConfig};
 
-use crate::cmd::admin::parse_assignments;
+use crate::cmd::admin::{parse_assignments, validate_assignments};
 use crate::control::server::ControlServer;
 use crate::defaults;
 use crate::devices::{
@@ -22,6 +22,7 @@ use crate::devices::{
 use crate::guard::refuse_same_device;
 use crate::metrics::MetricsServer;
 use crate::served::Served;
+use crate::size::human;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -122,11 +123,15 @@ fn backing_timeout(seconds: f64) -> Result<Duration> {
 pub fn run(args: &ServeArgs) -> Result<()> {
     // Before any thread exists, so every thread inherits the mask and only sigwait sees them.
     let signals = block_termination_signals()?;
+    // Every argument is checked before anything is created or opened: a mistake here must not
+    // leave a cache that was opened and not closed cleanly.
     let tunable_sets = parse_assignments(&args.set)?;
+    validate_assignments(&tunable_sets, "--set ")?;
     let plan = plan(args)?;
     let backing_timeout = backing_timeout(args.backing_timeout)?;
     if let Some(addr) = &plan.listen {
         crate::sockets::check_tcp_listen(addr, args.allow_remote)?;
+        crate::sockets::check_tcp_free(addr)?;
     }
     if plan.embedded {
         defaults::ensure_files()?;
@@ -153,6 +158,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         engine: engine.clone(),
         server: server.clone(),
         started: Instant::now(),
+        cache_name: plan.cache.display().to_string(),
+        backing_name: plan.backing.clone(),
     });
     let result = serve_until_signal(&plan, args, &server, &served, &signals);
     // Whatever happened, stop serving and leave a clean checkpoint if the engine allows.
@@ -193,21 +200,33 @@ fn serve_until_signal(
         .as_deref()
         .map(|addr| MetricsServer::start(addr, served.clone()))
         .transpose()?;
+    // The embedded default says where its control socket is, so `logcache status` finds it
+    // from any directory (withdrawn when this returns).
+    let announced = plan
+        .embedded
+        .then(|| defaults::announce_control(&plan.control))
+        .flatten();
     let s = served.engine.stats();
     println!(
-        "logcache: serving {} ({:.0} MiB disk, cache {} with {} segments) on {}",
+        "logcache: serving {} (disk of {} bytes = {}: the backing device minus its last 4 KiB, logcache's label; cache {} with {} segments) on {}",
         plan.backing,
-        s.exported_size_bytes as f64 / (1u64 << 20) as f64,
+        s.exported_size_bytes,
+        human(s.exported_size_bytes),
         plan.cache.display(),
         s.segment_count,
         endpoints.join(" and ")
     );
-    println!("  control: {}", plan.control.display());
+    println!("  control: {}", absolute(&plan.control).display());
     if let Some(m) = &metrics {
         println!("  metrics: http://{}/metrics", m.local_addr());
     }
     if plan.embedded {
-        print_how_to_connect(&endpoints[0]);
+        let status = admin_command(if announced.is_some() {
+            None
+        } else {
+            Some(&plan.control)
+        });
+        print_how_to_connect(&endpoints[0], &status);
     }
     let sig = wait_for_signal(signals);
     eprintln!("logcache: {sig}: finishing requests in flight and checkpointing");
@@ -218,9 +237,34 @@ fn serve_until_signal(
     Ok(())
 }
 
-fn print_how_to_connect(uri: &str) {
+/// `status` as a command that works from any directory: `logcache status` when `logcache` on
+/// PATH is this binary, else this binary's full path; with `--control` unless the default
+/// finds this serve.
+fn admin_command(control: Option<&Path>) -> String {
+    let exe = std::env::current_exe().ok();
+    let on_path = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("logcache"))
+            .find(|c| c.is_file())
+    });
+    let same = match (&exe, &on_path) {
+        (Some(e), Some(p)) => std::fs::canonicalize(p).ok().as_ref() == Some(e),
+        _ => false,
+    };
+    let mut cmd = match exe {
+        Some(e) if !same => e.to_string_lossy().into_owned(),
+        _ => "logcache".to_string(),
+    };
+    cmd.push_str(" status");
+    if let Some(c) = control {
+        cmd.push_str(&format!(" --control {}", absolute(c).display()));
+    }
+    cmd
+}
+
+fn print_how_to_connect(uri: &str, status: &str) {
     println!(
-        "\nConnect with:\n  nbdinfo '{uri}'\n  qemu-io -f raw '{uri}' -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'\n  fio --name=w --ioengine=nbd --uri='{uri}' --rw=randwrite --bs=4k --iodepth=64 --size=1g --runtime=30 --time_based\n  mkdir -p /tmp/lc && nbdfuse /tmp/lc/disk '{uri}' &   # then: losetup -f --show /tmp/lc/disk; mkfs.xfs; mount\nStatus: logcache status   Stop: Ctrl-C (or SIGTERM); everything is checkpointed.\n"
+        "\nConnect with:\n  nbdinfo '{uri}'\n  qemu-io -f raw '{uri}' -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'\n  fio --name=w --ioengine=nbd --uri='{uri}' --rw=randwrite --bs=4k --iodepth=64 --size=1g --runtime=30 --time_based\n  mkdir -p /tmp/lc && nbdfuse /tmp/lc/disk '{uri}' &   # then: losetup -f --show /tmp/lc/disk; mkfs.xfs; mount\nStatus: {status}   Stop: Ctrl-C (or SIGTERM); everything is checkpointed.\n"
     );
 }
 

@@ -34,6 +34,19 @@ pub const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub const MIB: u64 = 1 << 20;
 
+/// The numeric contract keys of `status --json` (README; `mode` is the string one): scripts
+/// rely on their names and types.
+pub const STATUS_CONTRACT_NUMBERS: [&str; 8] = [
+    "cache_blocks",
+    "dirty_blocks",
+    "segment_size_bytes",
+    "read_hits",
+    "read_misses",
+    "write_hits",
+    "write_misses",
+    "writeback_blocks",
+];
+
 // ---------------------------------------------------------------------------------------------
 // Temporary directories and files
 
@@ -480,7 +493,13 @@ impl Served {
 
     /// Starts `logcache serve ARGS...` in `cwd` and waits until it serves.
     pub fn start_in(cwd: &Path, args: &[&str]) -> Served {
-        let mut child = Command::new(BIN)
+        let mut cmd = Command::new(BIN);
+        if !args.contains(&"--cache") {
+            // The embedded default announces its control socket in XDG_RUNTIME_DIR: keep that
+            // inside the test's directory, off the user's.
+            cmd.env("XDG_RUNTIME_DIR", cwd);
+        }
+        let mut child = cmd
             .arg("serve")
             .args(args)
             .current_dir(cwd)

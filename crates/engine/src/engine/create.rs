@@ -101,7 +101,7 @@ pub fn format(
         if !ours && !opts.force {
             return Err(Error::HoldsData(format!(
                 "{} is labelled as the backing device of another cache (uuid {}); that cache may \
-                 hold its newest data. Use force to format anyway",
+                 hold its newest data; format with --force to take it over anyway",
                 backing.describe(),
                 uuid_to_string(&l.backing_uuid)
             )));
