@@ -31,7 +31,7 @@ test: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) test --workspace
 	$(CARGO) build --release -p logcache
-	WARMUP_S=2 MAX_LAT_MS=0 LOGCACHE_BIN=$(LOGCACHE_BIN) ./scripts/soak-load.sh 8 64 64 1G
+	WARMUP_S=2 MAX_LAT_MS=15000 LOGCACHE_BIN=$(LOGCACHE_BIN) ./scripts/soak-load.sh 8 64 64 1G
 	/usr/bin/python3 reliability/kill_verify.py --check-checker >/dev/null
 	/usr/bin/python3 reliability/kill_verify.py --bin $(LOGCACHE_BIN) --self-test --cycles 10 --region-mib 32 --max-reports 0
 	/usr/bin/python3 reliability/kill_verify.py --bin $(LOGCACHE_BIN) --cycles 10
