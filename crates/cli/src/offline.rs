@@ -1,14 +1,14 @@
-//! Renders the engine's offline inspection (`logcache_engine::engine::{check, dump}`) for
+//! Renders the engine's offline inspection (`logcache_engine::inspect::{check, dump}`) for
 //! humans: `check` prints a summary and then its findings, `dump` a table of the log's chunks.
 //! The engine decides what is wrong and says it in words; this file only lays it out.
 
 use std::sync::Arc;
 
-use logcache_engine::engine::{
+use logcache_engine::format::chunk::{Entry, KIND_DATA, KIND_ZERO};
+use logcache_engine::inspect::{
     self, BackingReport, CheckReport, CopyState, DumpReport, Layout, LogReport, SegmentDump,
     Severity,
 };
-use logcache_engine::format::chunk::{Entry, KIND_DATA, KIND_ZERO};
 use logcache_engine::io::BlockDevice;
 
 /// Verifies `cache` (and that `backing` is its backing device, if given) and prints what was
@@ -17,7 +17,7 @@ pub fn check(
     cache: Arc<dyn BlockDevice>,
     backing: Option<Arc<dyn BlockDevice>>,
 ) -> anyhow::Result<bool> {
-    let report = engine::check(&*cache, backing.as_deref())?;
+    let report = inspect::check(&*cache, backing.as_deref())?;
     print!("{}", render_check(&report));
     Ok(report.is_ok())
 }
@@ -25,7 +25,7 @@ pub fn check(
 /// Prints the log's segments, chunks and entries (only segment `segment`, a segment id, if
 /// given).
 pub fn dump(cache: Arc<dyn BlockDevice>, segment: Option<u64>) -> anyhow::Result<()> {
-    let report = engine::dump(&*cache, segment)?;
+    let report = inspect::dump(&*cache, segment)?;
     print!("{}", render_dump(&report));
     Ok(())
 }
@@ -308,7 +308,7 @@ fn render_segment(out: &mut String, s: &SegmentDump) {
             out.push_str(&format!(
                 "    {i:>5}  {block:>5}  {:>14}  {:<4}  {:>5}  {:>5}  {}\n",
                 e.lba,
-                engine::kind_name(e.kind),
+                inspect::kind_name(e.kind),
                 format!("{:02x}", e.dirty_mask),
                 format!("{:02x}", e.valid_mask),
                 crc_column(e)
@@ -372,7 +372,7 @@ mod tests {
     #[test]
     fn reports_render() {
         use logcache_engine::io::memory::MemDevice;
-        use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+        use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 
         let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(2 << 20));
         let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(1 << 20));
@@ -380,24 +380,24 @@ mod tests {
             segment_size_bytes: 32 << 10,
             ..FormatOptions::default()
         };
-        format(&*cache, &*backing, &opts).unwrap();
+        format_cache(&*cache, &*backing, &opts).unwrap();
         let e = Engine::open(cache.clone(), backing.clone(), OpenOptions::default()).unwrap();
         e.write(3 * 4096, &[7u8; 4096], false).unwrap();
         e.write(9 * 4096 + 512, &[8u8; 512], false).unwrap();
         e.close().unwrap();
 
-        let r = engine::check(&*cache, Some(&*backing)).unwrap();
+        let r = inspect::check(&*cache, Some(&*backing)).unwrap();
         let text = render_check(&r);
         assert!(r.is_ok(), "{text}");
         assert!(text.contains("2 blocks cached, 2 of them dirty"), "{text}");
         assert!(text.contains("belongs to this cache"), "{text}");
         assert!(text.contains("the cache is healthy"), "{text}");
 
-        let d = engine::dump(&*cache, None).unwrap();
+        let d = inspect::dump(&*cache, None).unwrap();
         let text = render_dump(&d);
         // The partial write: block 9, sector 1 only.
         assert!(text.contains("   9  data     02     02"), "{text}");
-        let one = render_dump(&engine::dump(&*cache, Some(1)).unwrap());
+        let one = render_dump(&inspect::dump(&*cache, Some(1)).unwrap());
         assert!(one.contains("segment 1 (slot 1"), "{one}");
     }
 }

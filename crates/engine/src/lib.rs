@@ -3,16 +3,37 @@
 //! Writes are copied into a RAM segment and acknowledged at once; sealed segment chunks go to the
 //! cache device as one sequential write with their metadata and checksums; reads take the newest
 //! copy from RAM, the cache device or the backing device. See `docs/ARCHITECTURE.md` for the data
-//! path and `docs/FORMAT.md` for every byte on the cache device.
+//! path, the module tree and who owns what, and `docs/FORMAT.md` for every byte on the cache
+//! device.
+//!
+//! Layers, bottom up (a module uses only those below it):
+//! `format`, `io`, `geometry`, `tunables`, `stats`, `index` → `state` → `inner`, `verify` →
+//! `reclaim` → `log` → `writeback` → `promote`, `path` → `open`, `inspect` → `engine`.
 
 pub mod engine;
 pub mod error;
 pub mod format;
+pub mod geometry;
 pub mod index;
+mod inner;
+pub mod inspect;
+mod log;
+mod open;
+mod path;
+mod promote;
+mod reclaim;
+mod state;
+pub mod stats;
+pub mod tunables;
+mod verify;
+mod writeback;
 
 /// The device seam lives in its own crate (`logcache-io`); re-exported so `crate::io::...` and
 /// `logcache_engine::io::...` keep naming it.
 pub use logcache_io as io;
 
-pub use engine::{format, Engine, FormatOptions, OpenOptions, Stats};
+pub use engine::{Engine, OpenOptions};
 pub use error::{Error, Result};
+pub use open::create::{format_cache, FormatOptions};
+pub use stats::{Counters, RecoveryReport, Stats};
+pub use writeback::DrainProgress;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
@@ -27,7 +27,7 @@ fn a_large_write_is_not_starved_when_the_log_is_full() {
         segment_size_bytes: 256 * KIB,
         ..FormatOptions::default()
     };
-    format(&*cache, &*backing, &fopts).unwrap();
+    format_cache(&*cache, &*backing, &fopts).unwrap();
     let e = Arc::new(Engine::open(cache.clone(), backing.clone(), OpenOptions::default()).unwrap());
     // Writeback starts only when writers wait, so the log stays full and every freed segment
     // is raced for.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format, Engine, Error, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, Error, FormatOptions, OpenOptions};
 use logcache_testkit::sim::SimDevice;
 
 const MIB: u64 = 1 << 20;
@@ -41,7 +41,7 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
 #[test]
 fn write_read_close_reopen() {
     let (cache, backing) = devices(8, 16);
-    format(&*cache, &*backing, &small_format()).unwrap();
+    format_cache(&*cache, &*backing, &small_format()).unwrap();
     for opts in [manual(), OpenOptions::default()] {
         let e = Engine::open(cache.clone(), backing.clone(), opts.clone()).unwrap();
         assert_eq!(e.size_bytes(), 16 * MIB - 4096);
@@ -71,7 +71,7 @@ fn partial_writes_merge_at_sector_granularity() {
     // The backing device already holds data under the block.
     let base = pattern(9, 4096);
     backing.write_at(&base, 4096 * 3).unwrap();
-    format(&*cache, &*backing, &small_format()).unwrap();
+    format_cache(&*cache, &*backing, &small_format()).unwrap();
     let e = Engine::open(cache.clone(), backing.clone(), manual()).unwrap();
     let mut model = base.clone();
     // sector 1 in the open chunk, then sector 6 after a flush (older copy sealed in RAM),
@@ -108,7 +108,7 @@ fn flushed_data_survives_a_crash_and_unflushed_may_not() {
     let backing = SimDevice::new(16 * MIB);
     let (c, b): (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) =
         (Arc::new(cache.clone()), Arc::new(backing.clone()));
-    format(&*c, &*b, &small_format()).unwrap();
+    format_cache(&*c, &*b, &small_format()).unwrap();
     let e = Engine::open(c.clone(), b.clone(), manual()).unwrap();
     e.write(0, &pattern(3, 8192), false).unwrap();
     e.flush().unwrap();
@@ -135,7 +135,7 @@ fn user_errors_are_typed() {
         Engine::open(cache.clone(), backing.clone(), manual()),
         Err(Error::NotFormatted(_))
     ));
-    format(&*cache, &*backing, &small_format()).unwrap();
+    format_cache(&*cache, &*backing, &small_format()).unwrap();
     // Another backing device of the same size but without our label.
     let other: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(16 * MIB));
     assert!(matches!(
@@ -166,14 +166,14 @@ fn user_errors_are_typed() {
     assert!(matches!(e.write(0, &[0; 512], false), Err(Error::Closed)));
     // The cache now holds data: a second format needs force.
     assert!(matches!(
-        format(&*cache, &*backing, &small_format()),
+        format_cache(&*cache, &*backing, &small_format()),
         Err(Error::HoldsData(_))
     ));
     let forced = FormatOptions {
         force: true,
         ..small_format()
     };
-    format(&*cache, &*backing, &forced).unwrap();
+    format_cache(&*cache, &*backing, &forced).unwrap();
     let e = Engine::open(cache.clone(), backing.clone(), manual()).unwrap();
     let mut b = [9u8; 4096];
     e.read(0, &mut b).unwrap();
@@ -181,7 +181,7 @@ fn user_errors_are_typed() {
     // Too small a cache device.
     let tiny: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(MIB));
     assert!(matches!(
-        format(&*tiny, &*backing, &forced),
+        format_cache(&*tiny, &*backing, &forced),
         Err(Error::NoSpace(_))
     ));
 }
@@ -192,7 +192,7 @@ fn user_errors_are_typed() {
 fn index_memory_is_at_most_32_bytes_per_block() {
     for cache_mib in [5u64, 17, 64, 257] {
         let (cache, backing) = devices(cache_mib, 2 * cache_mib);
-        format(&*cache, &*backing, &FormatOptions::default()).unwrap();
+        format_cache(&*cache, &*backing, &FormatOptions::default()).unwrap();
         let e = Engine::open(cache, backing, manual()).unwrap();
         let s = e.stats();
         let per_block = s.index_memory_bytes as f64 / s.cache_blocks as f64;
@@ -209,7 +209,7 @@ fn index_memory_is_at_most_32_bytes_per_block() {
 #[test]
 fn request_counters() {
     let (cache, backing) = devices(8, 16);
-    format(&*cache, &*backing, &small_format()).unwrap();
+    format_cache(&*cache, &*backing, &small_format()).unwrap();
     let e = Engine::open(cache, backing, manual()).unwrap();
     e.write(0, &[1; 8192], false).unwrap(); // blocks 0 and 1
     e.write(4 * 4096, &[2; 512], false).unwrap(); // one sector of block 4

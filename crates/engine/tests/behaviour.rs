@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format, Engine, Error, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, Error, FormatOptions, OpenOptions};
 use logcache_testkit::fault::{FaultDevice, FaultKind, OpKind};
 use logcache_testkit::rng::Rng;
 
@@ -85,7 +85,7 @@ impl BlockDevice for SlowSync {
 fn concurrent_flushes_share_syncs() {
     let cache: Arc<dyn BlockDevice> = Arc::new(SlowSync(MemDevice::new(MIB + 32 * MIB)));
     let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 * MIB));
-    format(&*cache, &*backing, &FormatOptions::default()).unwrap();
+    format_cache(&*cache, &*backing, &FormatOptions::default()).unwrap();
     let e = Engine::open(cache, backing, OpenOptions::default()).unwrap();
     let threads: Vec<_> = (0..8u64)
         .map(|t| {
@@ -374,7 +374,7 @@ fn a_cache_device_error_stops_the_engine_and_loses_nothing_flushed() {
         segment_size_bytes: SEG_64K,
         ..FormatOptions::default()
     };
-    format(&*fault, &*backing, &fopts).unwrap();
+    format_cache(&*fault, &*backing, &fopts).unwrap();
     let e = Engine::open(fault.clone(), backing.clone(), manual(4 * SEG_64K)).unwrap();
     e.write(0, &[1; 8192], false).unwrap();
     e.flush().unwrap();
@@ -494,7 +494,7 @@ fn many_writer_threads() {
         segment_size_bytes: SEG_64K,
         ..FormatOptions::default()
     };
-    format(&*cache, &*backing, &fopts).unwrap();
+    format_cache(&*cache, &*backing, &fopts).unwrap();
     let opts = OpenOptions {
         ram_buffer_bytes: 4 * SEG_64K,
         ..OpenOptions::default()

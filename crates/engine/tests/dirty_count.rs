@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 use logcache_testkit::rng::{seed_from_env, Rng};
 
 const KIB: u64 = 1024;
@@ -24,7 +24,7 @@ fn dirty_count_survives_reopen_under_log_pressure() {
             segment_size_bytes: segment_bytes,
             ..FormatOptions::default()
         };
-        format(&*cache, &*backing, &fopts).unwrap();
+        format_cache(&*cache, &*backing, &fopts).unwrap();
         let opts = OpenOptions {
             ram_buffer_bytes: 4 * segment_bytes,
             ..OpenOptions::default()

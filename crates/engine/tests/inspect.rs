@@ -7,8 +7,8 @@
 mod common;
 
 use common::*;
-use logcache_engine::engine::{check, dump, CheckReport, CopyState, Reject, Severity, WalkStop};
 use logcache_engine::format::chunk::KIND_DATA;
+use logcache_engine::inspect::{check, dump, CheckReport, CopyState, Reject, Severity, WalkStop};
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
 use logcache_engine::{Engine, Error, OpenOptions};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 use logcache_testkit::hdd::{HddDevice, HddParams};
 
 const MIB: u64 = 1 << 20;
@@ -16,7 +16,7 @@ const BLOCK: u64 = 4096;
 fn drain_ios(sorted: bool) -> u64 {
     let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 * MIB));
     let mem = Arc::new(MemDevice::new(16 * MIB));
-    format(&*cache, &*mem, &FormatOptions::default()).unwrap();
+    format_cache(&*cache, &*mem, &FormatOptions::default()).unwrap();
     // Tiny costs: the device is used here only to count IOs.
     let params = HddParams {
         rpm: 6_000_000,
@@ -73,7 +73,7 @@ fn concurrent_writeback_ios_write_every_block_to_its_place() {
     let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 * MIB));
     let mem = Arc::new(MemDevice::new(16 * MIB));
     mem.write_at(&vec![0xee; (16 * MIB) as usize], 0).unwrap();
-    format(&*cache, &*mem, &FormatOptions::default()).unwrap();
+    format_cache(&*cache, &*mem, &FormatOptions::default()).unwrap();
     let params = HddParams {
         rpm: 6_000_000,
         settle_us: 1,

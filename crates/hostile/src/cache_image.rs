@@ -6,7 +6,7 @@ use logcache_engine::format::superblock::{Superblock, SUPERBLOCK_OFFSETS, SUPERB
 use logcache_engine::format::{chunk, BLOCK_SIZE_BYTES};
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 
 use crate::Input;
 
@@ -33,7 +33,7 @@ fn image() -> &'static Image {
             segment_size_bytes: SEGMENT_BYTES,
             ..FormatOptions::default()
         };
-        format(&*cache, &*backing, &opts).expect("format the base image");
+        format_cache(&*cache, &*backing, &opts).expect("format the base image");
         let open = OpenOptions {
             ram_buffer_bytes: 2 * SEGMENT_BYTES,
             manual_flusher: true,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 use logcache_server::{Server, ServerConfig};
 
 const CACHE_BYTES: u64 = 1 << 30;
@@ -30,7 +30,7 @@ fn main() {
     };
     let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new_prefaulted(CACHE_BYTES));
     let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new_prefaulted(BACKING_BYTES));
-    format(&*cache, &*backing, &FormatOptions::default()).expect("formatting the cache");
+    format_cache(&*cache, &*backing, &FormatOptions::default()).expect("formatting the cache");
     let engine = Engine::open(cache, backing, OpenOptions::default()).expect("opening the cache");
     for setting in args {
         let Some((name, value)) = setting.split_once('=') else {

@@ -180,7 +180,7 @@ mod tests {
 
     use logcache_engine::io::memory::MemDevice;
     use logcache_engine::io::BlockDevice;
-    use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+    use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 
     fn engine() -> Engine {
         let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(8 << 20));
@@ -189,7 +189,7 @@ mod tests {
             segment_size_bytes: 64 << 10,
             ..FormatOptions::default()
         };
-        format(&*cache, &*backing, &options).unwrap();
+        format_cache(&*cache, &*backing, &options).unwrap();
         let open = OpenOptions {
             ram_buffer_bytes: 256 << 10,
             manual_flusher: true,

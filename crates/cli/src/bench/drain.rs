@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use logcache_engine::engine::tunables;
+use logcache_engine::tunables;
 use logcache_engine::format::label::label_offset;
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 use logcache_testkit::hdd::{HddDevice, HddParams, HddStats};
 use logcache_testkit::rng::Rng;
 
@@ -371,7 +371,7 @@ impl Bench<'_> {
         let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(CACHE_BYTES));
         let mem = Arc::new(MemDevice::new(self.backing_bytes));
         // Formatting writes the label; it is setup, so it goes around the emulated disk.
-        format(&*cache, &*mem, &FormatOptions::default()).context("formatting")?;
+        format_cache(&*cache, &*mem, &FormatOptions::default()).context("formatting")?;
         let hdd =
             Arc::new(HddDevice::new(mem.clone(), self.hdd).context("building the emulated disk")?);
         let opts = OpenOptions {

@@ -13,7 +13,7 @@ use clap::Args;
 use logcache_engine::io::file::{create_sparse, FileDevice, FileOptions};
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 use logcache_testkit::rng::Rng;
 
 use super::histogram::Histogram;
@@ -114,7 +114,7 @@ fn run_one(args: &EngineBenchArgs, threads: usize) -> anyhow::Result<RunResult> 
         segment_size_bytes: args.segment_kib * 1024,
         ..FormatOptions::default()
     };
-    format(&*cache, &*backing, &fopts).context("formatting the memory cache")?;
+    format_cache(&*cache, &*backing, &fopts).context("formatting the memory cache")?;
     let engine = Engine::open(cache, backing, OpenOptions::default()).context("opening")?;
     let span_blocks = (args.cache_mib << 20) / 4096 / 4;
     let stop = Arc::new(AtomicBool::new(false));

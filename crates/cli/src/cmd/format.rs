@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use logcache_engine::{format, FormatOptions};
+use logcache_engine::{format_cache, FormatOptions};
 
 use crate::devices::{lock_backing, lock_cache, open_backing, open_cache};
 use crate::guard::refuse_same_device;
@@ -42,7 +42,7 @@ pub fn run(args: &FormatArgs) -> Result<()> {
             human(backing_bytes)
         );
     }
-    let sb = format(
+    let sb = format_cache(
         &*cache,
         &*backing,
         &FormatOptions {

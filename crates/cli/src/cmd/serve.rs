@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format, Engine, Error as EngineError, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, Error as EngineError, FormatOptions, OpenOptions};
 use logcache_server::{Server, ServerConfig};
 
 use crate::cmd::admin::{parse_assignments, validate_assignments};
@@ -321,7 +321,7 @@ fn open_engine(
     let mut res = Engine::open(cache.clone(), backing.clone(), OpenOptions::default());
     if plan.embedded {
         if let Err(EngineError::NotFormatted(_)) = res {
-            format(&*cache, &*backing, &FormatOptions::default())
+            format_cache(&*cache, &*backing, &FormatOptions::default())
                 .context("formatting the embedded default cache")?;
             eprintln!(
                 "logcache: formatted the embedded default ({} GiB cache, {} GiB backing) under ./{}",

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format, FormatOptions};
+use logcache_engine::{format_cache, FormatOptions};
 use logcache_testkit::rng::{seed_from_env, Rng};
 use logcache_testkit::sim::SimDevice;
 
@@ -81,7 +81,7 @@ impl SimPair {
             segment_size_bytes,
             ..FormatOptions::default()
         };
-        format(&p.cache, &p.backing, &opts).expect("format");
+        format_cache(&p.cache, &p.backing, &opts).expect("format");
         p
     }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format, Engine, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 use logcache_nbd::consts::{
     FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES, GREETING_BYTES, OPTION_REPLY_HEADER_BYTES, OPT_GO,
     OPT_SET_META_CONTEXT, OPT_STRUCTURED_REPLY, REP_ACK, SIMPLE_REPLY_HEADER_BYTES,
@@ -68,7 +68,7 @@ impl Devices {
             cache: Arc::new(MemDevice::new(CACHE_BYTES)),
             backing: Arc::new(MemDevice::new(BACKING_BYTES)),
         };
-        format(
+        format_cache(
             &*devices.cache,
             &*devices.backing,
             &FormatOptions::default(),

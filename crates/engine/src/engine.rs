@@ -10,26 +10,6 @@
 //! - Unflushed writes stay in RAM at most about `seal_interval_ms` before the flusher makes them
 //!   durable on its own.
 
-mod admission;
-mod buffers;
-mod checkpoint;
-mod create;
-mod direct;
-mod flusher;
-pub mod geometry;
-mod inflight;
-mod inspect;
-mod meta_prefetch;
-mod read;
-mod reclaim;
-mod recover;
-mod state;
-pub mod stats;
-mod streams;
-pub mod tunables;
-mod write;
-mod writeback;
-
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -37,25 +17,21 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-pub use self::create::{format, FormatOptions};
-pub use self::inspect::{
-    check, dump, kind_name, BackingReport, BadBlock, BadChunk, CheckReport, ChunkDump, CopyState,
-    DumpReport, Finding, Layout, LogEnd, LogReport, Reject, SegmentDump, Severity, SuperblockCopy,
-    TunableReport, WalkStop,
-};
-pub use self::stats::{Counters, RecoveryReport, Stats};
-pub use self::writeback::DrainProgress;
-
-use self::buffers::SegmentBuffers;
-use self::checkpoint::SuperblockWriter;
-use self::geometry::Geometry;
-use self::state::State;
-use self::tunables::{TunableValue, Tunables};
 use crate::error::{Error, Result};
-use crate::format::superblock::{Superblock, CHECKPOINT_CLEAN};
-use crate::format::{label, BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
+use crate::format::superblock::CHECKPOINT_CLEAN;
+use crate::format::{BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
+use crate::geometry::Geometry;
+use crate::inner::{self, Inner};
 use crate::io::aligned::AlignedBuf;
 use crate::io::BlockDevice;
+use crate::log::checkpoint::{self, SuperblockWriter};
+use crate::log::flusher;
+use crate::open::{self, recover};
+use crate::path::{admission, bypass, read, write};
+use crate::state::buffers::SegmentBuffers;
+use crate::stats::Stats;
+use crate::tunables::{self, TunableValue, Tunables};
+use crate::writeback::{self, DrainProgress};
 
 /// Default total size of the RAM segment buffers (the seed's 64 MiB).
 pub const RAM_BUFFER_DEFAULT_BYTES: u64 = 64 << 20;
@@ -63,9 +39,6 @@ pub const RAM_BUFFER_DEFAULT_BYTES: u64 = 64 << 20;
 /// relocator runs every ring pass (seconds), so a pause of several passes keeps promotions off
 /// for as long as the load lasts instead of switching them on and off each pass.
 pub const PROMOTE_PAUSE_AFTER_RELOCATION: Duration = Duration::from_secs(10);
-/// The flusher syncs the cache device at least once per this many bytes written, which bounds
-/// how much data recovery must read to verify the unsynced tail.
-pub const SYNC_EVERY_BYTES: u64 = 64 << 20;
 
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
@@ -81,7 +54,7 @@ pub struct OpenOptions {
     /// measure what sorting buys.
     pub writeback_sorted: bool,
     /// How long read misses are not promoted after the relocator last had to move dirty
-    /// blocks (the log is congested; see `read::decide_promotion`). With `manual_flusher`,
+    /// blocks (the log is congested; see `promote::decide`). With `manual_flusher`,
     /// which reads no clock, a nonzero pause lasts until the engine is reopened.
     pub promote_pause_after_relocation: Duration,
 }
@@ -95,47 +68,6 @@ impl Default for OpenOptions {
             writeback_sorted: true,
             promote_pause_after_relocation: PROMOTE_PAUSE_AFTER_RELOCATION,
         }
-    }
-}
-
-pub(crate) struct Inner {
-    pub geo: Geometry,
-    pub cache: Arc<dyn BlockDevice>,
-    pub backing: Arc<dyn BlockDevice>,
-    pub state: Mutex<State>,
-    /// Wakes the flusher (work queued, sync wanted, closing).
-    pub flusher_wake: Condvar,
-    /// Wakes writers waiting for room and flushes waiting for a sync.
-    pub progress: Condvar,
-    /// Wakes the writeback thread (drain requested, closing, writers short of room).
-    pub writeback_wake: Condvar,
-    /// Wakes writers queued for room when the turn passes (`admission`).
-    pub room_turn: admission::TurnWake,
-    pub buffers: SegmentBuffers,
-    /// Per slot: readers currently reading blocks of this segment from the cache device.
-    pub pins: Vec<AtomicU32>,
-    pub superblock: SuperblockWriter,
-    pub manual: bool,
-    /// `OpenOptions::writeback_sorted`.
-    pub writeback_sorted: bool,
-    /// `OpenOptions::promote_pause_after_relocation`.
-    pub promote_pause_after_relocation: Duration,
-    pub tunables: Tunables,
-    pub recovery: RecoveryReport,
-    /// Serialises inline flusher rounds in manual mode.
-    pub flusher_lock: Mutex<()>,
-    /// The relocator's segment-sized read buffer, allocated once (only the flusher uses it).
-    pub relocate_buf: Mutex<AlignedBuf>,
-    /// Held by a writeback batch from collecting its blocks until they are marked clean, and
-    /// by a zero range from logging it until the backing device is zeroed: so stale dirty
-    /// data in flight can never land on the backing device after the zeros. Taken before the
-    /// state lock, never while holding it.
-    pub backing_order: Mutex<()>,
-}
-
-impl Inner {
-    pub fn seal_interval_ms(&self) -> u64 {
-        self.tunables.get(tunables::SEAL_INTERVAL_MS)
     }
 }
 
@@ -162,8 +94,8 @@ impl Engine {
                 cache.describe()
             ))
         })?;
-        check_cache_size(&sb, &*cache)?;
-        check_backing(&sb, &*backing)?;
+        open::check_cache_size(&sb, &*cache)?;
+        open::check_backing(&sb, &*backing)?;
         let geo = Geometry::from_superblock(&sb);
         let mut recovered = recover::run(&*cache, &geo, &sb)?;
         let segment_bytes = geo.segment_size_bytes;
@@ -215,7 +147,12 @@ impl Engine {
         recovered.report.zero_ranges_reapplied = recovered.zero_ranges.len() as u64;
         recovered.report.duration_us = started.elapsed().as_micros() as u64;
         let report = recovered.report.clone();
-        let mut state = recovered.into_state(geo.clone(), epoch, buffer_count);
+        let mut state = recovered.into_state(
+            geo.clone(),
+            epoch,
+            buffer_count,
+            opts.promote_pause_after_relocation,
+        );
         state.counters.superblock_writes += 1;
         let pins = (0..geo.segment_count).map(|_| AtomicU32::new(0)).collect();
         let inner = Arc::new(Inner {
@@ -230,9 +167,8 @@ impl Engine {
             buffers,
             pins,
             superblock,
-            manual: opts.manual_flusher,
+            drive: inner::Drive::new(opts.manual_flusher),
             writeback_sorted: opts.writeback_sorted,
-            promote_pause_after_relocation: opts.promote_pause_after_relocation,
             tunables,
             recovery: report,
             flusher_lock: Mutex::new(()),
@@ -246,7 +182,7 @@ impl Engine {
             }
         }
         let mut threads = Vec::new();
-        if !inner.manual {
+        if inner.drive.threads() {
             let i = inner.clone();
             threads.push(
                 std::thread::Builder::new()
@@ -281,18 +217,18 @@ impl Engine {
         self.inner.geo.exported_size_bytes
     }
 
-    /// Reads `buf.len()` bytes at `offset` (both multiples of 512).
-    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.check_range(offset, buf.len() as u64)?;
-        read::read(&self.inner, offset, buf)
+    /// Reads `buf.len()` bytes at `offset_bytes` (both multiples of 512).
+    pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_range(offset_bytes, buf.len() as u64)?;
+        read::read(&self.inner, offset_bytes, buf)
     }
 
-    /// Writes `data` at `offset` (both multiples of 512). With `fua`, returns once durable.
+    /// Writes `data` at `offset_bytes` (both multiples of 512). With `fua`, returns once durable.
     /// In write-through mode it returns once the backing device has the data too; in
     /// write-around mode the data goes to the backing device only.
-    pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<()> {
-        self.check_range(offset, data.len() as u64)?;
-        self.write_mode(offset, data)?;
+    pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
+        self.check_range(offset_bytes, data.len() as u64)?;
+        self.write_mode(offset_bytes, data)?;
         if fua {
             self.inner.state.lock().counters.fua_writes += 1;
             self.make_durable()?;
@@ -300,18 +236,18 @@ impl Engine {
         Ok(())
     }
 
-    fn write_mode(&self, offset: u64, data: &[u8]) -> Result<()> {
+    fn write_mode(&self, offset_bytes: u64, data: &[u8]) -> Result<()> {
         match self.inner.tunables.get(tunables::CACHE_MODE) {
-            tunables::MODE_WRITE_THROUGH => direct::write_through(&self.inner, offset, data),
-            tunables::MODE_WRITE_AROUND => direct::write_around(&self.inner, offset, data),
-            _ => write::write(&self.inner, offset, data, true),
+            tunables::MODE_WRITE_THROUGH => bypass::write_through(&self.inner, offset_bytes, data),
+            tunables::MODE_WRITE_AROUND => bypass::write_around(&self.inner, offset_bytes, data),
+            _ => write::write(&self.inner, offset_bytes, data, true),
         }
     }
 
     /// The log, and the backing device if writes bypassed the log since its last sync.
     fn make_durable(&self) -> Result<()> {
         flusher::wait_durable(&self.inner)?;
-        direct::sync_backing(&self.inner)
+        bypass::sync_backing(&self.inner)
     }
 
     /// Returns once every write that returned before this call is durable.
@@ -320,27 +256,31 @@ impl Engine {
         self.make_durable()
     }
 
-    /// Makes `len` bytes at `offset` read as zeros (both multiples of 512), in every mode:
+    /// Makes `len_bytes` bytes at `offset_bytes` read as zeros (both multiples of 512), in every mode:
     /// cached copies are dropped, and the backing device gets the zeros (a hole where it can)
     /// in order with the writes around them. With `fua`, returns once durable.
-    pub fn write_zeroes(&self, offset: u64, len_bytes: u64, fua: bool) -> Result<()> {
-        self.zero(offset, len_bytes, fua, false)
+    pub fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
+        self.zero(offset_bytes, len_bytes, fua, false)
     }
 
     /// TRIM: the range's data is no longer needed. It reads as zeros afterwards (the same
     /// operation as `write_zeroes`, counted apart); a file backing device gets a hole.
-    pub fn discard(&self, offset: u64, len_bytes: u64, fua: bool) -> Result<()> {
-        self.zero(offset, len_bytes, fua, true)
+    pub fn discard(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
+        self.zero(offset_bytes, len_bytes, fua, true)
     }
 
-    fn zero(&self, offset: u64, len_bytes: u64, fua: bool, discard: bool) -> Result<()> {
-        self.check_range(offset, len_bytes)?;
+    fn zero(&self, offset_bytes: u64, len_bytes: u64, fua: bool, discard: bool) -> Result<()> {
+        self.check_range(offset_bytes, len_bytes)?;
         if len_bytes == 0 {
             return Ok(());
         }
-        direct::zero(&self.inner, offset, len_bytes, discard, |off, zeros| {
-            self.write_mode(off, zeros)
-        })?;
+        bypass::zero(
+            &self.inner,
+            offset_bytes,
+            len_bytes,
+            discard,
+            |off, zeros| self.write_mode(off, zeros),
+        )?;
         if fua {
             self.make_durable()?;
         }
@@ -349,7 +289,7 @@ impl Engine {
 
     /// Manual mode: runs flusher rounds until the queue is empty. A no-op otherwise.
     pub fn run_flusher(&self) -> Result<()> {
-        if self.inner.manual {
+        if self.inner.drive.inline() {
             flusher::drain_inline(&self.inner, false)?;
         }
         Ok(())
@@ -488,7 +428,7 @@ impl Engine {
 
     fn check_usable(&self) -> Result<()> {
         let st = self.inner.state.lock();
-        write::check_usable(&st)
+        inner::check_usable(&st)
     }
 
     pub fn stats(&self) -> Stats {
@@ -528,16 +468,16 @@ impl Engine {
         }
     }
 
-    fn check_range(&self, offset: u64, len: u64) -> Result<()> {
-        if offset % SECTOR_SIZE_BYTES != 0 || len % SECTOR_SIZE_BYTES != 0 {
+    fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
+        if offset_bytes % SECTOR_SIZE_BYTES != 0 || len_bytes % SECTOR_SIZE_BYTES != 0 {
             return Err(Error::InvalidArgument(format!(
-                "offset {offset} and length {len} must be multiples of {SECTOR_SIZE_BYTES}"
+                "offset {offset_bytes} and length {len_bytes} must be multiples of {SECTOR_SIZE_BYTES}"
             )));
         }
-        match offset.checked_add(len) {
+        match offset_bytes.checked_add(len_bytes) {
             Some(end) if end <= self.size_bytes() => Ok(()),
             _ => Err(Error::InvalidArgument(format!(
-                "range {offset}+{len} runs past the end of the {}-byte disk",
+                "range {offset_bytes}+{len_bytes} runs past the end of the {}-byte disk",
                 self.size_bytes()
             ))),
         }
@@ -551,50 +491,5 @@ impl Drop for Engine {
         if Arc::strong_count(&self.threads) == 1 {
             self.stop_thread();
         }
-    }
-}
-
-/// Checks the cache device is not shorter than when it was formatted.
-pub(crate) fn check_cache_size(sb: &Superblock, cache: &dyn BlockDevice) -> Result<()> {
-    if cache.size_bytes() < sb.cache_size_bytes {
-        return Err(Error::Corruption(format!(
-            "{} is {} bytes but was formatted with {} bytes (truncated?)",
-            cache.describe(),
-            cache.size_bytes(),
-            sb.cache_size_bytes
-        )));
-    }
-    Ok(())
-}
-
-/// Checks the backing device is the one the cache was formatted for.
-fn check_backing(sb: &Superblock, backing: &dyn BlockDevice) -> Result<()> {
-    if backing.size_bytes() != sb.backing_size_bytes {
-        return Err(Error::WrongBacking(format!(
-            "{} is {} bytes, but this cache was formatted for a {}-byte backing device",
-            backing.describe(),
-            backing.size_bytes(),
-            sb.backing_size_bytes
-        )));
-    }
-    let off = label::label_offset(sb.backing_size_bytes)
-        .ok_or_else(|| Error::Corruption("backing size in superblock too small".into()))?;
-    let mut raw = AlignedBuf::new(BLOCK_SIZE_BYTES as usize);
-    backing
-        .read_at(&mut raw, off)
-        .map_err(|e| Error::io(format!("reading the label of {}", backing.describe()), e))?;
-    match label::Label::decode(&raw)? {
-        Some(l) if l.backing_uuid == sb.backing_uuid && l.format_id == sb.format_id => Ok(()),
-        Some(l) => Err(Error::WrongBacking(format!(
-            "{} carries the label of another cache (backing uuid {}); this cache expects {}",
-            backing.describe(),
-            crate::format::uuid_to_string(&l.backing_uuid),
-            crate::format::uuid_to_string(&sb.backing_uuid)
-        ))),
-        None => Err(Error::WrongBacking(format!(
-            "{} has no logcache label; this cache expects backing uuid {}",
-            backing.describe(),
-            crate::format::uuid_to_string(&sb.backing_uuid)
-        ))),
     }
 }

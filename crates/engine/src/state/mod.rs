@@ -15,16 +15,28 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::buffers::{SegmentBuffers, NO_BUFFER};
-use super::geometry::{CacheBlock, Geometry};
-use super::stats::Counters;
+pub mod buffers;
+pub mod bypass;
+pub mod promotion;
+pub mod streams;
+
+use self::buffers::{SegmentBuffers, NO_BUFFER};
+use self::bypass::Bypass;
+use self::promotion::Promotion;
 use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA};
 use crate::format::BLOCK_SIZE_BYTES;
+use crate::geometry::{CacheBlock, Geometry};
 use crate::index::BlockIndex;
 use crate::index::NO_LBA;
+use crate::stats::Counters;
 
 /// Segments writers leave free, so the relocator can always move a head segment's live blocks.
 pub const RESERVE_SEGMENTS: u64 = 1;
+
+/// Free segments below which the relocator works ahead of writers, so they rarely wait for it.
+pub fn free_segments_low(segment_count: u64) -> u64 {
+    RESERVE_SEGMENTS + 1 + segment_count / 32
+}
 
 #[derive(Clone, Debug, Default)]
 pub struct SegmentInfo {
@@ -155,41 +167,24 @@ pub struct State {
     /// Sequence of the oldest chunk holding a zero range not yet applied to the backing
     /// device: the writeback position must stay before it (recovery re-applies later ones).
     pub zero_pending_seq: Option<u64>,
-    /// Bumped whenever the backing device's data for some block may change or the cache stops
-    /// covering a block (eviction, ranges, writes around the cache): a read miss promotes what
-    /// it read only if this did not move meanwhile, so it never caches stale data.
-    pub promote_guard: u64,
-    /// When the relocator last moved dirty blocks: promotions pause for a while after
-    /// (`OpenOptions::promote_pause_after_relocation`).
-    pub relocated_at: Option<Instant>,
-    /// The pause is `promote_pause_after_relocation` doubled this many times
-    /// (`read::note_relocation`).
-    pub promote_pause_doublings: u32,
-    /// Writes that reached the backing device outside writeback (write-through, write-around)
-    /// count up `backing_write_gen`; a sync of the backing device started after generation g
-    /// sets `backing_synced_gen` to g. Flushes sync the backing device while they differ, and
-    /// the flusher does before writing a chunk, so a log entry that says "the backing device
-    /// holds this" is never durable before the data it speaks of.
-    pub backing_write_gen: u64,
-    pub backing_synced_gen: u64,
-    /// The backing device's `reconnects()` when the oldest direct write not yet synced began.
-    /// A sync that finds the count moved cannot vouch for writes sent on the replaced
-    /// connection (the server may have acknowledged and then lost them): it sets
-    /// `backing_writes_maybe_lost`, and the next flush reports that as an error.
-    pub backing_reconnects_seen: u64,
-    pub backing_writes_maybe_lost: bool,
-    /// Why the flusher's last backing sync failed, while it retries: chunks that need it wait
-    /// in the queue, and flushes waiting for them fail with this instead of hanging.
-    pub backing_sync_error: Option<String>,
-    /// Writes to the backing device outside writeback in flight: read misses are not promoted
-    /// meanwhile (they could read the old data).
-    pub direct_writes_in_flight: u32,
+    /// The promotion guard and the pause after relocations.
+    pub promotion: Promotion,
+    /// IO bypassing the cache in flight, and the backing syncs owed for it.
+    pub bypass: Bypass,
     /// Recent read streams, for the sequential cutoff.
-    pub streams: super::streams::Streams,
+    pub streams: streams::Streams,
     pub counters: Counters,
 }
 
 impl State {
+    /// Marks the engine failed with `msg`, unless it already is (the first cause is kept).
+    /// Callers go through `inner::mark_failed`, which also wakes waiters.
+    pub fn fail(&mut self, msg: String) {
+        if self.failed.is_none() {
+            self.failed = Some(msg);
+        }
+    }
+
     pub fn locate(&self, c: CacheBlock) -> Location {
         let (slot, b) = self.geo.split(c);
         if self.open.active && slot == self.open.slot && b >= self.open.data_start() {
@@ -254,7 +249,7 @@ impl State {
         debug_assert!(self.index.get(lba).is_none());
         self.drop_live(c);
         self.counters.blocks_evicted += 1;
-        self.promote_guard += 1;
+        self.promotion.invalidate();
     }
 
     fn drop_live(&mut self, c: CacheBlock) {
@@ -356,7 +351,7 @@ impl State {
             }
         }
         debug_assert!(lba.checked_add(count).is_some_and(|e| e < NO_LBA));
-        self.promote_guard += 1;
+        self.promotion.invalidate();
         killed
     }
 
@@ -451,6 +446,12 @@ impl State {
     /// Free slots in the ring.
     pub fn free_segments(&self) -> u64 {
         self.geo.segment_count - (self.next_segment_id - self.head_segment_id)
+    }
+
+    /// Whether the relocator should move the head: the ring is (nearly) out of free segments.
+    /// Writers that wait for a RAM buffer instead wait for the flusher, not for room in the ring.
+    pub fn under_pressure(&self) -> bool {
+        self.free_segments() < free_segments_low(self.geo.segment_count)
     }
 
     /// Opens segment `next_segment_id` if its slot and a RAM buffer are free. Writers leave

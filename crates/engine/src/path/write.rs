@@ -1,53 +1,40 @@
 //! The write path: copy into the open chunk and return. No device IO happens here except the
 //! read of an older on-disk copy that a partial-block write must merge with.
 
-use std::cell::RefCell;
 use std::time::Instant;
 
 use parking_lot::MutexGuard;
 
-use super::admission::Turn;
-use super::flusher;
-use super::read::read_verified;
-use super::state::{Location, State};
-use super::Inner;
-use crate::error::{Error, Result};
+use super::admission::{self, Turn};
+use crate::error::Result;
 use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
-use crate::io::aligned::AlignedBuf;
+use crate::geometry::sector_mask;
+use crate::inner::{check_usable, Inner};
+use crate::state::{Location, State};
+use crate::verify::{read_verified, SCRATCH};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 const SECTOR: usize = SECTOR_SIZE_BYTES as usize;
 
-thread_local! {
-    /// Scratch for reading a block from the cache device (aligned, as O_DIRECT needs).
-    pub(crate) static SCRATCH: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::new(BLOCK));
-}
-
-/// The mask of `count` sectors starting at sector `first` of a block.
-pub fn sector_mask(first: usize, count: usize) -> u8 {
-    debug_assert!(first + count <= 8 && count > 0);
-    (((1u16 << count) - 1) << first) as u8
-}
-
 /// Copies `data` into the log. `dirty`: the backing device does not hold it yet (write-back);
 /// otherwise the caller already wrote it there (write-through) and the blocks stay clean.
-pub fn write(inner: &Inner, offset: u64, data: &[u8], dirty: bool) -> Result<()> {
+pub fn write(inner: &Inner, offset_bytes: u64, data: &[u8], dirty: bool) -> Result<()> {
     let mut turn = Turn::default();
-    let result = write_blocks(inner, offset, data, dirty, &mut turn);
+    let result = write_blocks(inner, offset_bytes, data, dirty, &mut turn);
     turn.release(inner);
     result
 }
 
 fn write_blocks(
     inner: &Inner,
-    offset: u64,
+    offset_bytes: u64,
     data: &[u8],
     dirty: bool,
     turn: &mut Turn,
 ) -> Result<()> {
     let mut done = 0usize;
     while done < data.len() {
-        let pos = offset + done as u64;
+        let pos = offset_bytes + done as u64;
         let lba = pos / BLOCK_SIZE_BYTES;
         let in_block = (pos % BLOCK_SIZE_BYTES) as usize;
         let len = (BLOCK - in_block).min(data.len() - done);
@@ -129,7 +116,7 @@ fn write_block(
         let sealed_before = st.counters.chunks_sealed;
         let Some(nc) = st.reserve_block(&inner.buffers, Instant::now(), false) else {
             turn.hold(&mut st);
-            st = flusher::wait_for_room(inner, st)?;
+            st = admission::wait_for_room(inner, st)?;
             continue;
         };
         if st.counters.chunks_sealed != sealed_before {
@@ -202,18 +189,8 @@ fn count_write(st: &mut State, hit: bool, mask: u8) {
     }
 }
 
-pub(crate) fn check_usable(st: &State) -> Result<()> {
-    if let Some(msg) = &st.failed {
-        return Err(Error::Failed(msg.clone()));
-    }
-    if st.closing {
-        return Err(Error::Closed);
-    }
-    Ok(())
-}
-
 /// Reads the on-disk copy `c` of `lba` into this thread's scratch buffer (see
-/// `read::read_verified`), for a partial write to merge with.
+/// `verify::read_verified`), for a partial write to merge with.
 fn read_old_copy<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
@@ -226,17 +203,4 @@ fn read_old_copy<'a>(
     res?;
     *out = Some(OnDiskCopy { block: c });
     Ok(st)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn masks() {
-        assert_eq!(sector_mask(0, 8), 0xFF);
-        assert_eq!(sector_mask(0, 1), 0x01);
-        assert_eq!(sector_mask(7, 1), 0x80);
-        assert_eq!(sector_mask(2, 3), 0b0001_1100);
-    }
 }

@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::geometry::Geometry;
+use crate::geometry::Geometry;
 use crate::io::aligned::AlignedBuf;
 use crate::io::BlockDevice;
 

@@ -1,7 +1,7 @@
 //! Address arithmetic of a formatted cache: segment ids ↔ slots ↔ cache blocks ↔ byte offsets.
 
 use crate::format::superblock::Superblock;
-use crate::format::BLOCK_SIZE_BYTES;
+use crate::format::{crc_block, BLOCK_SIZE_BYTES};
 
 /// Cache block numbers: `slot * blocks_per_segment + block_in_segment`.
 pub type CacheBlock = u32;
@@ -61,5 +61,37 @@ impl Geometry {
     pub fn block_offset(&self, c: CacheBlock) -> u64 {
         let (slot, b) = self.split(c);
         self.offset_of(slot, b)
+    }
+
+    /// The data CRC of one block of backing block `lba` (the format id and the address are
+    /// mixed in, so a block of another cache or another address never verifies).
+    pub fn block_crc(&self, lba: u64, data: &[u8]) -> u32 {
+        debug_assert_eq!(data.len() as u64, BLOCK_SIZE_BYTES);
+        crc_block(self.format_id, lba, data)
+    }
+
+    /// Whether `data`, read back as backing block `lba`, matches the CRC its entry recorded:
+    /// the one data-CRC check of reads, writeback, the relocator and recovery.
+    pub fn block_verifies(&self, lba: u64, data: &[u8], crc: u32) -> bool {
+        self.block_crc(lba, data) == crc
+    }
+}
+
+/// The mask of `count` sectors starting at sector `first` of a block.
+pub fn sector_mask(first: usize, count: usize) -> u8 {
+    debug_assert!(first + count <= 8 && count > 0);
+    (((1u16 << count) - 1) << first) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks() {
+        assert_eq!(sector_mask(0, 8), 0xFF);
+        assert_eq!(sector_mask(0, 1), 0x01);
+        assert_eq!(sector_mask(7, 1), 0x80);
+        assert_eq!(sector_mask(2, 3), 0b0001_1100);
     }
 }

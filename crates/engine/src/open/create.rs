@@ -8,7 +8,8 @@ use crate::format::*;
 use crate::io::aligned::AlignedBuf;
 use crate::io::BlockDevice;
 
-use super::{checkpoint, tunables};
+use crate::log::checkpoint;
+use crate::tunables;
 
 #[derive(Clone, Debug)]
 pub struct FormatOptions {
@@ -30,7 +31,7 @@ impl Default for FormatOptions {
 }
 
 /// Formats `cache` as a cache for `backing`. Returns the new superblock.
-pub fn format(
+pub fn format_cache(
     cache: &dyn BlockDevice,
     backing: &dyn BlockDevice,
     opts: &FormatOptions,

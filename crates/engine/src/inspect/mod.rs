@@ -13,18 +13,18 @@
 
 use std::collections::HashMap;
 
-use super::geometry::Geometry;
-use super::recover::{self, MetaReader, Walk};
-pub use super::recover::{Reject, WalkStop};
-use super::tunables::{Tunables, SPECS};
 use crate::error::{Error, Result};
 use crate::format::chunk::{ChunkHeader, Entry, KIND_DATA, KIND_DROP, KIND_HOLE, KIND_ZERO};
 use crate::format::superblock::{
     self, Checkpoint, Superblock, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE_BYTES,
 };
 use crate::format::{uuid_to_string, BLOCK_SIZE_BYTES};
+use crate::geometry::Geometry;
 use crate::io::aligned::AlignedBuf;
 use crate::io::BlockDevice;
+use crate::open::recover::{self, MetaReader, Walk};
+pub use crate::open::recover::{Reject, WalkStop};
+use crate::tunables::{Tunables, SPECS};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 
@@ -759,7 +759,7 @@ fn check_backing(
     backing: &dyn BlockDevice,
     findings: &mut Vec<Finding>,
 ) -> Result<BackingReport> {
-    let problem = match super::check_backing(sb, backing) {
+    let problem = match crate::open::check_backing(sb, backing) {
         Ok(()) => None,
         Err(Error::WrongBacking(why)) => Some(why),
         Err(Error::Corruption(why)) => Some(format!("{}: {why}", backing.describe())),
@@ -851,7 +851,7 @@ pub fn dump(cache: &dyn BlockDevice, segment_id: Option<u64>) -> Result<DumpRepo
         ));
     }
     let (_, sb, _) = read_copies(cache)?;
-    super::check_cache_size(&sb, cache)?;
+    crate::open::check_cache_size(&sb, cache)?;
     let geo = Geometry::from_superblock(&sb);
     let mut reader = MetaReader::new(cache, &geo);
     let mut segments: Vec<SegmentDump> = Vec::new();

@@ -9,12 +9,11 @@ use std::time::Instant;
 
 use parking_lot::MutexGuard;
 
-use super::buffers::NO_BUFFER;
-use super::flusher::fail;
-use super::state::{Location, State, RESERVE_SEGMENTS};
-use super::Inner;
 use crate::error::{Error, Result};
-use crate::format::{chunk, crc_block, BLOCK_SIZE_BYTES};
+use crate::format::{chunk, BLOCK_SIZE_BYTES};
+use crate::inner::{fail, Inner};
+use crate::state::buffers::NO_BUFFER;
+use crate::state::{Location, State, RESERVE_SEGMENTS};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 /// Relocation runs only while live blocks fill at most this share of the ring's data blocks.
@@ -54,17 +53,6 @@ pub fn reclaim<'a>(
     Ok((st, true))
 }
 
-/// Free segments below which the relocator works ahead of writers, so they rarely wait for it.
-pub fn free_segments_low(segment_count: u64) -> u64 {
-    RESERVE_SEGMENTS + 1 + segment_count / 32
-}
-
-/// Whether the relocator should move the head: the ring is (nearly) out of free segments.
-/// Writers that wait for a RAM buffer instead wait for the flusher, not for room in the ring.
-pub fn under_pressure(st: &State) -> bool {
-    st.free_segments() < free_segments_low(st.geo.segment_count)
-}
-
 /// A live block of the head segment, as it was when the relocator looked.
 struct LiveBlock {
     block_in_segment: u32,
@@ -80,7 +68,7 @@ pub fn relocate_head<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
 ) -> Result<(MutexGuard<'a, State>, bool)> {
-    if !under_pressure(&st) || st.failed.is_some() {
+    if !st.under_pressure() || st.failed.is_some() {
         return Ok((st, false));
     }
     // The oldest segment that still has live blocks: segments before it are dead and only wait
@@ -154,7 +142,10 @@ pub fn relocate_head<'a>(
         .iter()
         .map(|l| {
             let b = l.block_in_segment as usize * BLOCK;
-            read.is_ok() && crc_block(inner.geo.format_id, l.lba, &seg_buf[b..b + BLOCK]) == l.crc
+            read.is_ok()
+                && inner
+                    .geo
+                    .block_verifies(l.lba, &seg_buf[b..b + BLOCK], l.crc)
         })
         .collect();
     let mut st = inner.state.lock();
@@ -198,7 +189,7 @@ pub fn relocate_head<'a>(
     inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
     st.counters.blocks_relocated += moved;
     if moved > 0 {
-        super::read::note_relocation(inner, &mut st, now);
+        st.promotion.note_relocation(now);
     }
     // The caller seals once after a batch of relocations, so they share one chunk.
     Ok((st, moved > 0 || evicted))

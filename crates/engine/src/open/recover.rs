@@ -16,20 +16,22 @@
 //! `inspect`, so an offline check reports exactly what an open would do.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::buffers::NO_BUFFER;
-use super::geometry::Geometry;
-use super::meta_prefetch::MetaPrefetch;
-use super::state::{OpenChunk, SegmentInfo, State};
-use super::stats::{Counters, RecoveryReport};
+use super::prefetch::MetaPrefetch;
 use crate::error::{Error, Result};
 use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA, KIND_DROP, KIND_HOLE, KIND_ZERO};
 use crate::format::superblock::Superblock;
-use crate::format::{crc_block, BLOCK_SIZE_BYTES};
+use crate::format::BLOCK_SIZE_BYTES;
+use crate::geometry::Geometry;
 use crate::index::BlockIndex;
 use crate::io::aligned::AlignedBuf;
 use crate::io::BlockDevice;
+use crate::state::buffers::NO_BUFFER;
+use crate::state::bypass::Bypass;
+use crate::state::promotion::Promotion;
+use crate::state::{OpenChunk, SegmentInfo, State};
+use crate::stats::{Counters, RecoveryReport};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 
@@ -509,7 +511,7 @@ pub(crate) fn failing_data_blocks<'a>(
         .enumerate()
         .filter(move |(k, e)| {
             e.kind == KIND_DATA
-                && crc_block(geo.format_id, e.lba, &data[k * BLOCK..(k + 1) * BLOCK]) != e.data_crc
+                && !geo.block_verifies(e.lba, &data[k * BLOCK..(k + 1) * BLOCK], e.data_crc)
         })
 }
 
@@ -676,7 +678,7 @@ impl Recovered {
             cache
                 .read_at(&mut buf, off)
                 .map_err(|e| Error::io(format!("reading cache block {c} (lba {lba})"), e))?;
-            if crc_block(geo.format_id, lba, &buf) != self.data_crc[c as usize] {
+            if !geo.block_verifies(lba, &buf, self.data_crc[c as usize]) {
                 return Err(Error::Corruption(format!(
                     "cache block {c} (backing block {lba}) fails its checksum"
                 )));
@@ -742,7 +744,13 @@ impl Recovered {
 
     /// Turns the recovered log into the engine's starting state; the next chunk continues the
     /// log where it ended.
-    pub fn into_state(mut self, geo: Geometry, epoch: u64, buffer_count: u32) -> State {
+    pub fn into_state(
+        mut self,
+        geo: Geometry,
+        epoch: u64,
+        buffer_count: u32,
+        promote_pause: Duration,
+    ) -> State {
         let mut free_buffers: Vec<u32> = (0..buffer_count).rev().collect();
         let next_seq = self.last_seq + 1;
         let end_slot = geo.slot_of(self.end_segment_id);
@@ -816,15 +824,8 @@ impl Recovered {
             writeback_error: None,
             open_ranges: Vec::with_capacity(chunk::entry_capacity(1) as usize),
             zero_pending_seq: None,
-            promote_guard: 0,
-            relocated_at: None,
-            promote_pause_doublings: 0,
-            backing_write_gen: 0,
-            backing_reconnects_seen: 0,
-            backing_writes_maybe_lost: false,
-            backing_sync_error: None,
-            backing_synced_gen: 0,
-            direct_writes_in_flight: 0,
+            promotion: Promotion::new(promote_pause),
+            bypass: Bypass::default(),
             streams: Default::default(),
             counters: Counters::default(),
         }

@@ -7,15 +7,17 @@ use std::time::{Duration, Instant};
 
 use parking_lot::MutexGuard;
 
-use super::state::{SealedChunk, State};
-use super::write::check_usable;
-use super::{reclaim, tunables, writeback};
-use super::{Inner, SYNC_EVERY_BYTES};
 use crate::error::{Error, Result};
 use crate::format::chunk;
-use crate::format::{crc_block, BLOCK_SIZE_BYTES};
+use crate::format::BLOCK_SIZE_BYTES;
+use crate::inner::{check_usable, fail, Inner};
+use crate::reclaim;
+use crate::state::{SealedChunk, State};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+/// The flusher syncs the cache device at least once per this many bytes written, which bounds
+/// how much data recovery must read to verify the unsynced tail.
+pub const SYNC_EVERY_BYTES: u64 = 64 << 20;
 /// At most this many chunks per round, so buffers are released and waiters woken often.
 const CHUNKS_PER_ROUND_MAX: usize = 32;
 /// At most this many head segments relocated per round.
@@ -66,7 +68,7 @@ fn has_work(st: &State) -> bool {
     if st.closing {
         return durability_work;
     }
-    durability_work || st.space_waiters > 0 || reclaim::under_pressure(st)
+    durability_work || st.space_waiters > 0 || st.under_pressure()
 }
 
 fn next_wake(inner: &Inner, st: &State) -> Duration {
@@ -104,8 +106,7 @@ fn step<'a>(
 ) -> Result<(MutexGuard<'a, State>, bool)> {
     // Chunks may say "the backing device holds this" (write-through blocks): that must not
     // reach the cache device before the backing device has it for sure.
-    if !st.queue.is_empty() && st.backing_write_gen > st.backing_synced_gen {
-        let target = st.backing_write_gen;
+    if let (false, Some(target)) = (st.queue.is_empty(), st.bypass.sync_owed()) {
         drop(st);
         let res = inner.backing.flush();
         st = inner.state.lock();
@@ -114,13 +115,15 @@ fn step<'a>(
             // failure. The chunks wait in the queue; flushes waiting for them fail with this
             // meanwhile, and the next round (after `IDLE_WAKE`) tries again.
             st.counters.io_errors += 1;
-            st.backing_sync_error =
-                Some(Error::io(format!("syncing {}", inner.backing.describe()), e).to_string());
+            st.bypass.set_sync_error(
+                Error::io(format!("syncing {}", inner.backing.describe()), e).to_string(),
+            );
             drop(st);
             inner.progress.notify_all();
             return Ok((inner.state.lock(), false));
         }
-        super::direct::note_backing_synced(inner, &mut st, target);
+        st.bypass.note_synced(target, inner.backing.reconnects());
+        st.counters.backing_syncs += 1;
     }
     let take = st.queue.len().min(CHUNKS_PER_ROUND_MAX);
     let batch: Vec<SealedChunk> = st.queue.drain(..take).collect();
@@ -171,8 +174,7 @@ fn step<'a>(
     let need_sync = st.written_seq > st.synced_seq
         && (st.sync_wanted_seq > st.synced_seq
             || st.unsynced_bytes >= SYNC_EVERY_BYTES
-            || ((st.space_waiters > 0 || reclaim::under_pressure(&st))
-                && st.head_waits_for_sync()));
+            || ((st.space_waiters > 0 || st.under_pressure()) && st.head_waits_for_sync()));
     if need_sync {
         let target = st.written_seq;
         drop(st);
@@ -246,7 +248,9 @@ fn prepare_chunk<'a>(inner: &'a Inner, sc: &SealedChunk, synced_seq: u64) -> (u6
     for i in 0..sc.data_count as usize {
         let e = chunk::entry_at(meta, i);
         if e.kind == chunk::KIND_DATA {
-            let crc = crc_block(format_id, e.lba, &data[i * BLOCK..(i + 1) * BLOCK]);
+            let crc = inner
+                .geo
+                .block_crc(e.lba, &data[i * BLOCK..(i + 1) * BLOCK]);
             chunk::put_entry_crc(meta, i, crc);
         }
     }
@@ -291,16 +295,6 @@ fn write_chunks(inner: &Inner, batch: &[SealedChunk], synced_seq: u64) -> Result
     Ok(())
 }
 
-pub(crate) fn fail(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {
-    if st.failed.is_none() {
-        st.failed = Some(e.to_string());
-    }
-    st.counters.io_errors += 1;
-    drop(st);
-    inner.progress.notify_all();
-    e
-}
-
 /// Returns once every write acknowledged before the call is durable (flush and FUA).
 pub fn wait_durable(inner: &Inner) -> Result<()> {
     {
@@ -322,7 +316,7 @@ pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
         return Ok(());
     }
     st.sync_wanted_seq = st.sync_wanted_seq.max(target);
-    if inner.manual {
+    if inner.drive.inline() {
         drop(st);
         let _serial = inner.flusher_lock.lock();
         loop {
@@ -334,8 +328,8 @@ pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
                 return Ok(());
             }
             let (st, progressed) = step(inner, st)?;
-            if let Some(m) = &st.backing_sync_error {
-                return Err(Error::io("a flush", std::io::Error::other(m.clone())));
+            if let Some(m) = st.bypass.sync_error() {
+                return Err(Error::io("a flush", std::io::Error::other(m.to_string())));
             }
             assert!(
                 progressed,
@@ -348,49 +342,13 @@ pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
         if let Some(m) = &st.failed {
             return Err(Error::Failed(m.clone()));
         }
-        if let Some(m) = &st.backing_sync_error {
+        if let Some(m) = st.bypass.sync_error() {
             // The target waits behind chunks that need the backing device synced first.
-            return Err(Error::io("a flush", std::io::Error::other(m.clone())));
+            return Err(Error::io("a flush", std::io::Error::other(m.to_string())));
         }
         inner.progress.wait(&mut st);
     }
     Ok(())
-}
-
-/// A writer found no room in the log or no free RAM buffer: wait for the flusher (or, in
-/// manual mode, do its work here).
-pub fn wait_for_room<'a>(
-    inner: &'a Inner,
-    mut st: MutexGuard<'a, State>,
-) -> Result<MutexGuard<'a, State>> {
-    st.counters.write_waits += 1;
-    if inner.manual {
-        drop(st);
-        let mut progressed = drain_inline(inner, true)?;
-        if !progressed {
-            // The log is full of dirty blocks: make it durable, write back, then reclaim.
-            wait_durable(inner)?;
-            let batch = inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize;
-            if writeback::step(inner, batch)? > 0 {
-                drain_inline(inner, true)?;
-                progressed = true;
-            }
-        }
-        let st = inner.state.lock();
-        if !progressed && !st.open.active {
-            return Err(Error::NoSpace(
-                "the log is full of live data and nothing can be reclaimed".into(),
-            ));
-        }
-        return Ok(st);
-    }
-    st.space_waiters += 1;
-    inner.flusher_wake.notify_one();
-    // A log full of dirty blocks needs writeback to make room.
-    inner.writeback_wake.notify_one();
-    inner.progress.wait(&mut st);
-    st.space_waiters -= 1;
-    Ok(st)
 }
 
 /// Manual mode: runs flusher rounds until nothing is queued (or, with `for_room`, until writers

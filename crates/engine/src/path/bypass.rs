@@ -14,22 +14,23 @@
 
 use parking_lot::MutexGuard;
 
-use super::flusher::{self, wait_durable};
-use super::state::State;
-use super::write::{self, check_usable};
-use super::Inner;
+use super::admission::wait_for_room;
+use super::write;
 use crate::error::{Error, Result};
 use crate::format::chunk::{Entry, KIND_DROP, KIND_ZERO};
 use crate::format::BLOCK_SIZE_BYTES;
+use crate::inner::{check_usable, mark_failed, Inner};
+use crate::log::flusher::wait_durable;
+use crate::state::State;
 
 /// Zeros for the partial blocks at the ends of a zeroed range.
 static ZERO_BLOCK: [u8; BLOCK_SIZE_BYTES as usize] = [0; BLOCK_SIZE_BYTES as usize];
 
 /// Blocks `[first, end)` a byte range touches.
-fn blocks_of(offset: u64, len_bytes: u64) -> (u64, u64) {
+fn blocks_of(offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
     (
-        offset / BLOCK_SIZE_BYTES,
-        (offset + len_bytes).div_ceil(BLOCK_SIZE_BYTES),
+        offset_bytes / BLOCK_SIZE_BYTES,
+        (offset_bytes + len_bytes).div_ceil(BLOCK_SIZE_BYTES),
     )
 }
 
@@ -92,15 +93,15 @@ fn log_range<'a>(
         if lba == end {
             return Ok(st);
         }
-        st = flusher::wait_for_room(inner, st)?;
+        st = wait_for_room(inner, st)?;
     }
 }
 
-fn backing_write(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
-    inner.backing.write_at(data, offset).map_err(|e| {
+fn backing_write(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()> {
+    inner.backing.write_at(data, offset_bytes).map_err(|e| {
         Error::io(
             format!(
-                "writing {} bytes at {offset} to the backing device",
+                "writing {} bytes at {offset_bytes} to the backing device",
                 data.len()
             ),
             e,
@@ -108,23 +109,18 @@ fn backing_write(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
     })
 }
 
-/// Runs `io` against the backing device as a direct write: promotions stay off while it is in
+/// Runs `io` against the backing device as a bypass write: promotions stay off while it is in
 /// flight, and flushes learn they owe a backing-device sync.
-fn direct_io(inner: &Inner, io: impl FnOnce() -> Result<()>) -> Result<()> {
-    {
-        let mut st = inner.state.lock();
-        if st.direct_writes_in_flight == 0 && st.backing_write_gen == st.backing_synced_gen {
-            // The oldest unsynced direct write starts here: a sync must find the same
-            // connections in place to cover it.
-            st.backing_reconnects_seen = inner.backing.reconnects();
-        }
-        st.direct_writes_in_flight += 1;
-    }
+fn bypass_io(inner: &Inner, io: impl FnOnce() -> Result<()>) -> Result<()> {
+    inner
+        .state
+        .lock()
+        .bypass
+        .begin_write(inner.backing.reconnects());
     let res = io();
     let mut st = inner.state.lock();
-    st.direct_writes_in_flight -= 1;
-    st.promote_guard += 1;
-    st.backing_write_gen += 1;
+    st.bypass.end_write();
+    st.promotion.invalidate();
     if res.is_err() {
         st.counters.io_errors += 1;
     }
@@ -132,30 +128,30 @@ fn direct_io(inner: &Inner, io: impl FnOnce() -> Result<()>) -> Result<()> {
 }
 
 /// Write-through: the data reaches the backing device, then the log as a clean block.
-pub fn write_through(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
-    let (first, end) = blocks_of(offset, data.len() as u64);
+pub fn write_through(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()> {
+    let (first, end) = blocks_of(offset_bytes, data.len() as u64);
     let st = inner.state.lock();
     check_usable(&st)?;
     if any_dirty(&st, first, end) {
         drop(st);
-        return write::write(inner, offset, data, true);
+        return write::write(inner, offset_bytes, data, true);
     }
     let mut st = log_range(inner, st, KIND_DROP, first, end)?;
     st.counters.write_through_writes += 1;
     drop(st);
     wait_durable(inner)?;
-    direct_io(inner, || backing_write(inner, offset, data))?;
-    write::write(inner, offset, data, false)
+    bypass_io(inner, || backing_write(inner, offset_bytes, data))?;
+    write::write(inner, offset_bytes, data, false)
 }
 
 /// Write-around: the data goes to the backing device only; cached copies are dropped.
-pub fn write_around(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
-    let (first, end) = blocks_of(offset, data.len() as u64);
+pub fn write_around(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()> {
+    let (first, end) = blocks_of(offset_bytes, data.len() as u64);
     let mut st = inner.state.lock();
     check_usable(&st)?;
     if any_dirty(&st, first, end) {
         drop(st);
-        return write::write(inner, offset, data, true);
+        return write::write(inner, offset_bytes, data, true);
     }
     st.counters.writes += 1;
     st.counters.write_bytes += data.len() as u64;
@@ -163,7 +159,7 @@ pub fn write_around(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
     let st = log_range(inner, st, KIND_DROP, first, end)?;
     drop(st);
     wait_durable(inner)?;
-    direct_io(inner, || backing_write(inner, offset, data))
+    bypass_io(inner, || backing_write(inner, offset_bytes, data))
 }
 
 /// TRIM (`discard`) and write-zeroes: afterwards the range reads as zeros in every mode.
@@ -174,7 +170,7 @@ pub fn write_around(inner: &Inner, offset: u64, data: &[u8]) -> Result<()> {
 /// ends with zeros. Partial blocks at the ends are written as zeros by the current mode.
 pub fn zero(
     inner: &Inner,
-    offset: u64,
+    offset_bytes: u64,
     len_bytes: u64,
     discard: bool,
     write_partial: impl Fn(u64, &[u8]) -> Result<()>,
@@ -190,12 +186,12 @@ pub fn zero(
             st.counters.write_zeroes_bytes += len_bytes;
         }
     }
-    let end_byte = offset + len_bytes;
-    let first = offset.div_ceil(BLOCK_SIZE_BYTES);
+    let end_byte = offset_bytes + len_bytes;
+    let first = offset_bytes.div_ceil(BLOCK_SIZE_BYTES);
     let end = end_byte / BLOCK_SIZE_BYTES;
     if first >= end {
         // Within one block, or across one boundary without a whole block.
-        let mut pos = offset;
+        let mut pos = offset_bytes;
         while pos < end_byte {
             let n = (BLOCK_SIZE_BYTES - pos % BLOCK_SIZE_BYTES).min(end_byte - pos);
             write_partial(pos, &ZERO_BLOCK[..n as usize])?;
@@ -203,9 +199,9 @@ pub fn zero(
         }
         return Ok(());
     }
-    let head = first * BLOCK_SIZE_BYTES - offset;
+    let head = first * BLOCK_SIZE_BYTES - offset_bytes;
     if head > 0 {
-        write_partial(offset, &ZERO_BLOCK[..head as usize])?;
+        write_partial(offset_bytes, &ZERO_BLOCK[..head as usize])?;
     }
     let tail = end_byte - end * BLOCK_SIZE_BYTES;
     if tail > 0 {
@@ -233,11 +229,11 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
         }
         lba = next;
         if lba == end {
-            st.direct_writes_in_flight += 1;
+            st.bypass.begin_io();
             break order;
         }
         drop(order);
-        drop(flusher::wait_for_room(inner, st)?);
+        drop(wait_for_room(inner, st)?);
     };
     let res = (|| {
         wait_durable(inner)?;
@@ -270,8 +266,8 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
         Ok(())
     })();
     let mut st = inner.state.lock();
-    st.direct_writes_in_flight -= 1;
-    st.promote_guard += 1;
+    st.bypass.end_io();
+    st.promotion.invalidate();
     match &res {
         // Applied and durable: the writeback position may pass it.
         Ok(()) => {
@@ -281,15 +277,13 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
         }
         // Writes after a zero range that is logged but not applied could be wiped when
         // recovery applies it again: stop here instead; the next open applies it.
-        Err(e) => {
-            st.counters.io_errors += 1;
-            if st.failed.is_none() {
-                st.failed = Some(format!(
-                    "a TRIM or write-zeroes could not be applied to the backing device ({e}); restart to apply it again"
-                ));
-            }
-            inner.progress.notify_all();
-        }
+        Err(e) => mark_failed(
+            inner,
+            &mut st,
+            format!(
+                "a TRIM or write-zeroes could not be applied to the backing device ({e}); restart to apply it again"
+            ),
+        ),
     }
     drop(st);
     drop(order);
@@ -298,43 +292,30 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
 
 /// Syncs the backing device if writes reached it outside writeback since its last sync. Fails
 /// once if a connection to it was replaced while such writes were unsynced (see
-/// `note_backing_synced`).
+/// `Bypass::note_synced`).
 pub fn sync_backing(inner: &Inner) -> Result<()> {
     let target = {
         let mut st = inner.state.lock();
         report_lost_backing_writes(inner, &mut st)?;
-        if st.backing_synced_gen >= st.backing_write_gen {
-            return Ok(());
+        match st.bypass.sync_owed() {
+            Some(target) => target,
+            None => return Ok(()),
         }
-        st.backing_write_gen
     };
     inner
         .backing
         .flush()
         .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))?;
     let mut st = inner.state.lock();
-    note_backing_synced(inner, &mut st, target);
+    st.bypass.note_synced(target, inner.backing.reconnects());
+    st.counters.backing_syncs += 1;
     report_lost_backing_writes(inner, &mut st)
 }
 
-/// Records a successful backing sync that started at generation `target`. If a connection to
-/// the backing device was replaced since the oldest direct write it covers, that write may have
-/// been acknowledged on the old connection and lost with it, and no sync on the new one vouches
-/// for it: the next flush says so.
-pub(crate) fn note_backing_synced(inner: &Inner, st: &mut State, target: u64) {
-    st.backing_synced_gen = st.backing_synced_gen.max(target);
-    st.backing_sync_error = None;
-    st.counters.backing_syncs += 1;
-    let reconnects = inner.backing.reconnects();
-    if reconnects != st.backing_reconnects_seen {
-        st.backing_reconnects_seen = reconnects;
-        st.backing_writes_maybe_lost = true;
-    }
-}
-
-/// The error a flush returns, once, after `note_backing_synced` found a replaced connection.
+/// The error a flush returns, once, after a backing sync found a replaced connection
+/// (`Bypass::note_synced`).
 fn report_lost_backing_writes(inner: &Inner, st: &mut State) -> Result<()> {
-    if !std::mem::take(&mut st.backing_writes_maybe_lost) {
+    if !st.bypass.take_writes_maybe_lost() {
         return Ok(());
     }
     st.counters.io_errors += 1;

@@ -1,0 +1,125 @@
+//! What every engine thread shares (`Inner`), and the helpers every layer above the state
+//! needs: refusing IO once the engine failed or closes, and marking it failed (the one place).
+
+use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+use crate::geometry::Geometry;
+use crate::io::aligned::AlignedBuf;
+use crate::io::BlockDevice;
+use crate::log::checkpoint::SuperblockWriter;
+use crate::path::admission::TurnWake;
+use crate::state::buffers::SegmentBuffers;
+use crate::state::State;
+use crate::stats::RecoveryReport;
+use crate::tunables::{self, Tunables};
+
+pub(crate) struct Inner {
+    pub geo: Geometry,
+    pub cache: Arc<dyn BlockDevice>,
+    pub backing: Arc<dyn BlockDevice>,
+    pub state: Mutex<State>,
+    /// Wakes the flusher (work queued, sync wanted, closing).
+    pub flusher_wake: Condvar,
+    /// Wakes writers waiting for room and flushes waiting for a sync.
+    pub progress: Condvar,
+    /// Wakes the writeback thread (drain requested, closing, writers short of room).
+    pub writeback_wake: Condvar,
+    /// Wakes writers queued for room when the turn passes (`admission`).
+    pub room_turn: TurnWake,
+    pub buffers: SegmentBuffers,
+    /// Per slot: readers currently reading blocks of this segment from the cache device.
+    pub pins: Vec<AtomicU32>,
+    pub superblock: SuperblockWriter,
+    /// Background threads, or manual (deterministic) mode.
+    pub drive: Drive,
+    /// `OpenOptions::writeback_sorted`.
+    pub writeback_sorted: bool,
+    pub tunables: Tunables,
+    pub recovery: RecoveryReport,
+    /// Serialises inline flusher rounds in manual mode.
+    pub flusher_lock: Mutex<()>,
+    /// The relocator's segment-sized read buffer, allocated once (only the flusher uses it).
+    pub relocate_buf: Mutex<AlignedBuf>,
+    /// Held by a writeback batch from collecting its blocks until they are marked clean, and
+    /// by a zero range from logging it until the backing device is zeroed: so stale dirty
+    /// data in flight can never land on the backing device after the zeros. Taken before the
+    /// state lock, never while holding it.
+    pub backing_order: Mutex<()>,
+}
+
+impl Inner {
+    pub fn seal_interval_ms(&self) -> u64 {
+        self.tunables.get(tunables::SEAL_INTERVAL_MS)
+    }
+
+    /// The current time, or `None` in manual mode (see `Drive`).
+    pub fn clock(&self) -> Option<Instant> {
+        (!self.drive.manual).then(Instant::now)
+    }
+
+    /// Backing writes a writeback batch keeps in flight: one in manual mode, so a seeded run
+    /// replays the same backing-device IO sequence.
+    pub fn writeback_io_depth(&self) -> usize {
+        if self.drive.manual {
+            1
+        } else {
+            self.tunables.get(tunables::WRITEBACK_IO_DEPTH) as usize
+        }
+    }
+}
+
+/// How background work runs: on the flusher and writeback threads, or (manual mode,
+/// `OpenOptions::manual_flusher`) inline on the callers' threads, one IO at a time and reading
+/// no clock, so a seeded simulation replays exactly. The one place that knows the mode; the
+/// code elsewhere asks what to do.
+#[derive(Clone, Copy, Debug)]
+pub struct Drive {
+    manual: bool,
+}
+
+impl Drive {
+    pub fn new(manual: bool) -> Drive {
+        Drive { manual }
+    }
+
+    /// Whether the flusher and writeback threads run.
+    pub fn threads(&self) -> bool {
+        !self.manual
+    }
+
+    /// Whether callers that need the flusher's or writeback's work do it themselves.
+    pub fn inline(&self) -> bool {
+        self.manual
+    }
+}
+
+/// Refuses IO once the engine failed or is closing.
+pub fn check_usable(st: &State) -> Result<()> {
+    if let Some(msg) = &st.failed {
+        return Err(Error::Failed(msg.clone()));
+    }
+    if st.closing {
+        return Err(Error::Closed);
+    }
+    Ok(())
+}
+
+/// Marks the engine failed with `msg` (the first failure's message is kept), counts the
+/// error and wakes every waiter so it sees the failure. The one way the engine fails.
+pub fn mark_failed(inner: &Inner, st: &mut State, msg: String) {
+    st.fail(msg);
+    st.counters.io_errors += 1;
+    inner.progress.notify_all();
+}
+
+/// As `mark_failed` for the error `e`, releasing the lock; hands `e` back.
+pub fn fail(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {
+    mark_failed(inner, &mut st, e.to_string());
+    drop(st);
+    e
+}

@@ -1,0 +1,58 @@
+//! Open-time code: formatting a cache, and recovering the log into the in-memory state
+//! (walk the chunk chain with metadata read ahead, judge where the log ends, replay it).
+
+pub mod create;
+pub mod prefetch;
+pub mod recover;
+
+use crate::error::{Error, Result};
+use crate::format::label;
+use crate::format::superblock::Superblock;
+use crate::format::BLOCK_SIZE_BYTES;
+use crate::io::aligned::AlignedBuf;
+use crate::io::BlockDevice;
+
+/// Checks the cache device is not shorter than when it was formatted.
+pub(crate) fn check_cache_size(sb: &Superblock, cache: &dyn BlockDevice) -> Result<()> {
+    if cache.size_bytes() < sb.cache_size_bytes {
+        return Err(Error::Corruption(format!(
+            "{} is {} bytes but was formatted with {} bytes (truncated?)",
+            cache.describe(),
+            cache.size_bytes(),
+            sb.cache_size_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// Checks the backing device is the one the cache was formatted for.
+pub(crate) fn check_backing(sb: &Superblock, backing: &dyn BlockDevice) -> Result<()> {
+    if backing.size_bytes() != sb.backing_size_bytes {
+        return Err(Error::WrongBacking(format!(
+            "{} is {} bytes, but this cache was formatted for a {}-byte backing device",
+            backing.describe(),
+            backing.size_bytes(),
+            sb.backing_size_bytes
+        )));
+    }
+    let off = label::label_offset(sb.backing_size_bytes)
+        .ok_or_else(|| Error::Corruption("backing size in superblock too small".into()))?;
+    let mut raw = AlignedBuf::new(BLOCK_SIZE_BYTES as usize);
+    backing
+        .read_at(&mut raw, off)
+        .map_err(|e| Error::io(format!("reading the label of {}", backing.describe()), e))?;
+    match label::Label::decode(&raw)? {
+        Some(l) if l.backing_uuid == sb.backing_uuid && l.format_id == sb.format_id => Ok(()),
+        Some(l) => Err(Error::WrongBacking(format!(
+            "{} carries the label of another cache (backing uuid {}); this cache expects {}",
+            backing.describe(),
+            crate::format::uuid_to_string(&l.backing_uuid),
+            crate::format::uuid_to_string(&sb.backing_uuid)
+        ))),
+        None => Err(Error::WrongBacking(format!(
+            "{} has no logcache label; this cache expects backing uuid {}",
+            backing.describe(),
+            crate::format::uuid_to_string(&sb.backing_uuid)
+        ))),
+    }
+}

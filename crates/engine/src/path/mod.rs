@@ -1,0 +1,8 @@
+//! The request paths, run on the callers' threads: writes into the open chunk, reads from RAM,
+//! the cache device or the backing device, writes that bypass the cache (write-through,
+//! write-around, TRIM, write-zeroes), and fair admission of writers to log room.
+
+pub mod admission;
+pub mod bypass;
+pub mod read;
+pub mod write;

@@ -1,0 +1,98 @@
+//! Bookkeeping of IO that bypasses the cache to reach the backing device (write-through,
+//! write-around, zero ranges): what is in flight, and which of it a backing sync covers.
+//!
+//! Writes that reached the backing device outside writeback count up `write_gen`; a sync of
+//! the backing device started after generation g sets `synced_gen` to g. Flushes sync the
+//! backing device while they differ, and the flusher does before writing a chunk, so a log
+//! entry that says "the backing device holds this" is never durable before the data it
+//! speaks of.
+
+#[derive(Debug, Default)]
+pub struct Bypass {
+    write_gen: u64,
+    synced_gen: u64,
+    /// The backing device's `reconnects()` when the oldest bypass write not yet synced began.
+    /// A sync that finds the count moved cannot vouch for writes sent on the replaced
+    /// connection (the server may have acknowledged and then lost them): it sets
+    /// `writes_maybe_lost`, and the next flush reports that as an error.
+    reconnects_seen: u64,
+    writes_maybe_lost: bool,
+    /// Why the flusher's last backing sync failed, while it retries: chunks that need it wait
+    /// in the queue, and flushes waiting for them fail with this instead of hanging.
+    sync_error: Option<String>,
+    /// Writes to the backing device outside writeback in flight: read misses are not promoted
+    /// meanwhile (they could read the old data).
+    in_flight: u32,
+}
+
+impl Bypass {
+    /// A bypass write starts; `reconnects` is the backing device's count now.
+    pub fn begin_write(&mut self, reconnects: u64) {
+        if self.in_flight == 0 && self.write_gen == self.synced_gen {
+            // The oldest unsynced bypass write starts here: a sync must find the same
+            // connections in place to cover it.
+            self.reconnects_seen = reconnects;
+        }
+        self.in_flight += 1;
+    }
+
+    /// A bypass write ended (done or failed): a flush now owes a backing sync.
+    pub fn end_write(&mut self) {
+        self.end_io();
+        self.write_gen += 1;
+        assert!(self.write_gen > self.synced_gen);
+    }
+
+    /// An IO that syncs the backing device itself (a zero range) starts: only promotions
+    /// need to know.
+    pub fn begin_io(&mut self) {
+        self.in_flight += 1;
+    }
+
+    pub fn end_io(&mut self) {
+        assert!(self.in_flight > 0, "bypass IO count underflow");
+        self.in_flight -= 1;
+    }
+
+    /// Whether any bypass IO is in flight (read misses are not promoted meanwhile).
+    pub fn in_flight(&self) -> bool {
+        self.in_flight > 0
+    }
+
+    /// The generation a backing sync started now would cover, if one is owed.
+    pub fn sync_owed(&self) -> Option<u64> {
+        debug_assert!(self.synced_gen <= self.write_gen);
+        (self.write_gen > self.synced_gen).then_some(self.write_gen)
+    }
+
+    /// Records a successful backing sync that started at generation `target`, with the backing
+    /// device's reconnect count `reconnects` now. If a connection was replaced since the oldest
+    /// bypass write it covers, that write may have been acknowledged on the old connection and
+    /// lost with it, and no sync on the new one vouches for it: the next flush says so.
+    pub fn note_synced(&mut self, target: u64, reconnects: u64) {
+        assert!(
+            target <= self.write_gen,
+            "a sync past the last bypass write"
+        );
+        self.synced_gen = self.synced_gen.max(target);
+        self.sync_error = None;
+        if reconnects != self.reconnects_seen {
+            self.reconnects_seen = reconnects;
+            self.writes_maybe_lost = true;
+        }
+    }
+
+    /// Whether a sync found a replaced connection since the last call (reported once).
+    pub fn take_writes_maybe_lost(&mut self) -> bool {
+        std::mem::take(&mut self.writes_maybe_lost)
+    }
+
+    /// The flusher's backing sync failed with `msg`; it retries.
+    pub fn set_sync_error(&mut self, msg: String) {
+        self.sync_error = Some(msg);
+    }
+
+    pub fn sync_error(&self) -> Option<&str> {
+        self.sync_error.as_deref()
+    }
+}
