@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, Result};
-use crate::format::superblock::CHECKPOINT_CLEAN;
 use crate::format::{BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
 use crate::geometry::Geometry;
 use crate::inner::{self, Inner};
@@ -131,19 +130,12 @@ impl Engine {
         // Before anything new is written: the new epoch and the cut, so chunks a crash left
         // after `last_seq` can never rejoin the log. The sync also makes durable every chunk
         // recovery read (they may have been only in the page cache).
-        superblock.update(|s| {
-            s.checkpoint.flags &= !CHECKPOINT_CLEAN;
-            s.checkpoint.epoch = epoch;
-            s.checkpoint.cut_seq = last_seq;
-            // Sequences after the cut are reused by this session: a writeback position past
-            // it would make their new dirty chunks replay as clean.
-            s.checkpoint.writeback_seq = s.checkpoint.writeback_seq.min(last_seq);
-            // Every zero range in the recovered log is applied now (above, or before).
-            s.checkpoint.zero_applied_seq = last_seq;
-            s.checkpoint.end_seq = 0;
-            s.checkpoint.head_segment_id = recovered.head_segment_id;
-            s.checkpoint.head_seq = recovered.head_seq;
-        })?;
+        superblock.begin_session(
+            epoch,
+            last_seq,
+            recovered.head_segment_id,
+            recovered.head_seq,
+        )?;
         recovered.report.zero_ranges_reapplied = recovered.zero_ranges.len() as u64;
         recovered.report.duration_us = started.elapsed().as_micros() as u64;
         let report = recovered.report.clone();
@@ -335,13 +327,9 @@ impl Engine {
             let wb_seq = writeback::writeback_position(&st).max(st.writeback_seq);
             (st.next_seq - 1, st.head_segment_id, st.head_seq(), wb_seq)
         };
-        self.inner.superblock.update(|s| {
-            s.checkpoint.flags |= CHECKPOINT_CLEAN;
-            s.checkpoint.end_seq = end_seq;
-            s.checkpoint.head_segment_id = head;
-            s.checkpoint.head_seq = head_seq;
-            s.checkpoint.writeback_seq = wb_seq;
-        })
+        self.inner
+            .superblock
+            .close_clean(end_seq, head, head_seq, wb_seq)
     }
 
     fn stop_thread(&self) {
@@ -406,7 +394,7 @@ impl Engine {
         let old = self.inner.tunables.get(index);
         self.inner.tunables.set(index, value);
         let persisted = self.inner.tunables.to_persisted();
-        self.inner.superblock.update(|s| s.tunables = persisted)?;
+        self.inner.superblock.set_tunables(persisted)?;
         self.inner.state.lock().counters.superblock_writes += 1;
         // The flusher's sleep depends on the seal interval.
         self.inner.flusher_wake.notify_all();

@@ -37,10 +37,7 @@ pub fn reclaim<'a>(
         st.next_seq
     };
     drop(st);
-    let res = inner.superblock.update(|s| {
-        s.checkpoint.head_segment_id = new_head;
-        s.checkpoint.head_seq = head_seq;
-    });
+    let res = inner.superblock.advance_head(new_head, head_seq);
     let mut st = inner.state.lock();
     if let Err(e) = res {
         return Err(fail(inner, st, e));

@@ -30,7 +30,33 @@
 //! survivor, since the range killed everything older.
 
 use super::*;
-use crate::error::{Error, Result};
+
+/// Why bytes do not decode as a chunk. Recovery tells the usual end of a log (`NoChunk`,
+/// `OtherFormat`) from damage (the rest) by the variant, never by looking at the bytes.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ChunkError {
+    /// No chunk magic: never written, or overwritten by something else.
+    #[error("chunk magic mismatch")]
+    NoChunk,
+    /// A chunk of an earlier format of this device.
+    #[error("chunk from another format")]
+    OtherFormat,
+    /// A header whose fields are out of range (torn or damaged).
+    #[error("chunk header fields out of range: {0}")]
+    BadHeader(String),
+    /// The metadata checksum does not verify.
+    #[error("chunk seq {seq} checksum mismatch")]
+    Checksum { seq: u64 },
+    /// An entry is invalid or the entries disagree with the header.
+    #[error("chunk seq {seq} {what}")]
+    BadEntry { seq: u64, what: String },
+}
+
+impl From<ChunkError> for crate::error::Error {
+    fn from(e: ChunkError) -> Self {
+        crate::error::Error::Corruption(e.to_string())
+    }
+}
 
 pub const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"LCCHUNK\x01");
 pub const HEADER_SIZE_BYTES: usize = 64;
@@ -199,12 +225,16 @@ pub fn seal(meta: &mut [u8], format_id: u64, entry_count: u16) {
 
 /// Decodes the header from a chunk's first metadata block, checking what can be checked before
 /// the rest of the metadata is read. `blocks_per_segment` bounds the counts.
-pub fn decode_header(first: &[u8], format_id: u64, blocks_per_segment: u32) -> Result<ChunkHeader> {
+pub fn decode_header(
+    first: &[u8],
+    format_id: u64,
+    blocks_per_segment: u32,
+) -> std::result::Result<ChunkHeader, ChunkError> {
     if get_u64(first, 0) != CHUNK_MAGIC {
-        return Err(Error::Corruption("chunk magic mismatch".into()));
+        return Err(ChunkError::NoChunk);
     }
     if get_u64(first, 8) != format_id {
-        return Err(Error::Corruption("chunk from another format".into()));
+        return Err(ChunkError::OtherFormat);
     }
     let u16_at = |off: usize| u16::from_le_bytes([first[off], first[off + 1]]);
     let h = ChunkHeader {
@@ -224,25 +254,24 @@ pub fn decode_header(first: &[u8], format_id: u64, blocks_per_segment: u32) -> R
         || h.start_block as u32 + h.block_count() > blocks_per_segment
         || h.synced_seq >= h.seq
     {
-        return Err(Error::Corruption(format!(
-            "chunk header fields out of range: {h:?}"
-        )));
+        return Err(ChunkError::BadHeader(format!("{h:?}")));
     }
     Ok(h)
 }
 
 /// Verifies the header CRC over the whole metadata area and decodes the entries.
-pub fn decode_entries(meta: &[u8], format_id: u64, h: &ChunkHeader) -> Result<Vec<Entry>> {
+pub fn decode_entries(
+    meta: &[u8],
+    format_id: u64,
+    h: &ChunkHeader,
+) -> std::result::Result<Vec<Entry>, ChunkError> {
     let covered = HEADER_SIZE_BYTES + h.entry_count as usize * ENTRY_SIZE_BYTES;
     assert!(meta.len() >= covered);
     let stored = get_u32(meta, CRC_OFFSET);
     let mut scratch = meta[..covered].to_vec();
     put_u32(&mut scratch, CRC_OFFSET, 0);
     if crc_salted(format_id, &scratch) != stored {
-        return Err(Error::Corruption(format!(
-            "chunk seq {} checksum mismatch",
-            h.seq
-        )));
+        return Err(ChunkError::Checksum { seq: h.seq });
     }
     let mut entries = Vec::with_capacity(h.entry_count as usize);
     let mut blocks = 0u32;
@@ -262,25 +291,28 @@ pub fn decode_entries(meta: &[u8], format_id: u64, h: &ChunkHeader) -> Result<Ve
         };
         // Block entries first, then ranges: the flusher fills in data CRCs by position.
         if e.has_block() && i as u32 != blocks {
-            return Err(Error::Corruption(format!(
-                "chunk seq {} entry {i} takes a data block after a range entry",
-                h.seq
-            )));
+            return Err(ChunkError::BadEntry {
+                seq: h.seq,
+                what: format!("entry {i} takes a data block after a range entry"),
+            });
         }
         if !ok || reserved != 0 {
-            return Err(Error::Corruption(format!(
-                "chunk seq {} entry {i} is invalid: {e:?}",
-                h.seq
-            )));
+            return Err(ChunkError::BadEntry {
+                seq: h.seq,
+                what: format!("entry {i} is invalid: {e:?}"),
+            });
         }
         blocks += e.has_block() as u32;
         entries.push(e);
     }
     if blocks != h.data_block_count as u32 {
-        return Err(Error::Corruption(format!(
-            "chunk seq {} has {blocks} block entries but {} data blocks",
-            h.seq, h.data_block_count
-        )));
+        return Err(ChunkError::BadEntry {
+            seq: h.seq,
+            what: format!(
+                "has {blocks} block entries but {} data blocks",
+                h.data_block_count
+            ),
+        });
     }
     Ok(entries)
 }

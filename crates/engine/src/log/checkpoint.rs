@@ -1,9 +1,13 @@
-//! Reading and writing the superblock (and its checkpoint record) on the cache device.
+//! Reading and writing the superblock (and its checkpoint record) on the cache device. The
+//! checkpoint's fields change only here, through named transitions (`SuperblockWriter`).
 
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::format::superblock::{self, Superblock, SUPERBLOCK_OFFSETS, SUPERBLOCK_SIZE_BYTES};
+use crate::format::superblock::{
+    self, PersistedTunables, Superblock, CHECKPOINT_CLEAN, SUPERBLOCK_OFFSETS,
+    SUPERBLOCK_SIZE_BYTES,
+};
 use crate::io::aligned::AlignedBuf;
 use crate::io::BlockDevice;
 
@@ -35,9 +39,88 @@ impl SuperblockWriter {
         }
     }
 
+    /// A new session begins (open, after recovery and before anything new is written): the
+    /// new epoch and the cut, so chunks a crash left after `cut_seq` can never rejoin the log;
+    /// the head recovery found; the checkpoint is no longer clean.
+    pub fn begin_session(
+        &self,
+        epoch: u64,
+        cut_seq: u64,
+        head_segment_id: u64,
+        head_seq: u64,
+    ) -> Result<()> {
+        self.update(|s| {
+            assert!(epoch > s.checkpoint.epoch, "epochs only rise");
+            let cp = &mut s.checkpoint;
+            cp.flags &= !CHECKPOINT_CLEAN;
+            cp.epoch = epoch;
+            cp.cut_seq = cut_seq;
+            // Sequences after the cut are reused by this session: a writeback position past
+            // it would make their new dirty chunks replay as clean.
+            cp.writeback_seq = cp.writeback_seq.min(cut_seq);
+            // Every zero range in the recovered log is applied now (by open, or before).
+            cp.zero_applied_seq = cut_seq;
+            cp.end_seq = 0;
+            cp.head_segment_id = head_segment_id;
+            cp.head_seq = head_seq;
+        })
+    }
+
+    /// The head advanced past reclaimed segments (persisted before their slots are reused).
+    pub fn advance_head(&self, head_segment_id: u64, head_seq: u64) -> Result<()> {
+        self.update(|s| {
+            let cp = &mut s.checkpoint;
+            assert!(
+                head_segment_id > cp.head_segment_id,
+                "the head only advances"
+            );
+            assert!(head_seq >= cp.head_seq, "the head's sequence only rises");
+            cp.head_segment_id = head_segment_id;
+            cp.head_seq = head_seq;
+        })
+    }
+
+    /// Chunks up to `seq` may replay as clean (the writeback position; it never moves back).
+    pub fn advance_writeback(&self, seq: u64) -> Result<()> {
+        self.update(|s| s.checkpoint.writeback_seq = s.checkpoint.writeback_seq.max(seq))
+    }
+
+    /// Zero ranges up to chunk `seq` are applied to the backing device: recovery must not
+    /// apply them again.
+    pub fn advance_zero_applied(&self, seq: u64) -> Result<()> {
+        self.update(|s| s.checkpoint.zero_applied_seq = s.checkpoint.zero_applied_seq.max(seq))
+    }
+
+    /// A clean close: the log ends at `end_seq`, so the next open need not verify its tail.
+    pub fn close_clean(
+        &self,
+        end_seq: u64,
+        head_segment_id: u64,
+        head_seq: u64,
+        writeback_seq: u64,
+    ) -> Result<()> {
+        self.update(|s| {
+            let cp = &mut s.checkpoint;
+            assert!(
+                head_segment_id >= cp.head_segment_id,
+                "the head only advances"
+            );
+            cp.flags |= CHECKPOINT_CLEAN;
+            cp.end_seq = end_seq;
+            cp.head_segment_id = head_segment_id;
+            cp.head_seq = head_seq;
+            cp.writeback_seq = writeback_seq;
+        })
+    }
+
+    /// Persists the tunables' values.
+    pub fn set_tunables(&self, tunables: PersistedTunables) -> Result<()> {
+        self.update(|s| s.tunables = tunables)
+    }
+
     /// Applies `change` and makes the result durable. Serialised by the inner lock, which is
     /// held across the IO: superblock writes are rare (open, close, reclaim) and off the IO path.
-    pub fn update(&self, change: impl FnOnce(&mut Superblock)) -> Result<()> {
+    fn update(&self, change: impl FnOnce(&mut Superblock)) -> Result<()> {
         let mut cur = self.current.lock();
         let mut next = cur.clone();
         change(&mut next);

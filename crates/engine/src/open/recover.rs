@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use super::prefetch::MetaPrefetch;
 use crate::error::{Error, Result};
-use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA, KIND_DROP, KIND_HOLE, KIND_ZERO};
+use crate::format::chunk::{
+    self, ChunkError, ChunkHeader, Entry, KIND_DATA, KIND_DROP, KIND_HOLE, KIND_ZERO,
+};
 use crate::format::superblock::Superblock;
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::geometry::Geometry;
@@ -99,14 +101,6 @@ impl Reject {
     /// this log (the usual end of a log).
     pub fn is_damage(&self) -> bool {
         matches!(self, Reject::BadHeader(_) | Reject::BadMetadata(_))
-    }
-}
-
-/// A decoder's complaint, in words, without the error kind's prefix.
-fn reason(e: Error) -> String {
-    match e {
-        Error::Corruption(why) => why,
-        other => other.to_string(),
     }
 }
 
@@ -214,14 +208,14 @@ impl<'a> MetaReader<'a> {
                 .map_err(|e| Error::io(format!("reading chunk metadata at offset {off}"), e))?,
         }
         let first = &self.buf[..BLOCK];
-        match chunk::decode_header(first, self.geo.format_id, self.geo.blocks_per_segment) {
-            Ok(h) => Ok(Ok(h)),
-            Err(_) if first[..8] != chunk::CHUNK_MAGIC.to_le_bytes() => Ok(Err(Reject::NoChunk)),
-            Err(_) if first[8..16] != self.geo.format_id.to_le_bytes() => {
-                Ok(Err(Reject::OtherFormat))
-            }
-            Err(e) => Ok(Err(Reject::BadHeader(reason(e)))),
-        }
+        Ok(
+            match chunk::decode_header(first, self.geo.format_id, self.geo.blocks_per_segment) {
+                Ok(h) => Ok(h),
+                Err(ChunkError::NoChunk) => Err(Reject::NoChunk),
+                Err(ChunkError::OtherFormat) => Err(Reject::OtherFormat),
+                Err(e) => Err(Reject::BadHeader(e.to_string())),
+            },
+        )
     }
 
     /// Reads the rest of the metadata of the chunk whose header `read_header` just decoded from
@@ -253,7 +247,7 @@ impl<'a> MetaReader<'a> {
         }
         match chunk::decode_entries(&self.buf[..meta_len], self.geo.format_id, h) {
             Ok(entries) => Ok(Ok((*h, entries))),
-            Err(e) => Ok(Err(Reject::BadMetadata(reason(e)))),
+            Err(e) => Ok(Err(Reject::BadMetadata(e.to_string()))),
         }
     }
 }

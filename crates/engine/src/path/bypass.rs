@@ -258,9 +258,7 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
             .zero_pending_seq
             .is_some_and(|s| s < seq_min);
         if !older_pending {
-            inner.superblock.update(|s| {
-                s.checkpoint.zero_applied_seq = s.checkpoint.zero_applied_seq.max(seq_max)
-            })?;
+            inner.superblock.advance_zero_applied(seq_max)?;
             inner.state.lock().counters.superblock_writes += 1;
         }
         Ok(())

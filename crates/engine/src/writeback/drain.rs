@@ -63,11 +63,7 @@ pub fn writeback_position(st: &State) -> u64 {
 }
 
 fn persist_position(inner: &Inner, st: &mut MutexGuard<'_, State>, pos: u64) -> Result<()> {
-    let res = MutexGuard::unlocked(st, || {
-        inner
-            .superblock
-            .update(|s| s.checkpoint.writeback_seq = s.checkpoint.writeback_seq.max(pos))
-    });
+    let res = MutexGuard::unlocked(st, || inner.superblock.advance_writeback(pos));
     match res {
         Ok(()) => {
             st.writeback_seq = st.writeback_seq.max(pos);
