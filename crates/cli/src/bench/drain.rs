@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use logcache_engine::tunables;
 use logcache_engine::format::label::label_offset;
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
+use logcache_engine::tunables;
 use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 use logcache_testkit::hdd::{HddDevice, HddParams, HddStats};
 use logcache_testkit::rng::Rng;
