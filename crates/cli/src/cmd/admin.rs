@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::Args;
-use logcache_engine::engine::tunables;
+use logcache_engine::tunables;
 use serde_json::{json, Value};
 
 use crate::control::client::ControlClient;
