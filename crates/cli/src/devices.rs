@@ -9,9 +9,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use logcache_engine::io::file::{FileDevice, FileOptions};
 use logcache_engine::io::BlockDevice;
-use logcache_nbd::client::DEFAULT_REQUEST_TIMEOUT;
 use logcache_nbd::uri::is_nbd_uri;
-use logcache_server::backing::nbd::NbdDevice;
+use logcache_nbd_client::{NbdDevice, DEFAULT_REQUEST_TIMEOUT};
 
 use crate::guard::{lock_holder, try_flock};
 

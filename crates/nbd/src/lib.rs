@@ -1,13 +1,11 @@
 //! The NBD wire protocol as pure data transformations: constants, encoders and decoders.
 //!
-//! This crate does no I/O. Headers decode from fixed-size arrays so a server can read exactly that
+//! This crate does no I/O (the client that does lives in `logcache-nbd-client`). Headers decode from fixed-size arrays so a server can read exactly that
 //! many bytes from a socket first; variable payloads decode from slices whose length the server
 //! already learned from a header (and capped, see [`handshake::decode_option_header`]). Every
 //! decoder returns a [`ProtocolError`] for malformed input instead of panicking, because all of
 //! these bytes come from an untrusted peer. Everything is big-endian, as the spec requires.
 
-/// A blocking client over std sockets: unlike the codec modules, this one does IO.
-pub mod client;
 pub mod consts;
 pub mod error;
 pub mod handshake;

@@ -1,16 +1,22 @@
 //! logcache's NBD server: serves an [`logcache_engine::Engine`] (or a plain device) to NBD clients
-//! over Unix and TCP sockets, and opens backing devices given as a path or an NBD URI.
+//! over Unix and TCP sockets. (Backing devices given as an NBD URI are opened by the
+//! `logcache-nbd-client` crate.)
 //!
-//! Server modules, one job each: `config` (what is exported), `server` (life cycle),
-//! `listener` (accept loops), `connection` (one client's thread), `negotiate` (handshake),
-//! `transmission` (the request loop), `workers` (slow commands), `export` (what is served: the
-//! engine or a device), `ops` (block operations on the export, unaligned ones included),
-//! `reply` (reply encoding), `sink` (serialised reply writing), `input` (the request buffer),
-//! `stream` (socket calls), `errno`, `limits`, `stats`, `error`.
+//! Server modules, one job each, from the top down (no module imports one above it): `server`
+//! (life cycle), `listener` (accept loops), `connection_thread` (one client's thread:
+//! handshake, then transmission), `transmission` (the request loop), `workers` (slow commands),
+//! `answer` (READ replies and command results, for the reader and the workers alike),
+//! `connection` (what a connection's reader and workers share), `negotiate` (handshake),
+//! `shared` (what every thread shares, and the registry of live connections), `config` (what
+//! is exported), `export` (what is served: the engine or a device), `ops` (block operations on
+//! the export, unaligned ones included), `reply` (reply encoding), `sink` (serialised reply
+//! writing), `input` (the request buffer), `stream` (socket calls), `errno`, `limits`, `stats`,
+//! `error`.
 
-pub mod backing;
+mod answer;
 mod config;
 mod connection;
+mod connection_thread;
 mod errno;
 mod error;
 mod export;
@@ -21,6 +27,7 @@ mod negotiate;
 mod ops;
 mod reply;
 mod server;
+mod shared;
 mod sink;
 mod stats;
 mod stream;

@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use crate::connection_thread;
 use crate::error::ServerError;
-use crate::server::ServerInner;
+use crate::shared::ServerInner;
 use crate::stream::Stream;
 
 /// Pause after an accept error such as "too many open files", so the loop does not spin.
@@ -193,7 +194,7 @@ fn accept_loop(server: &Arc<ServerInner>, socket: &Socket, wake: &UnixStream) {
         match socket.accept() {
             Ok(stream) => {
                 if stream.set_blocking().is_ok() {
-                    server.start_connection(stream);
+                    server.start_connection(stream, connection_thread::run);
                 }
             }
             Err(error)

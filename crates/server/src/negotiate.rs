@@ -24,7 +24,7 @@ use logcache_nbd::ProtocolError;
 
 use crate::limits::{MAX_PAYLOAD_BYTES, MIN_BLOCK_BYTES, PREFERRED_BLOCK_BYTES};
 use crate::reply::shorten;
-use crate::server::ServerInner;
+use crate::shared::ServerInner;
 use crate::stream::Stream;
 
 /// What we advertise in the greeting.

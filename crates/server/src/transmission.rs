@@ -33,7 +33,7 @@ use crate::limits::{BUFFER_KEEP_BYTES, INPUT_BUFFER_BYTES, MAX_PAYLOAD_BYTES, OU
 use crate::negotiate::BASE_ALLOCATION_CONTEXT_ID;
 use crate::stats::Counters;
 use crate::workers::{Job, WorkerPool};
-use crate::{errno, ops, reply};
+use crate::{answer, ops, reply};
 
 /// Why the transmission phase ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,7 +308,7 @@ fn handle(
     let slow = server.export.is_slow();
     let result = match request.command {
         Command::Read if !slow => {
-            read(connection, replies, scratch, &request);
+            answer::read(connection, replies, scratch, &request);
             return;
         }
         Command::Write if !slow && !request.has_flag(CMD_FLAG_FUA) => ops::write(
@@ -356,51 +356,5 @@ fn handle(
             return;
         }
     };
-    match result {
-        Ok(()) => reply::push_success(replies, structured, cookie),
-        Err(error) => reply::push_error(
-            replies,
-            structured,
-            cookie,
-            errno::from_engine(&error),
-            &error.to_string(),
-        ),
-    }
-}
-
-/// READ: the reply header, then the data read straight into the reply buffer behind it (the
-/// reader's batch, or a worker's reply).
-pub(crate) fn read(
-    connection: &Connection,
-    replies: &mut Vec<u8>,
-    scratch: &mut Vec<u8>,
-    request: &Request,
-) {
-    let structured = connection.session.structured;
-    let length_bytes = request.length_bytes as usize;
-    let reply_start = replies.len();
-    reply::push_read_header(
-        replies,
-        structured,
-        request.cookie,
-        request.offset_bytes,
-        request.length_bytes,
-    );
-    let data_start = replies.len();
-    replies.resize(data_start + length_bytes, 0);
-    if let Err(error) = ops::read(
-        &*connection.server.export,
-        request.offset_bytes,
-        &mut replies[data_start..],
-        scratch,
-    ) {
-        replies.truncate(reply_start);
-        reply::push_error(
-            replies,
-            structured,
-            request.cookie,
-            errno::from_engine(&error),
-            &error.to_string(),
-        );
-    }
+    answer::push_result(replies, structured, cookie, result);
 }

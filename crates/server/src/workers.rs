@@ -18,7 +18,7 @@ use crate::connection::Connection;
 use crate::limits::{
     BUFFER_KEEP_BYTES, MAX_WORKERS_PER_CONNECTION, MAX_WORKERS_PER_SLOW_CONNECTION,
 };
-use crate::{errno, ops, reply, transmission};
+use crate::{answer, ops};
 
 /// A validated request for a worker; WRITE carries its payload in a recycled buffer.
 pub(crate) struct Job {
@@ -146,20 +146,10 @@ fn run(connection: &Connection, job: Job, buffers: &mut Buffers) {
     let out = &mut buffers.out;
     out.clear();
     if request.command == Command::Read {
-        transmission::read(connection, out, &mut buffers.scratch, &request);
+        answer::read(connection, out, &mut buffers.scratch, &request);
     } else {
         let result = execute(connection, &request, job.payload.as_deref());
-        let structured = connection.session.structured;
-        match result {
-            Ok(()) => reply::push_success(out, structured, request.cookie),
-            Err(error) => reply::push_error(
-                out,
-                structured,
-                request.cookie,
-                errno::from_engine(&error),
-                &error.to_string(),
-            ),
-        }
+        answer::push_result(out, connection.session.structured, request.cookie, result);
     }
     // A failed send already cut the connection; the reader notices and ends it.
     let _ = connection.sink.send(out);

@@ -23,7 +23,7 @@ use logcache_nbd::consts::{
 use logcache_nbd::handshake::{decode_greeting, OptionHeader};
 use logcache_nbd::reply::SimpleReply;
 use logcache_nbd::request::{Command as NbdCommand, Request};
-use logcache_server::backing::nbd::NbdDevice;
+use logcache_nbd_client::NbdDevice;
 
 const MIB: u64 = 1 << 20;
 

@@ -10,10 +10,11 @@ use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use logcache_engine::io::{BlockDevice, SECTOR_SIZE_BYTES};
-use logcache_nbd::client::{Client, ExportInfo, DEFAULT_REQUEST_TIMEOUT};
+use logcache_io::{BlockDevice, SECTOR_SIZE_BYTES};
 use logcache_nbd::uri::NbdUri;
 use parking_lot::{Mutex, MutexGuard};
+
+use crate::client::{Client, ExportInfo, DEFAULT_REQUEST_TIMEOUT};
 
 /// Connections opened when the caller has no better number and the server allows several.
 pub const DEFAULT_CONNECTIONS: usize = 4;
