@@ -41,19 +41,19 @@ test: setup
 ## tiny sizes into a temp dir and checks that each produced well-formed rows (docs/ untouched);
 ## bench-quick (under 5 minutes) and bench-full regenerate docs/BENCHMARKS.md and bench/results/.
 bench-smoke: setup
-	$(CARGO) build --release -p logcache
+	$(CARGO) build --release -p logcache -p logcache-bench
 	./bench/run --smoke --no-build
 
 bench-quick: setup
-	$(CARGO) build --release -p logcache
+	$(CARGO) build --release -p logcache -p logcache-bench
 	./bench/run --quick --no-build
 
 bench-full: setup
-	$(CARGO) build --release -p logcache
+	$(CARGO) build --release -p logcache -p logcache-bench
 	./bench/run --full --no-build
 
 bench-engine: build
-	./target/release/logcache bench engine --seconds 10
+	./target/release/logcache-bench engine --seconds 10
 
 fmt:
 	$(CARGO) fmt --all

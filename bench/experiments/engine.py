@@ -1,4 +1,4 @@
-"""The engine's own ceiling: `logcache bench engine --json` (4 KiB random writes through the
+"""The engine's own ceiling: `logcache-bench engine --json` (4 KiB random writes through the
 engine library on memory devices, no NBD; one writer thread, then two). Regenerates the table
 of the hand-written "Engine ceiling" section (whose analysis is kept verbatim in
 bench/manual.md)."""
@@ -9,7 +9,7 @@ from harness.context import pick
 from harness.report import commands_block, fmt, fmt_int, plt, table
 
 NAME = "engine"
-TITLE = "Engine ceiling: `logcache bench engine` (no NBD)"
+TITLE = "Engine ceiling: `logcache-bench engine` (no NBD)"
 COLUMNS = {"run": int, "threads": int, "writes_per_sec": float, "p50_us": float, "p99_us": float}
 
 
@@ -25,7 +25,7 @@ def run(ctx):
     p = params(ctx)
     rows = []
     for i in range(p["runs"]):
-        argv = [ctx.bin, "bench", "engine", "--seconds", str(p["seconds"]), "--json"]
+        argv = [ctx.bench_bin, "engine", "--seconds", str(p["seconds"]), "--json"]
         if p.get("cache_mib"):
             argv += ["--cache-mib", str(p["cache_mib"])]
         rc, out, err = ctx.run_output(argv, timeout=600)

@@ -1,4 +1,4 @@
-"""Experiment 7: writeback, through `logcache bench drain --json` (its own rig: memory cache,
+"""Experiment 7: writeback, through `logcache-bench drain --json` (its own rig: memory cache,
 the emulated HDD in-process). Sorted versus unsorted drain time of the same random dirty blocks,
 and a paced foreground writer's latency with and without writeback running. Full mode adds the
 density sweep (the same blocks spread over wider spans).
@@ -37,7 +37,7 @@ def params(ctx):
 
 
 def _drain(ctx, extra):
-    argv = [ctx.bin, "bench", "drain", "--json"] + [str(a) for a in extra]
+    argv = [ctx.bench_bin, "drain", "--json"] + [str(a) for a in extra]
     rc, out, err = ctx.run_output(argv, timeout=3600)
     if rc != 0:
         raise RuntimeError(f"{' '.join(argv)} exited {rc}: {err[-1500:]}")
@@ -120,7 +120,7 @@ def render(res, charts):
     hdd = v.get("hdd", {})
     out = []
     out.append(
-        f"`logcache bench drain --json` (command below): {v.get('blocks')} distinct random 4 KiB "
+        f"`logcache-bench drain --json` (command below): {v.get('blocks')} distinct random 4 KiB "
         f"blocks over the first {v.get('span_bytes', 0) / (1 << 20):.0f} MiB of an "
         f"{v.get('backing_size_bytes', 0) / (1 << 30):.0f} GiB **emulated** 7200 rpm disk "
         f"(the in-process `HddDevice`: {hdd.get('rpm')} rpm, settle {hdd.get('settle_us')} µs, "

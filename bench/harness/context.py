@@ -19,6 +19,8 @@ class Context:
     def __init__(self, mode, bin_path, log_file=None):
         self.mode = mode
         self.bin = bin_path
+        # The benchmark tool (sim-hdd, engine, drain) is built beside the logcache binary.
+        self.bench_bin = os.path.join(os.path.dirname(bin_path), "logcache-bench")
         # Scratch space: files that stand for disks go to /var/tmp (the local disk), memory
         # devices to /dev/shm.
         self.tmp = tempfile.mkdtemp(prefix="lcbench.", dir="/var/tmp")
@@ -27,7 +29,7 @@ class Context:
         self.procs = Procs(os.path.join(self.tmp, "logs"), log=self.log)
         self.fio_count = 0
         self.commands = []
-        # Options passed to every `logcache sim-hdd` (empty: its defaults, the model in
+        # Options passed to every `logcache-bench sim-hdd` (empty: its defaults, the model in
         # crates/testkit/src/hdd.rs).
         self.hdd_options = {}
         self.t0 = time.monotonic()
@@ -45,6 +47,7 @@ class Context:
         """Temp dir paths replaced by $TMP (on /var/tmp) and $SHM (on /dev/shm), the binary by
         its path relative to the repository, so commands read the same from run to run."""
         text = text.replace(self.tmp, "$TMP").replace(self.shm, "$SHM")
+        text = text.replace(self.bench_bin, "logcache-bench")
         return text.replace(self.bin, "logcache")
 
     def record_command(self, argv):

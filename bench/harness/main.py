@@ -86,11 +86,16 @@ def find_binary(args):
     profile = "release"
     path = os.path.join(os.path.abspath(target), profile, "logcache")
     if not args.no_build:
-        print(f"building {path} (cargo build --release -p logcache) ...", flush=True)
-        subprocess.run(["cargo", "build", "--release", "-q", "-p", "logcache"], cwd=REPO,
-                       check=True)
+        print(f"building {path} and logcache-bench beside it "
+              "(cargo build --release -p logcache -p logcache-bench) ...", flush=True)
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "logcache", "-p",
+                        "logcache-bench"], cwd=REPO, check=True)
     if not os.path.exists(path):
         sys.exit(f"bench/run: no logcache binary at {path}")
+    bench_path = os.path.join(os.path.dirname(path), "logcache-bench")
+    if not os.path.exists(bench_path):
+        sys.exit(f"bench/run: no logcache-bench binary at {bench_path} "
+                 "(cargo build --release -p logcache-bench)")
     return path
 
 
@@ -106,8 +111,8 @@ def parse_args(argv):
     p.add_argument("--only", help="comma-separated experiments: " + ",".join(EXPERIMENTS))
     p.add_argument("--out", help="write results/, BENCHMARKS.md and bench/*.png under DIR "
                                  "instead of bench/results and docs/")
-    p.add_argument("--bin", help="the logcache binary (default: $LOGCACHE_BIN, else cargo's "
-                                 "release build, built first)")
+    p.add_argument("--bin", help="the logcache binary, with logcache-bench beside it (default: "
+                                 "$LOGCACHE_BIN, else cargo's release build, built first)")
     p.add_argument("--no-build", action="store_true", help="do not run cargo build")
     p.add_argument("--no-report", action="store_true", help="run and store results only")
     p.add_argument("--report-only", action="store_true",

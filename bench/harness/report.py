@@ -98,7 +98,7 @@ def commands_block(cmds, limit=12):
 def hdd_text(hdd):
     params = ", ".join(f"`--{k} {v}`" for k, v in hdd["params"].items())
     return (
-        "The hard disk is an **emulation**, not a disk: `logcache sim-hdd` serves a sparse file "
+        "The hard disk is an **emulation**, not a disk: `logcache-bench sim-hdd` serves a sparse file "
         "over NBD and makes each request take as long as a 7200 rpm disk would. Its model "
         "(`crates/testkit/src/hdd.rs`): tracks of what passes the head in one revolution; a "
         "seek when the track changes, from the settle time rising with the square root of the "

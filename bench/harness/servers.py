@@ -1,7 +1,7 @@
 """The servers the experiments measure, each on a Unix socket in the run's temp dir.
 
 - logcache serve (after logcache format), its cache file on /var/tmp or /dev/shm;
-- the emulated hard disk: `logcache sim-hdd`;
+- the emulated hard disk: `logcache-bench sim-hdd`;
 - nbdkit: null, memory, file, and the cache filter in write-back mode over the nbd plugin.
 """
 
@@ -42,16 +42,16 @@ def make_file(path, size, allocate=False):
 
 def _sim_hdd_help(ctx):
     if not hasattr(ctx, "_sim_hdd_help"):
-        rc, out, err = run_tracked([ctx.bin, "sim-hdd", "--help"], timeout=30)
+        rc, out, err = run_tracked([ctx.bench_bin, "sim-hdd", "--help"], timeout=30)
         if rc != 0:
-            raise RuntimeError(f"{ctx.bin} has no sim-hdd command (rebuild it): {err.strip()}")
+            raise RuntimeError(f"{ctx.bench_bin} has no sim-hdd command (rebuild it): {err.strip()}")
         ctx._sim_hdd_help = out
     return ctx._sim_hdd_help
 
 
 def hdd_model(ctx):
     """What the emulated disk is, for the report: its parameters (defaults read from
-    `logcache sim-hdd --help`, overridden by what the harness passes)."""
+    `logcache-bench sim-hdd --help`, overridden by what the harness passes)."""
     params = {}
     # Clap's help: an option line, then possibly wrapped continuation lines.
     blocks, cur = [], None
@@ -67,16 +67,16 @@ def hdd_model(ctx):
         if m and name not in ("file", "size", "socket", "listen", "help"):
             params[name] = m.group(1).strip()
     params.update({k: str(v) for k, v in ctx.hdd_options.items()})
-    return {"kind": "logcache sim-hdd", "params": params}
+    return {"kind": "logcache-bench sim-hdd", "params": params}
 
 
 def start_sim_hdd(ctx, name, size, path=None):
-    """Starts the emulated hard disk (`logcache sim-hdd`) over a sparse file of `size` bytes."""
+    """Starts the emulated hard disk (`logcache-bench sim-hdd`) over a sparse file of `size` bytes."""
     size = parse_size(size)
     path = path or os.path.join(ctx.tmp, f"{name}.img")
     sock = os.path.join(ctx.tmp, f"{name}.sock")
     make_file(path, size)
-    argv = [ctx.bin, "sim-hdd", "--file", path, "--size", str(size), "--socket", sock]
+    argv = [ctx.bench_bin, "sim-hdd", "--file", path, "--size", str(size), "--socket", sock]
     for k, v in ctx.hdd_options.items():
         argv += [f"--{k}", str(v)]
     return ctx.start(name, argv, sock)

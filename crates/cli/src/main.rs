@@ -1,21 +1,11 @@
 //! The `logcache` command: format, serve, administer and inspect a cache. Subcommand names,
 //! flags and JSON keys are a contract scripts rely on (see README).
 
-mod bench;
-mod cmd;
-mod control;
-mod defaults;
-mod devices;
-mod guard;
-mod metrics;
-mod offline;
-mod served;
-mod size;
-mod sockets;
-
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use logcache_cli::cmd;
+use logcache_cli::exit::{one_line, usage_error};
 
 #[derive(Parser)]
 #[command(
@@ -46,16 +36,6 @@ enum Command {
     Check(cmd::inspect::CheckArgs),
     /// Print a cache's segment metadata for humans.
     Dump(cmd::inspect::DumpArgs),
-    /// Serve an EMULATED hard disk over NBD, for tests and benchmarks: the data lives in a
-    /// file, and every IO takes as long as a 7200 rpm disk would (seeks, rotation, transfer,
-    /// command queueing). Not a real disk and not part of the cache. Serves until SIGTERM or
-    /// SIGINT, then prints the disk's figures.
-    SimHdd(cmd::sim_hdd::SimHddArgs),
-    /// Measure logcache's speed.
-    Bench {
-        #[command(subcommand)]
-        what: bench::BenchCommand,
-    },
 }
 
 fn main() -> ExitCode {
@@ -64,9 +44,9 @@ fn main() -> ExitCode {
         .and_then(|m| Cli::from_arg_matches(&m))
     {
         Ok(cli) => cli,
-        Err(e) => return usage_error(e),
+        Err(e) => return usage_error(e, "logcache"),
     };
-    if !matches!(cli.command, Command::Serve(_) | Command::SimHdd(_)) {
+    if !matches!(cli.command, Command::Serve(_)) {
         // Printing commands die quietly when their reader goes away (`logcache dump | head`),
         // like other command-line tools. Servers keep Rust's default (SIGPIPE ignored): a
         // client closing its socket must not kill them.
@@ -78,7 +58,6 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Format(a) => cmd::format::run(&a),
         Command::Serve(a) => cmd::serve::run(&a),
-        Command::SimHdd(a) => cmd::sim_hdd::run(&a),
         Command::Status(a) => cmd::admin::status(&a),
         Command::Set(a) => cmd::admin::set(&a),
         Command::Drain(a) => cmd::admin::drain(&a),
@@ -88,7 +67,6 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Dump(a) => cmd::inspect::dump(&a),
-        Command::Bench { what } => bench::run(what),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -116,50 +94,4 @@ fn negative_numbers_are_values(cmd: clap::Command) -> clap::Command {
         cmd = cmd.mut_subcommand(&name, negative_numbers_are_values);
     }
     cmd
-}
-
-/// One line: what went wrong, then each cause not already spelled out by the message before it
-/// (library errors often include their source's text in their own message).
-fn one_line(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if out.contains(&text) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&text);
-    }
-    out.replace('\n', " ")
-}
-
-/// Help and version go to stdout as usual; a usage error becomes one `logcache:` line.
-fn usage_error(e: clap::Error) -> ExitCode {
-    use clap::error::ErrorKind;
-    match e.kind() {
-        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            let _ = e.print();
-            return ExitCode::from(2);
-        }
-        _ => {}
-    }
-    let text = e.to_string();
-    let first = text
-        .lines()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("invalid arguments")
-        .trim_start_matches("error: ")
-        // A negative number for an unsigned value: say what is allowed.
-        .replace(
-            "invalid digit found in string",
-            "give a whole number, 0 or more",
-        );
-    eprintln!("logcache: {first} (see logcache --help)");
-    ExitCode::from(2)
 }

@@ -1,5 +1,5 @@
 //! [`Export`]: the block operations the server's commands need, and the two things it serves:
-//! the cache [`Engine`], and a plain [`BlockDevice`] served as it is (for `logcache sim-hdd`,
+//! the cache [`Engine`], and a plain [`BlockDevice`] served as it is (for `logcache-bench sim-hdd`,
 //! an emulated hard disk over a file).
 //!
 //! Offsets and lengths reaching an export are multiples of 512 and inside the export (the

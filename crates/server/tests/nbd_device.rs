@@ -1,4 +1,4 @@
-//! A plain device served as it is (`Server::for_device`), as `logcache sim-hdd` does: an
+//! A plain device served as it is (`Server::for_device`), as `logcache-bench sim-hdd` does: an
 //! emulated hard disk over memory, driven by nbdsh with many requests in flight at once.
 
 mod server_support;

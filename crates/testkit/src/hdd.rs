@@ -1,6 +1,6 @@
 //! [`HddDevice`]: an EMULATION of a 7200 rpm hard disk's timing, for tests and benchmarks only.
 //! It is not a cache feature: it wraps any [`BlockDevice`] (memory, or a file for
-//! `logcache sim-hdd`), passes the data through unchanged, and makes each IO take as long as a
+//! `logcache-bench sim-hdd`), passes the data through unchanged, and makes each IO take as long as a
 //! disk would, so that logcache and its peers can be measured against a slow, seek-bound device
 //! on a machine that has none.
 //!

@@ -4,4 +4,3 @@ pub mod admin;
 pub mod format;
 pub mod inspect;
 pub mod serve;
-pub mod sim_hdd;

@@ -270,7 +270,7 @@ fn print_how_to_connect(uri: &str, status: &str) {
 
 /// Percent-encodes what a URI query value cannot hold literally, so the printed URI works in
 /// every client (libnbd rejects a raw space).
-pub(crate) fn uri_escape(text: &str) -> String {
+pub fn uri_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for b in text.bytes() {
         if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
@@ -282,7 +282,7 @@ pub(crate) fn uri_escape(text: &str) -> String {
     out
 }
 
-pub(crate) fn absolute(p: &Path) -> PathBuf {
+pub fn absolute(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
 
@@ -357,7 +357,7 @@ fn open_engine(
     }
 }
 
-pub(crate) fn block_termination_signals() -> Result<libc::sigset_t> {
+pub fn block_termination_signals() -> Result<libc::sigset_t> {
     // SAFETY: plain libc signal-mask calls on a local set.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
@@ -372,7 +372,7 @@ pub(crate) fn block_termination_signals() -> Result<libc::sigset_t> {
     }
 }
 
-pub(crate) fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
+pub fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
     loop {
         let mut sig: libc::c_int = 0;
         // SAFETY: `set` was initialised by block_termination_signals.

@@ -22,8 +22,23 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// The binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_logcache");
+/// The binary under test: `logcache`, or `logcache-bench` for the bench crate's tests, which
+/// include this module too.
+pub const BIN: &str = match (
+    option_env!("CARGO_BIN_EXE_logcache"),
+    option_env!("CARGO_BIN_EXE_logcache-bench"),
+) {
+    (Some(bin), _) | (None, Some(bin)) => bin,
+    (None, None) => panic!("no logcache binary in this package"),
+};
+
+/// The name the binary under test starts its one-line errors with.
+pub fn program_name() -> String {
+    Path::new(BIN)
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
 
 /// How long any one command may run before the test calls it hung.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(90);
@@ -309,7 +324,7 @@ pub fn assert_ok(out: &Output, what: &str) {
 }
 
 /// Runs `logcache ARGS...`, which must fail (with exit code `code`) saying one line on stderr
-/// that starts with "logcache:" and contains every string of `mentions`. Returns that line.
+/// that starts with "logcache:" (the program's name) and contains every string of `mentions`. Returns that line.
 pub fn fails_with(code: i32, args: &[&str], mentions: &[&str]) -> String {
     let out = run_timeout(Command::new(BIN).args(args), Duration::from_secs(30));
     let stderr = text(&out.stderr);
@@ -330,9 +345,10 @@ pub fn fails_with(code: i32, args: &[&str], mentions: &[&str]) -> String {
         lines.len()
     );
     let line = lines[0];
+    let prefix = format!("{}: ", program_name());
     assert!(
-        line.starts_with("logcache: "),
-        "{what}: the error line does not start with \"logcache: \": {line:?}"
+        line.starts_with(&prefix),
+        "{what}: the error line does not start with {prefix:?}: {line:?}"
     );
     for m in mentions {
         assert!(

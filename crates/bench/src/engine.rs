@@ -1,4 +1,4 @@
-//! `logcache bench engine`: N threads write random 4 KiB blocks through the engine as fast as
+//! `logcache-bench engine`: N threads write random 4 KiB blocks through the engine as fast as
 //! they can, on memory-backed devices, with the real flusher thread running.
 //!
 //! The written span is a quarter of the cache, so the log wraps many times per second and the
@@ -16,7 +16,7 @@ use logcache_engine::io::BlockDevice;
 use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 use logcache_testkit::rng::Rng;
 
-use super::histogram::Histogram;
+use crate::histogram::Histogram;
 
 #[derive(Args)]
 pub struct EngineBenchArgs {

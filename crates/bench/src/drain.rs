@@ -1,4 +1,4 @@
-//! `logcache bench drain`: how long writeback takes to drain the same 4 KiB-random dirty data
+//! `logcache-bench drain`: how long writeback takes to drain the same 4 KiB-random dirty data
 //! to a slow backing device, sorted versus unsorted, and what it does to foreground writes.
 //!
 //! The backing device is an EMULATED 7200 rpm hard disk (`HddDevice` over memory: it sleeps as
@@ -27,7 +27,7 @@ use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 use logcache_testkit::hdd::{HddDevice, HddParams, HddStats};
 use logcache_testkit::rng::Rng;
 
-use super::histogram::Histogram;
+use crate::histogram::Histogram;
 
 const BLOCK_BYTES: u64 = 4096;
 /// Size of the memory cache device: room for the dirty set and the writer's blocks without

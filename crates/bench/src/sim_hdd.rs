@@ -1,4 +1,4 @@
-//! `logcache sim-hdd`: an EMULATED hard disk served over NBD, for tests and benchmarks. The data
+//! `logcache-bench sim-hdd`: an EMULATED hard disk served over NBD, for tests and benchmarks. The data
 //! lives in a file; every IO takes as long as a 7200 rpm disk would (the model is
 //! `logcache_testkit::hdd`), so logcache and its peers can be measured against a slow,
 //! seek-bound disk on a machine that has none. Serves until SIGTERM or SIGINT, then prints one
@@ -15,12 +15,12 @@ use logcache_engine::io::{BlockDevice, SECTOR_SIZE_BYTES};
 use logcache_server::{Server, ServerConfig};
 use logcache_testkit::hdd::{HddDevice, HddParams};
 
-use crate::cmd::serve::{absolute, block_termination_signals, uri_escape, wait_for_signal};
-use crate::devices::lock_exclusive;
-use crate::size::parse_size;
+use logcache_cli::cmd::serve::{absolute, block_termination_signals, uri_escape, wait_for_signal};
+use logcache_cli::devices::lock_exclusive;
+use logcache_cli::size::parse_size;
 
 /// Shown to clients such as `nbdinfo`.
-const DESCRIPTION: &str = "logcache sim-hdd: an EMULATED hard disk for tests and benchmarks";
+const DESCRIPTION: &str = "logcache-bench sim-hdd: an EMULATED hard disk for tests and benchmarks";
 
 #[derive(Args)]
 pub struct SimHddArgs {
@@ -102,7 +102,7 @@ pub fn run(args: &SimHddArgs) -> Result<()> {
         (Some(_), Some(_)) => bail!("give --socket or --listen, not both"),
         (Some(socket), None) => Endpoint::Unix(socket),
         (None, Some(addr)) => {
-            crate::sockets::check_tcp_listen(addr, args.allow_remote)?;
+            logcache_cli::sockets::check_tcp_listen(addr, args.allow_remote)?;
             Endpoint::Tcp(addr)
         }
     };
@@ -147,7 +147,7 @@ pub fn run(args: &SimHddArgs) -> Result<()> {
     let up_s = started.elapsed().as_secs_f64();
     let busy_s = stats.busy_us as f64 / 1e6;
     println!(
-        "logcache: {signal}: stopped; the emulated disk served {} IOs, busy {busy_s:.3} s of {up_s:.3} s ({:.0}%), at most {} queued",
+        "logcache-bench: {signal}: stopped; the emulated disk served {} IOs, busy {busy_s:.3} s of {up_s:.3} s ({:.0}%), at most {} queued",
         stats.ios,
         100.0 * busy_s / up_s.max(1e-9),
         stats.queued_max
@@ -187,7 +187,7 @@ fn serve_until_signal(
         }
     };
     println!(
-        "logcache: serving an EMULATED hard disk (timing emulation for tests and benchmarks, not a real disk) of {:.0} MiB in {} on {endpoint}",
+        "logcache-bench: serving an EMULATED hard disk (timing emulation for tests and benchmarks, not a real disk) of {:.0} MiB in {} on {endpoint}",
         args.size as f64 / (1u64 << 20) as f64,
         args.file.display(),
     );

@@ -1,6 +1,8 @@
-//! `logcache sim-hdd`: the emulated hard disk served for real on a Unix socket (and TCP), driven
+//! `logcache-bench sim-hdd`: the emulated hard disk served for real on a Unix socket (and TCP), driven
 //! by nbdsh and nbdinfo, with a fast model so the tests run quickly; and its option errors.
 
+// The `logcache` command tests' helpers; `BIN` is this crate's binary, `logcache-bench`.
+#[path = "../../cli/tests/common/mod.rs"]
 mod common;
 
 use std::fs::{self, File};
@@ -20,7 +22,7 @@ const FAST: &[&str] = &[
     "2",
 ];
 
-/// A running `logcache sim-hdd`, ready when `start` returns; SIGTERM (then SIGKILL) on drop.
+/// A running `logcache-bench sim-hdd`, ready when `start` returns; SIGTERM (then SIGKILL) on drop.
 struct SimHdd {
     child: Option<Child>,
     stdout: PathBuf,
@@ -35,7 +37,7 @@ struct Exit {
 }
 
 impl SimHdd {
-    /// Starts `logcache sim-hdd ARGS...` with its output in files under `dir`, and waits for
+    /// Starts `logcache-bench sim-hdd ARGS...` with its output in files under `dir`, and waits for
     /// its startup line (printed once it listens).
     fn start(dir: &TestDir, args: &[&str]) -> SimHdd {
         let stdout = dir.join("sim-hdd.out");
@@ -80,12 +82,12 @@ impl SimHdd {
         fs::read_to_string(&self.stderr).unwrap_or_default()
     }
 
-    /// The endpoint from the complete startup line "logcache: serving ... on URI".
+    /// The endpoint from the complete startup line "logcache-bench: serving ... on URI".
     fn uri(&self) -> Option<String> {
         let out = self.stdout();
         let line = out
             .lines()
-            .find(|l| l.starts_with("logcache: serving "))
+            .find(|l| l.starts_with("logcache-bench: serving "))
             .filter(|_| out.contains('\n'))?;
         Some(line.rsplit_once(" on ")?.1.to_string())
     }

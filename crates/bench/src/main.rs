@@ -1,0 +1,72 @@
+//! `logcache-bench`: test and benchmark tooling, kept out of the production `logcache` binary
+//! so that it never ships the test scaffolding (`logcache-testkit`) it is built on.
+//!
+//! - `sim-hdd`: an EMULATED hard disk served over NBD, for tests and benchmarks;
+//! - `engine`: the engine's own ceiling (4 KiB random writes on memory devices, no NBD);
+//! - `drain`: writeback's drain time to an emulated disk, sorted versus unsorted.
+//!
+//! Benchmarks print figures, never tests. Errors are one `logcache-bench:` line, like
+//! `logcache`'s.
+
+mod drain;
+mod engine;
+mod histogram;
+mod sim_hdd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use logcache_cli::exit::{one_line, usage_error};
+
+#[derive(Parser)]
+#[command(
+    name = "logcache-bench",
+    version,
+    about = "Benchmarks of logcache, and the emulated hard disk they measure against (tests and benchmarks only)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve an EMULATED hard disk over NBD, for tests and benchmarks: the data lives in a
+    /// file, and every IO takes as long as a 7200 rpm disk would (seeks, rotation, transfer,
+    /// command queueing). Not a real disk and not part of the cache. Serves until SIGTERM or
+    /// SIGINT, then prints the disk's figures.
+    SimHdd(sim_hdd::SimHddArgs),
+    /// 4 KiB random writes through the engine library on memory-backed cache and backing
+    /// devices (no NBD): the engine's own ceiling.
+    Engine(engine::EngineBenchArgs),
+    /// Drain time of the same random 4 KiB dirty data to an emulated 7200 rpm disk, sorted
+    /// versus unsorted, and foreground write latency while writeback runs.
+    Drain(drain::DrainBenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e, "logcache-bench"),
+    };
+    if !matches!(cli.command, Command::SimHdd(_)) {
+        // Printing commands die quietly when their reader goes away; the server keeps Rust's
+        // default (SIGPIPE ignored): a client closing its socket must not kill it.
+        // SAFETY: resetting a signal disposition before any thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    let result = match cli.command {
+        Command::SimHdd(a) => sim_hdd::run(&a),
+        Command::Engine(a) => engine::run(&a),
+        Command::Drain(a) => drain::run(&a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("logcache-bench: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
