@@ -16,7 +16,7 @@ mod sim_hdd;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use logcache_cli::exit::{one_line, usage_error};
+use logcache_cli::exit::{die_quietly_on_broken_pipe, finish, usage_error};
 
 #[derive(Parser)]
 #[command(
@@ -50,23 +50,12 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(e, "logcache-bench"),
     };
     if !matches!(cli.command, Command::SimHdd(_)) {
-        // Printing commands die quietly when their reader goes away; the server keeps Rust's
-        // default (SIGPIPE ignored): a client closing its socket must not kill it.
-        // SAFETY: resetting a signal disposition before any thread exists.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        }
+        die_quietly_on_broken_pipe();
     }
     let result = match cli.command {
         Command::SimHdd(a) => sim_hdd::run(&a),
         Command::Engine(a) => engine::run(&a),
         Command::Drain(a) => drain::run(&a),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("logcache-bench: {}", one_line(&e));
-            ExitCode::FAILURE
-        }
-    }
+    finish(result, "logcache-bench")
 }

@@ -3,6 +3,27 @@
 
 use std::process::ExitCode;
 
+/// Printing commands die quietly when their reader goes away (`logcache dump | head`), like
+/// other command-line tools. Servers keep Rust's default (SIGPIPE ignored): a client closing its
+/// socket must not kill them. Call before any thread exists.
+pub fn die_quietly_on_broken_pipe() {
+    // SAFETY: resetting a signal disposition before any thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// The exit code for a command's result; an error is printed as one `PROGRAM:` line.
+pub fn finish(result: anyhow::Result<()>, program: &str) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{program}: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// One line: what went wrong, then each cause not already spelled out by the message before it
 /// (library errors often include their source's text in their own message).
 pub fn one_line(e: &anyhow::Error) -> String {

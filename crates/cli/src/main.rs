@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use logcache_cli::cmd;
-use logcache_cli::exit::{one_line, usage_error};
+use logcache_cli::exit::{die_quietly_on_broken_pipe, finish, usage_error};
 
 #[derive(Parser)]
 #[command(
@@ -47,13 +47,7 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(e, "logcache"),
     };
     if !matches!(cli.command, Command::Serve(_)) {
-        // Printing commands die quietly when their reader goes away (`logcache dump | head`),
-        // like other command-line tools. Servers keep Rust's default (SIGPIPE ignored): a
-        // client closing its socket must not kill them.
-        // SAFETY: resetting a signal disposition before any thread exists.
-        unsafe {
-            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-        }
+        die_quietly_on_broken_pipe();
     }
     let result = match cli.command {
         Command::Format(a) => cmd::format::run(&a),
@@ -68,13 +62,7 @@ fn main() -> ExitCode {
         },
         Command::Dump(a) => cmd::inspect::dump(&a),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("logcache: {}", one_line(&e));
-            ExitCode::FAILURE
-        }
-    }
+    finish(result, "logcache")
 }
 
 /// The command line: every subcommand takes "-1" as a value (so a negative number gets a

@@ -212,14 +212,7 @@ impl BlockDevice for FileDevice {
         };
         match result {
             // Discard is advisory: a device or file system without it just keeps the data.
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EOPNOTSUPP | libc::ENOTTY | libc::EINVAL | libc::ENOSYS)
-                ) =>
-            {
-                Ok(())
-            }
+            Err(e) if sys::is_unsupported(&e) => Ok(()),
             other => other,
         }
     }
@@ -237,14 +230,7 @@ impl BlockDevice for FileDevice {
             sys::punch_hole(&self.file, offset, len_bytes)
         };
         match result {
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EOPNOTSUPP | libc::ENOTTY | libc::EINVAL | libc::ENOSYS)
-                ) =>
-            {
-                crate::write_zero_blocks(self, offset, len_bytes)
-            }
+            Err(e) if sys::is_unsupported(&e) => crate::write_zero_blocks(self, offset, len_bytes),
             other => other,
         }
     }

@@ -151,6 +151,15 @@ pub(super) fn block_device_sector_bytes(file: &File) -> io::Result<u64> {
     Ok(sector_bytes as u64)
 }
 
+/// Whether a hole punch, discard or zero-out failed only because the device or file system
+/// does not offer it (the caller then falls back or, for an advisory discard, does nothing).
+pub(super) fn is_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP | libc::ENOTTY | libc::EINVAL | libc::ENOSYS)
+    )
+}
+
 /// Repeats a call that returns 0 or -1 with errno until it succeeds or fails other than EINTR.
 fn retry_eintr(mut call: impl FnMut() -> libc::c_int) -> io::Result<()> {
     loop {
