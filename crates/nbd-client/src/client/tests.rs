@@ -1,6 +1,6 @@
 //! The client against scripted fake servers built from logcache-nbd's server-side encoders,
 //! for the cases real servers will not produce on demand (bad cookies, protocol violations,
-//! error codes). `crates/server/tests/nbd_backing.rs` covers real servers.
+//! error codes). `tests/nbd_backing.rs` covers real servers.
 
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;

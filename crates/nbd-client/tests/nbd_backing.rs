@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use logcache_engine::io::BlockDevice;
+use logcache_io::BlockDevice;
 use logcache_nbd::consts::{
     CLIENT_FLAGS_BYTES, EINVAL, EXPORT_NAME_REPLY_BYTES, FLAG_C_FIXED_NEWSTYLE, FLAG_C_NO_ZEROES,
     GREETING_BYTES, OPT_EXPORT_NAME, REQUEST_HEADER_BYTES, SIMPLE_REPLY_HEADER_BYTES,
