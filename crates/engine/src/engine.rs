@@ -26,7 +26,7 @@ use crate::io::BlockDevice;
 use crate::log::checkpoint::{self, SuperblockWriter};
 use crate::log::flusher;
 use crate::open::{self, recover};
-use crate::path::{admission, bypass, read, write};
+use crate::path::{bypass, read, write};
 use crate::state::buffers::SegmentBuffers;
 use crate::stats::Stats;
 use crate::tunables::{self, TunableValue, Tunables};
@@ -155,7 +155,7 @@ impl Engine {
             flusher_wake: Condvar::new(),
             progress: Condvar::new(),
             writeback_wake: Condvar::new(),
-            room_turn: admission::TurnWake::new(),
+            room_turn: inner::TurnWake::new(),
             buffers,
             pins,
             superblock,
@@ -189,7 +189,7 @@ impl Engine {
             match wb {
                 Ok(t) => threads.push(t),
                 Err(e) => {
-                    inner.state.lock().closing = true;
+                    inner.state.lock().health.begin_close();
                     inner.flusher_wake.notify_all();
                     for t in threads {
                         let _ = t.join();
@@ -298,15 +298,14 @@ impl Engine {
     pub fn close(&self) -> Result<()> {
         {
             let mut st = self.inner.state.lock();
-            if st.closing {
+            if st.health.closing() {
                 return Err(Error::Closed);
             }
-            st.closing = true;
-            if let Some(msg) = &st.failed {
-                let msg = msg.clone();
+            st.health.begin_close();
+            if let Err(e) = st.health.check_failed() {
                 drop(st);
                 self.stop_thread();
-                return Err(Error::Failed(msg));
+                return Err(e);
             }
         }
         // Relocation may queue chunks of its own while we wait; repeat until nothing is left.
@@ -324,7 +323,7 @@ impl Engine {
         let (end_seq, head, head_seq, wb_seq) = {
             let st = self.inner.state.lock();
             assert!(st.queue.is_empty());
-            let wb_seq = writeback::writeback_position(&st).max(st.writeback_seq);
+            let wb_seq = writeback::writeback_position(&st).max(st.writeback.persisted_seq());
             (st.next_seq - 1, st.head_segment_id, st.head_seq(), wb_seq)
         };
         self.inner
@@ -335,7 +334,7 @@ impl Engine {
     fn stop_thread(&self) {
         {
             let mut st = self.inner.state.lock();
-            st.closing = true;
+            st.health.begin_close();
         }
         self.inner.flusher_wake.notify_all();
         self.inner.writeback_wake.notify_all();
@@ -351,7 +350,7 @@ impl Engine {
     pub fn crash(self) {
         {
             let mut st = self.inner.state.lock();
-            st.failed = Some("crashed".into());
+            st.health.crash();
         }
         self.stop_thread();
     }
@@ -430,11 +429,11 @@ impl Engine {
             segment_count: g.segment_count,
             segments_in_use: st.segments_in_use(),
             cache_blocks: g.cache_block_count() as u64,
-            cached_blocks: st.index.len() as u64,
-            dirty_blocks: st.dirty_blocks,
-            writeback_rate_blocks_per_s: st.writeback_rate_blocks_per_s,
-            writeback_seq: st.writeback_seq,
-            writeback_error: st.writeback_error.clone(),
+            cached_blocks: st.blocks.cached_blocks(),
+            dirty_blocks: st.blocks.dirty_blocks(),
+            writeback_rate_blocks_per_s: st.writeback.rate_blocks_per_s(),
+            writeback_seq: st.writeback.persisted_seq(),
+            writeback_error: st.writeback.error().map(str::to_string),
             ram_buffers: self.inner.buffers.count(),
             ram_buffers_free: st.free_buffers.len() as u32,
             ram_buffer_bytes: self.inner.buffers.memory_bytes() as u64,
@@ -443,11 +442,8 @@ impl Engine {
             next_seq: st.next_seq,
             head_segment_id: st.head_segment_id,
             epoch: st.epoch,
-            index_memory_bytes: (st.index.memory_bytes()
-                + st.dirty_mask.len()
-                + st.valid_mask.len()
-                + st.data_crc.len() * 4) as u64,
-            failed: st.failed.clone(),
+            index_memory_bytes: st.blocks.memory_bytes(),
+            failed: st.health.failed().map(str::to_string),
             mode: tunables::MODE_NAMES[self.inner.tunables.get(tunables::CACHE_MODE) as usize],
             read_cache: self.inner.tunables.get(tunables::READ_CACHE) != 0,
             segments_in_ram: st.ram_segments.len() as u64,

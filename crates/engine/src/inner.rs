@@ -12,7 +12,6 @@ use crate::geometry::Geometry;
 use crate::io::aligned::AlignedBuf;
 use crate::io::BlockDevice;
 use crate::log::checkpoint::SuperblockWriter;
-use crate::path::admission::TurnWake;
 use crate::state::buffers::SegmentBuffers;
 use crate::state::State;
 use crate::stats::RecoveryReport;
@@ -100,19 +99,13 @@ impl Drive {
 
 /// Refuses IO once the engine failed or is closing.
 pub fn check_usable(st: &State) -> Result<()> {
-    if let Some(msg) = &st.failed {
-        return Err(Error::Failed(msg.clone()));
-    }
-    if st.closing {
-        return Err(Error::Closed);
-    }
-    Ok(())
+    st.health.check_usable()
 }
 
 /// Marks the engine failed with `msg` (the first failure's message is kept), counts the
 /// error and wakes every waiter so it sees the failure. The one way the engine fails.
 pub fn mark_failed(inner: &Inner, st: &mut State, msg: String) {
-    st.fail(msg);
+    st.health.fail(msg);
     st.counters.io_errors += 1;
     inner.progress.notify_all();
 }
@@ -122,4 +115,27 @@ pub fn fail(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {
     mark_failed(inner, &mut st, e.to_string());
     drop(st);
     e
+}
+
+/// Condition variables for queued writers, by ticket modulo this: passing the turn wakes the
+/// next ticket's holder (and whoever shares its variable), not every queued writer. With one
+/// variable, each pass woke all 63 other connections' writers under a 64-connection load and
+/// the futex traffic took more CPU than the copying.
+const TURN_WAKE_SLOTS: usize = 64;
+
+/// Where queued writers sleep (`Inner::room_turn`).
+pub struct TurnWake {
+    slots: Vec<Condvar>,
+}
+
+impl TurnWake {
+    pub fn new() -> TurnWake {
+        TurnWake {
+            slots: (0..TURN_WAKE_SLOTS).map(|_| Condvar::new()).collect(),
+        }
+    }
+
+    pub fn slot(&self, ticket: u64) -> &Condvar {
+        &self.slots[(ticket % TURN_WAKE_SLOTS as u64) as usize]
+    }
 }

@@ -55,7 +55,7 @@ pub fn promote(inner: &Inner, guard: u64, offset_bytes: u64, data: &[u8]) {
     }
     let sealed_before = st.counters.chunks_sealed;
     for lba in first..end {
-        if st.index.get(lba).is_some() {
+        if st.blocks.lookup(lba).is_some() {
             continue; // written since it was read: the cache has newer data
         }
         let Some(c) = st.reserve_block(&inner.buffers, Instant::now(), false) else {
@@ -69,8 +69,8 @@ pub fn promote(inner: &Inner, guard: u64, offset_bytes: u64, data: &[u8]) {
         let src = ((lba * BLOCK_SIZE_BYTES - offset_bytes) as usize)..;
         // SAFETY: the reserved block is in the open chunk and we hold the lock.
         unsafe { inner.buffers.slice_mut(buffer, off, BLOCK) }.copy_from_slice(&data[src][..BLOCK]);
-        st.valid_mask[c as usize] = FULL_MASK;
-        let prev = st.index.insert(lba, c);
+        st.blocks.set_valid(c, FULL_MASK);
+        let prev = st.blocks.insert(lba, c);
         assert!(prev.is_none());
         st.counters.promotions += 1;
         st.counters.promotion_bytes += BLOCK_SIZE_BYTES;

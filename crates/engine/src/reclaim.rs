@@ -1,7 +1,7 @@
 //! Making room in the ring: reclaim dead segments at the head, and under space pressure
 //! relocate the head segment's live blocks to the open chunk so it can die.
 //!
-//! Clean blocks (written back, see `writeback.rs`) are dropped rather than moved; relocation of
+//! Clean blocks (written back, see `writeback/`) are dropped rather than moved; relocation of
 //! dirty blocks keeps the log from jamming on a few long-lived blocks while writeback catches up.
 
 use std::sync::atomic::Ordering;
@@ -65,7 +65,7 @@ pub fn relocate_head<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
 ) -> Result<(MutexGuard<'a, State>, bool)> {
-    if !st.under_pressure() || st.failed.is_some() {
+    if !st.under_pressure() || st.health.is_failed() {
         return Ok((st, false));
     }
     // The oldest segment that still has live blocks: segments before it are dead and only wait
@@ -92,7 +92,7 @@ pub fn relocate_head<'a>(
     if st.segments[slot as usize].dirty_blocks < st.segments[slot as usize].live_blocks {
         for b in 0..inner.geo.blocks_per_segment {
             let c = inner.geo.cache_block(slot, b);
-            if st.index.lba_of(c).is_some() && st.dirty_mask[c as usize] == 0 {
+            if st.blocks.lba_of(c).is_some() && st.blocks.dirty(c) == 0 {
                 st.evict(c);
                 evicted = true;
             }
@@ -108,18 +108,18 @@ pub fn relocate_head<'a>(
     let usable_segments = inner.geo.segment_count - RESERVE_SEGMENTS - 2;
     let data_per_segment = chunk::plan(inner.geo.blocks_per_segment).1 as u64;
     let live_max = usable_segments * data_per_segment * RELOCATE_LIVE_MAX_PERCENT / 100;
-    if st.dirty_blocks > live_max {
+    if st.blocks.dirty_blocks() > live_max {
         return Ok((st, evicted));
     }
     let mut live = Vec::with_capacity(st.segments[slot as usize].live_blocks as usize);
     for b in 0..inner.geo.blocks_per_segment {
         let c = inner.geo.cache_block(slot, b);
-        if let Some(lba) = st.index.lba_of(c) {
+        if let Some(lba) = st.blocks.lba_of(c) {
             live.push(LiveBlock {
                 block_in_segment: b,
                 cache_block: c,
                 lba,
-                crc: st.data_crc[c as usize],
+                crc: st.blocks.crc(c),
             });
         }
     }
@@ -160,7 +160,7 @@ pub fn relocate_head<'a>(
             st.counters.checksum_errors += 1;
             continue;
         }
-        if st.index.get(l.lba) != Some(l.cache_block) {
+        if st.blocks.lookup(l.lba) != Some(l.cache_block) {
             continue; // overwritten while we read
         }
         let Some(nc) = st.reserve_block(&inner.buffers, now, true) else {
@@ -174,11 +174,11 @@ pub fn relocate_head<'a>(
         // SAFETY: the reserved block is in the open chunk and we hold the lock.
         unsafe { inner.buffers.slice_mut(buffer, noff, BLOCK) }
             .copy_from_slice(&seg_buf[b..b + BLOCK]);
-        let c = l.cache_block as usize;
-        let (dirty, valid) = (st.dirty_mask[c], st.valid_mask[c]);
+        let c = l.cache_block;
+        let (dirty, valid) = (st.blocks.dirty(c), st.blocks.valid(c));
         st.set_dirty_mask(nc, dirty);
-        st.valid_mask[nc as usize] = valid;
-        let prev = st.index.insert(l.lba, nc);
+        st.blocks.set_valid(nc, valid);
+        let prev = st.blocks.insert(l.lba, nc);
         assert_eq!(prev, Some(l.cache_block));
         st.kill(l.cache_block);
         moved += 1;

@@ -160,7 +160,7 @@ pub struct RecoveryReport {
     pub blocks_recovered: u64,
     pub metadata_bytes_read: u64,
     pub data_bytes_read: u64,
-    /// Zero ranges applied to the backing device again (see `recover.rs`).
+    /// Zero ranges applied to the backing device again (see `open/replay.rs`).
     pub zero_ranges_reapplied: u64,
     pub duration_us: u64,
 }

@@ -32,9 +32,9 @@ pub(crate) fn read_verified<'a>(
     use_block: impl FnOnce(&[u8]),
 ) -> (MutexGuard<'a, State>, Result<()>) {
     let (slot, _) = inner.geo.split(c);
-    let crc = st.data_crc[c as usize];
+    let crc = st.blocks.crc(c);
     debug_assert_eq!(
-        st.index.lba_of(c),
+        st.blocks.lba_of(c),
         Some(lba),
         "reading a block the index does not hold"
     );

@@ -8,11 +8,10 @@ use std::time::{Duration, Instant};
 use parking_lot::MutexGuard;
 
 use crate::error::{Error, Result};
-use crate::format::chunk;
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::inner::{check_usable, fail, Inner};
 use crate::reclaim;
-use crate::state::{SealedChunk, State};
+use crate::state::{self, SealedChunk, State};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 /// The flusher syncs the cache device at least once per this many bytes written, which bounds
@@ -29,11 +28,11 @@ const IDLE_WAKE: Duration = Duration::from_millis(100);
 pub fn run(inner: &Inner) {
     let mut st = inner.state.lock();
     loop {
-        if st.failed.is_some() {
+        if st.health.is_failed() {
             break;
         }
         if !has_work(&st) {
-            if st.closing {
+            if st.health.closing() {
                 break;
             }
             seal_if_due(inner, &mut st, Instant::now());
@@ -65,10 +64,10 @@ fn has_work(st: &State) -> bool {
     let durability_work = !st.queue.is_empty() || st.sync_wanted_seq > st.synced_seq;
     // Closing: only what close waits for. Room-making may never finish (a log full of dirty
     // blocks waits for writeback, which has stopped) and nobody needs it any more.
-    if st.closing {
+    if st.health.closing() {
         return durability_work;
     }
-    durability_work || st.space_waiters > 0 || st.under_pressure()
+    durability_work || st.room.writers_wait() || st.under_pressure()
 }
 
 fn next_wake(inner: &Inner, st: &State) -> Duration {
@@ -85,7 +84,7 @@ fn next_wake(inner: &Inner, st: &State) -> Duration {
 /// Seals the open chunk if its oldest write waited the seal interval, and asks for a sync.
 pub fn seal_if_due(inner: &Inner, st: &mut State, now: Instant) {
     let interval_ms = inner.seal_interval_ms();
-    if interval_ms == 0 || st.failed.is_some() {
+    if interval_ms == 0 || st.health.is_failed() {
         return;
     }
     let due = st
@@ -145,14 +144,10 @@ fn step<'a>(
     for sc in &batch {
         // SAFETY: the flusher still owns the metadata blocks; buffers are released below.
         let meta = unsafe { chunk_meta(inner, sc) };
-        for i in 0..sc.data_count {
-            let e = chunk::entry_at(meta, i as usize);
-            if e.kind == chunk::KIND_DATA {
-                let cb = inner
-                    .geo
-                    .cache_block(sc.slot, sc.start_block + sc.meta_blocks + i);
-                st.data_crc[cb as usize] = e.data_crc;
-            }
+        let data_start = sc.start_block + sc.meta_blocks;
+        for (i, crc) in state::chunk_meta::data_crcs(meta, sc.data_count) {
+            let cb = inner.geo.cache_block(sc.slot, data_start + i);
+            st.blocks.set_crc(cb, crc);
         }
         assert_eq!(
             sc.seq,
@@ -174,7 +169,7 @@ fn step<'a>(
     let need_sync = st.written_seq > st.synced_seq
         && (st.sync_wanted_seq > st.synced_seq
             || st.unsynced_bytes >= SYNC_EVERY_BYTES
-            || ((st.space_waiters > 0 || st.under_pressure()) && st.head_waits_for_sync()));
+            || ((st.room.writers_wait() || st.under_pressure()) && st.head_waits_for_sync()));
     if need_sync {
         let target = st.written_seq;
         drop(st);
@@ -185,11 +180,9 @@ fn step<'a>(
             let e = Error::io(format!("syncing {}", inner.cache.describe()), e);
             return Err(fail(inner, st, e));
         }
-        st.synced_seq = target;
-        st.unsynced_bytes = 0;
-        st.mark_written_synced();
+        st.note_synced(target);
         // Newly durable chunks are what a waiting writeback can take.
-        if st.drain_requests > 0 || st.space_waiters > 0 {
+        if st.writeback.draining() || st.room.writers_wait() {
             inner.writeback_wake.notify_one();
         }
         st.counters.cache_syncs += 1;
@@ -220,7 +213,7 @@ fn step<'a>(
 ///
 /// # Safety
 /// Only the flusher may call this, between taking the chunk off the queue and releasing its
-/// buffer (the metadata blocks are the flusher's then; see buffers.rs).
+/// buffer (the metadata blocks are the flusher's then; see state/buffers.rs).
 #[allow(clippy::mut_from_ref)]
 unsafe fn chunk_meta<'a>(inner: &'a Inner, sc: &SealedChunk) -> &'a mut [u8] {
     inner.buffers.slice_mut(
@@ -233,29 +226,18 @@ unsafe fn chunk_meta<'a>(inner: &'a Inner, sc: &SealedChunk) -> &'a mut [u8] {
 /// Fills in a sealed chunk's checksums (data CRCs from its entries, `synced_seq`, the header
 /// CRC); returns its bytes and where they go on the cache device.
 fn prepare_chunk<'a>(inner: &'a Inner, sc: &SealedChunk, synced_seq: u64) -> (u64, &'a [u8]) {
-    let format_id = inner.geo.format_id;
     let meta_len = sc.meta_blocks as usize * BLOCK;
     let meta_off = sc.start_block as usize * BLOCK;
     let total_len = meta_len + sc.data_count as usize * BLOCK;
     // SAFETY: called by the flusher on a chunk it took off the queue; its data blocks are
-    // immutable, and others only read them (see buffers.rs).
+    // immutable, and others only read them (see state/buffers.rs).
     let meta = unsafe { chunk_meta(inner, sc) };
     let data = unsafe {
         inner
             .buffers
             .slice(sc.buffer, meta_off + meta_len, total_len - meta_len)
     };
-    for i in 0..sc.data_count as usize {
-        let e = chunk::entry_at(meta, i);
-        if e.kind == chunk::KIND_DATA {
-            let crc = inner
-                .geo
-                .block_crc(e.lba, &data[i * BLOCK..(i + 1) * BLOCK]);
-            chunk::put_entry_crc(meta, i, crc);
-        }
-    }
-    chunk::put_synced_seq(meta, synced_seq);
-    chunk::seal(meta, format_id, sc.entry_count as u16);
+    state::chunk_meta::finish(meta, data, &inner.geo, synced_seq, sc.entry_count);
     // SAFETY: as above; the whole chunk is now immutable until its buffer is released.
     let whole = unsafe { inner.buffers.slice(sc.buffer, meta_off, total_len) };
     (inner.geo.offset_of(sc.slot, sc.start_block), whole)
@@ -307,9 +289,7 @@ pub fn wait_durable(inner: &Inner) -> Result<()> {
 /// As `wait_durable`, but also while closing (the close path's final flush).
 pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
     let mut st = inner.state.lock();
-    if let Some(m) = &st.failed {
-        return Err(Error::Failed(m.clone()));
-    }
+    st.health.check_failed()?;
     st.seal(&inner.buffers);
     let target = st.next_seq - 1;
     if st.synced_seq >= target {
@@ -321,9 +301,7 @@ pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
         let _serial = inner.flusher_lock.lock();
         loop {
             let st = inner.state.lock();
-            if let Some(m) = &st.failed {
-                return Err(Error::Failed(m.clone()));
-            }
+            st.health.check_failed()?;
             if st.synced_seq >= target {
                 return Ok(());
             }
@@ -339,9 +317,7 @@ pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
     }
     inner.flusher_wake.notify_one();
     while st.synced_seq < target {
-        if let Some(m) = &st.failed {
-            return Err(Error::Failed(m.clone()));
-        }
+        st.health.check_failed()?;
         if let Some(m) = st.bypass.sync_error() {
             // The target waits behind chunks that need the backing device synced first.
             return Err(Error::io("a flush", std::io::Error::other(m.to_string())));
@@ -362,9 +338,7 @@ pub fn drain_inline(inner: &Inner, for_room: bool) -> Result<bool> {
     let rounds_max = 4 * inner.geo.segment_count + 64;
     for _ in 0..rounds_max {
         let mut st = inner.state.lock();
-        if let Some(m) = &st.failed {
-            return Err(Error::Failed(m.clone()));
-        }
+        st.health.check_failed()?;
         let done = if for_room {
             st.open.active
         } else {
@@ -373,9 +347,13 @@ pub fn drain_inline(inner: &Inner, for_room: bool) -> Result<bool> {
         if done {
             return Ok(any);
         }
-        st.space_waiters += for_room as u32;
+        if for_room {
+            st.room.space_waiters().enter();
+        }
         let (mut st, progressed) = step(inner, st)?;
-        st.space_waiters -= for_room as u32;
+        if for_room {
+            st.room.space_waiters().leave();
+        }
         any |= progressed;
         if !progressed {
             return Ok(any);

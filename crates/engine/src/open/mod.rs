@@ -4,6 +4,8 @@
 pub mod create;
 pub mod prefetch;
 pub mod recover;
+mod replay;
+mod walk;
 
 use crate::error::{Error, Result};
 use crate::format::label;

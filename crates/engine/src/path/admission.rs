@@ -9,7 +9,7 @@
 //! first-come first-served by request. Writers that find no queue and room to spare never
 //! touch a ticket (the hot path stays one comparison).
 
-use parking_lot::{Condvar, MutexGuard};
+use parking_lot::MutexGuard;
 
 use crate::error::{Error, Result};
 use crate::inner::Inner;
@@ -17,29 +17,6 @@ use crate::log::flusher;
 use crate::state::State;
 use crate::tunables;
 use crate::writeback;
-
-/// Condition variables for queued writers, by ticket modulo this: passing the turn wakes the
-/// next ticket's holder (and whoever shares its variable), not every queued writer. With one
-/// variable, each pass woke all 63 other connections' writers under a 64-connection load and
-/// the futex traffic took more CPU than the copying.
-const TURN_WAKE_SLOTS: usize = 64;
-
-/// Where queued writers sleep (`Inner::room_turn`).
-pub struct TurnWake {
-    slots: Vec<Condvar>,
-}
-
-impl TurnWake {
-    pub fn new() -> TurnWake {
-        TurnWake {
-            slots: (0..TURN_WAKE_SLOTS).map(|_| Condvar::new()).collect(),
-        }
-    }
-
-    fn slot(&self, ticket: u64) -> &Condvar {
-        &self.slots[(ticket % TURN_WAKE_SLOTS as u64) as usize]
-    }
-}
 
 /// A writer's place in the queue for room, from its first wait to the end of its request.
 #[derive(Debug, Default)]
@@ -53,13 +30,10 @@ impl Turn {
         match self.ticket {
             Some(t) => {
                 // Only the holder advances the queue, so a held ticket is always being served.
-                assert_eq!(
-                    t, st.room_serving_ticket,
-                    "a held ticket is not being served"
-                );
+                assert_eq!(t, st.room.serving(), "a held ticket is not being served");
                 true
             }
-            None => st.room_next_ticket == st.room_serving_ticket,
+            None => st.room.queue_empty(),
         }
     }
 
@@ -70,11 +44,10 @@ impl Turn {
         mut st: MutexGuard<'a, State>,
     ) -> MutexGuard<'a, State> {
         assert!(self.ticket.is_none(), "a writer queues once per request");
-        let t = st.room_next_ticket;
-        st.room_next_ticket += 1;
+        let t = st.room.take_ticket();
         self.ticket = Some(t);
         // Waiting on after a failure is fine: every holder ahead fails at once and passes on.
-        while st.room_serving_ticket != t {
+        while st.room.serving() != t {
             inner.room_turn.slot(t).wait(&mut st);
         }
         st
@@ -84,9 +57,8 @@ impl Turn {
     /// ticket), so writers arriving meanwhile queue behind this one.
     pub fn hold(&mut self, st: &mut State) {
         if self.ticket.is_none() {
-            assert_eq!(st.room_next_ticket, st.room_serving_ticket);
-            self.ticket = Some(st.room_next_ticket);
-            st.room_next_ticket += 1;
+            assert!(st.room.queue_empty());
+            self.ticket = Some(st.room.take_ticket());
         }
     }
 
@@ -95,13 +67,7 @@ impl Turn {
     pub fn release(self, inner: &Inner) {
         let Some(t) = self.ticket else { return };
         let mut st = inner.state.lock();
-        assert_eq!(
-            st.room_serving_ticket, t,
-            "the turn passed on by someone else"
-        );
-        st.room_serving_ticket += 1;
-        let next = st.room_serving_ticket;
-        let waiting = st.room_next_ticket != next;
+        let (next, waiting) = st.room.pass_turn(t);
         drop(st);
         if waiting {
             // Everyone on that variable wakes: tickets 64 apart share it.
@@ -137,11 +103,11 @@ pub fn wait_for_room<'a>(
         }
         return Ok(st);
     }
-    st.space_waiters += 1;
+    st.room.space_waiters().enter();
     inner.flusher_wake.notify_one();
     // A log full of dirty blocks needs writeback to make room.
     inner.writeback_wake.notify_one();
     inner.progress.wait(&mut st);
-    st.space_waiters -= 1;
+    st.room.space_waiters().leave();
     Ok(st)
 }

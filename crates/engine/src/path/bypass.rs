@@ -36,13 +36,13 @@ fn blocks_of(offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
 
 /// Whether any block of the range has a dirty cached copy.
 fn any_dirty(st: &State, first: u64, end: u64) -> bool {
-    if st.dirty_blocks == 0 {
+    if st.blocks.dirty_blocks() == 0 {
         return false;
     }
     (first..end).any(|lba| {
-        st.index
-            .get(lba)
-            .is_some_and(|c| st.dirty_mask[c as usize] != 0)
+        st.blocks
+            .lookup(lba)
+            .is_some_and(|c| st.blocks.dirty(c) != 0)
     })
 }
 
@@ -225,7 +225,7 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
             seq_min = seq_min.min(seq);
             seq_max = last;
             // Pending from its first entry on: the writeback position must not pass it.
-            st.zero_pending_seq = Some(st.zero_pending_seq.map_or(seq_min, |s| s.min(seq_min)));
+            st.writeback.zero_pending(seq_min);
         }
         lba = next;
         if lba == end {
@@ -255,7 +255,8 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
         let older_pending = inner
             .state
             .lock()
-            .zero_pending_seq
+            .writeback
+            .zero_pending_seq()
             .is_some_and(|s| s < seq_min);
         if !older_pending {
             inner.superblock.advance_zero_applied(seq_max)?;
@@ -269,9 +270,7 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
     match &res {
         // Applied and durable: the writeback position may pass it.
         Ok(()) => {
-            if st.zero_pending_seq == Some(seq_min) {
-                st.zero_pending_seq = None;
-            }
+            st.writeback.zero_applied(seq_min);
         }
         // Writes after a zero range that is logged but not applied could be wiped when
         // recovery applies it again: stop here instead; the next open applies it.

@@ -116,13 +116,13 @@ fn read_block(
         ctx.promote = promote::decide(inner, &mut st, ctx.offset_bytes, ctx.len_bytes);
     }
     let full = want == FULL_MASK;
-    let Some(c) = st.index.get(lba) else {
+    let Some(c) = st.blocks.lookup(lba) else {
         count_read(&mut st, false, full);
         return Ok(BlockRead::NotCached);
     };
-    let hit = want & !st.valid_mask[c as usize] == 0;
+    let hit = want & !st.blocks.valid(c) == 0;
     count_read(&mut st, hit, full);
-    let valid = st.valid_mask[c as usize];
+    let valid = st.blocks.valid(c);
     match st.locate(c) {
         Location::OpenChunk { buffer } | Location::Ram { buffer } => {
             let off = st.offset_in_buffer(c) + in_block;
@@ -139,7 +139,7 @@ fn read_block(
                 // A clean copy is only a copy: the backing device holds the same data. Drop
                 // the bad copy (a corrupt one must not be served again) and read from there.
                 // A dirty block is the only copy: the error goes to the client.
-                if st.index.get(lba) == Some(c) && st.dirty_mask[c as usize] == 0 {
+                if st.blocks.lookup(lba) == Some(c) && st.blocks.dirty(c) == 0 {
                     st.evict(c);
                     return Ok(BlockRead::NotCached);
                 }

@@ -81,28 +81,27 @@ fn write_block(
     }
     loop {
         check_usable(&st)?;
-        let old = st.index.get(lba);
+        let old = st.blocks.lookup(lba);
         // An overwrite of a block in the open chunk happens in place.
         if let Some(c) = old {
             if let Location::OpenChunk { buffer } = st.locate(c) {
                 let off = st.offset_in_buffer(c) + in_block;
                 // SAFETY: open-chunk blocks are written only under the state lock, held here.
                 unsafe { inner.buffers.slice_mut(buffer, off, src.len()) }.copy_from_slice(src);
-                let old_dirty = st.dirty_mask[c as usize];
+                let old_dirty = st.blocks.dirty(c);
                 if old_dirty == 0 && dirty {
                     st.counters.blocks_dirtied += 1;
                 }
                 st.set_dirty_mask(c, old_dirty | new_dirty);
-                st.valid_mask[c as usize] |= new_mask;
+                st.blocks.add_valid(c, new_mask);
                 st.counters.write_in_place += 1;
                 count_write(&mut st, true, new_mask);
                 return Ok(());
             }
         }
         // A partial overwrite of a block whose sectors live only on the cache device needs them.
-        let needs_disk = old.is_some_and(|c| {
-            st.locate(c) == Location::Disk && st.valid_mask[c as usize] & !new_mask != 0
-        });
+        let needs_disk = old
+            .is_some_and(|c| st.locate(c) == Location::Disk && st.blocks.valid(c) & !new_mask != 0);
         if needs_disk && disk_copy.as_ref().map(|d| d.block) != old {
             let c = old.expect("checked above");
             st = read_old_copy(inner, st, lba, c, &mut disk_copy)?;
@@ -132,7 +131,7 @@ fn write_block(
         // SAFETY: the reserved block is in the open chunk and we hold the lock.
         let dst = unsafe { inner.buffers.slice_mut(nbuf, noff, BLOCK) };
         let (old_valid, old_dirty) = match old {
-            Some(c) => (st.valid_mask[c as usize], st.dirty_mask[c as usize]),
+            Some(c) => (st.blocks.valid(c), st.blocks.dirty(c)),
             None => (0, 0),
         };
         if old_valid & !new_mask != 0 {
@@ -153,12 +152,12 @@ fn write_block(
             dst.fill(0); // sectors not valid are never read, but keep the log deterministic
         }
         dst[in_block..in_block + src.len()].copy_from_slice(src);
-        st.valid_mask[nc as usize] = old_valid | new_mask;
+        st.blocks.set_valid(nc, old_valid | new_mask);
         st.set_dirty_mask(nc, old_dirty | new_dirty);
         if old_dirty == 0 && dirty {
             st.counters.blocks_dirtied += 1;
         }
-        let hit = if let Some(prev) = st.index.insert(lba, nc) {
+        let hit = if let Some(prev) = st.blocks.insert(lba, nc) {
             assert_eq!(Some(prev), old);
             st.kill(prev);
             true

@@ -15,20 +15,48 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+pub mod blocks;
 pub mod buffers;
 pub mod bypass;
+pub mod chunk_meta;
+pub mod health;
 pub mod promotion;
+pub mod room;
 pub mod streams;
+pub mod writeback;
 
+use self::blocks::Blocks;
 use self::buffers::{SegmentBuffers, NO_BUFFER};
 use self::bypass::Bypass;
+use self::health::Health;
 use self::promotion::Promotion;
+use self::room::Room;
+use self::writeback::WritebackState;
 use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA};
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::geometry::{CacheBlock, Geometry};
-use crate::index::BlockIndex;
 use crate::index::NO_LBA;
 use crate::stats::Counters;
+
+/// How many threads wait for something (writers for room, callers of `drain`): entered and
+/// left in pairs, never below zero.
+#[derive(Debug, Default)]
+pub struct Waiters(u32);
+
+impl Waiters {
+    pub fn enter(&mut self) {
+        self.0 += 1;
+    }
+
+    pub fn leave(&mut self) {
+        assert!(self.0 > 0, "more waiters left than entered");
+        self.0 -= 1;
+    }
+
+    pub fn any(&self) -> bool {
+        self.0 > 0
+    }
+}
 
 /// Segments writers leave free, so the relocator can always move a head segment's live blocks.
 pub const RESERVE_SEGMENTS: u64 = 1;
@@ -113,13 +141,8 @@ pub enum Location {
 
 pub struct State {
     pub geo: Geometry,
-    pub index: BlockIndex,
-    /// Per cache block: sectors not yet on the backing device.
-    pub dirty_mask: Vec<u8>,
-    /// Per cache block: sectors whose data the block holds.
-    pub valid_mask: Vec<u8>,
-    /// Per cache block: CRC of its data, valid once its chunk is written.
-    pub data_crc: Vec<u32>,
+    /// The index, masks and CRCs of every cache block.
+    pub blocks: Blocks,
     pub segments: Vec<SegmentInfo>,
     pub head_segment_id: u64,
     pub next_segment_id: u64,
@@ -137,54 +160,29 @@ pub struct State {
     pub synced_seq: u64,
     /// A flush or FUA write waits for this sequence to be synced.
     pub sync_wanted_seq: u64,
-    /// Set after an unrecoverable device error: no more IO is accepted.
-    pub failed: Option<String>,
-    pub closing: bool,
-    pub space_waiters: u32,
-    /// The queue for log room (`admission`): the next ticket to hand out, and the ticket whose
-    /// holder may reserve blocks. Equal when nobody queues.
-    pub room_next_ticket: u64,
-    pub room_serving_ticket: u64,
+    /// Failed or closing: whether IO is accepted.
+    pub health: Health,
+    /// The admission queue's tickets and the writers waiting for room.
+    pub room: Room,
     /// Bytes written to the cache device since its last sync.
     pub unsynced_bytes: u64,
-    /// Live blocks with at least one dirty sector.
-    pub dirty_blocks: u64,
     /// Chunks written since the last sync: (slot, segment id, end block). A sync makes them
     /// durable and advances their segments' `synced_blocks`.
     pub unsynced_ends: Vec<(u32, u64, u32)>,
-    /// Callers of `drain` waiting: writeback runs at full speed while any do.
-    pub drain_requests: u32,
-    /// The writeback position last persisted in the checkpoint.
-    pub writeback_seq: u64,
-    /// The writeback thread is between collecting a batch and applying it.
-    pub writeback_busy: bool,
-    /// Current writeback rate target, blocks per second (for statistics).
-    pub writeback_rate_blocks_per_s: u64,
-    /// The last writeback error, cleared by a successful batch.
-    pub writeback_error: Option<String>,
     /// Range entries (zero, drop) of the open chunk; they follow its block entries.
     pub open_ranges: Vec<Entry>,
-    /// Sequence of the oldest chunk holding a zero range not yet applied to the backing
-    /// device: the writeback position must stay before it (recovery re-applies later ones).
-    pub zero_pending_seq: Option<u64>,
     /// The promotion guard and the pause after relocations.
     pub promotion: Promotion,
     /// IO bypassing the cache in flight, and the backing syncs owed for it.
     pub bypass: Bypass,
     /// Recent read streams, for the sequential cutoff.
     pub streams: streams::Streams,
+    /// Drains, the persisted writeback position, batch state, pending zero ranges.
+    pub writeback: WritebackState,
     pub counters: Counters,
 }
 
 impl State {
-    /// Marks the engine failed with `msg`, unless it already is (the first cause is kept).
-    /// Callers go through `inner::mark_failed`, which also wakes waiters.
-    pub fn fail(&mut self, msg: String) {
-        if self.failed.is_none() {
-            self.failed = Some(msg);
-        }
-    }
-
     pub fn locate(&self, c: CacheBlock) -> Location {
         let (slot, b) = self.geo.split(c);
         if self.open.active && slot == self.open.slot && b >= self.open.data_start() {
@@ -209,18 +207,18 @@ impl State {
     /// Sets a live block's dirty sectors, keeping the dirty block counts (global and per
     /// segment) in step.
     pub fn set_dirty_mask(&mut self, c: CacheBlock, mask: u8) {
-        let old = self.dirty_mask[c as usize];
-        self.dirty_mask[c as usize] = mask;
         let (slot, _) = self.geo.split(c);
         let seg = &mut self.segments[slot as usize];
-        match (old != 0, mask != 0) {
+        match self.blocks.set_dirty(c, mask) {
             (false, true) => {
-                self.dirty_blocks += 1;
                 seg.dirty_blocks += 1;
+                assert!(
+                    seg.dirty_blocks <= seg.live_blocks,
+                    "more dirty than live blocks"
+                );
             }
             (true, false) => {
-                assert!(self.dirty_blocks > 0 && seg.dirty_blocks > 0);
-                self.dirty_blocks -= 1;
+                assert!(seg.dirty_blocks > 0, "segment dirty count underflow");
                 seg.dirty_blocks -= 1;
             }
             _ => {}
@@ -231,6 +229,10 @@ impl State {
     /// filled now records its replacement, so the segment may be reclaimed only once that
     /// chunk is durable (`dead_by_seq`).
     pub fn kill(&mut self, c: CacheBlock) {
+        assert!(
+            self.blocks.lba_of(c).is_none(),
+            "killing a block the index maps"
+        );
         self.drop_live(c);
         let (slot, _) = self.geo.split(c);
         let killer_seq = self.next_seq;
@@ -241,12 +243,12 @@ impl State {
     /// Drops a clean block from the cache (its data is on the backing device). No log entry
     /// records this: if a crash brings the block back, it holds what the backing device holds.
     pub fn evict(&mut self, c: CacheBlock) {
-        assert_eq!(self.dirty_mask[c as usize], 0, "evicting a dirty block");
+        assert_eq!(self.blocks.dirty(c), 0, "evicting a dirty block");
         let lba = self
-            .index
+            .blocks
             .remove_block(c)
             .expect("evicting a block not in the index");
-        debug_assert!(self.index.get(lba).is_none());
+        debug_assert!(self.blocks.lookup(lba).is_none());
         self.drop_live(c);
         self.counters.blocks_evicted += 1;
         self.promotion.invalidate();
@@ -254,7 +256,7 @@ impl State {
 
     fn drop_live(&mut self, c: CacheBlock) {
         self.set_dirty_mask(c, 0);
-        self.valid_mask[c as usize] = 0;
+        self.blocks.set_valid(c, 0);
         let (slot, _) = self.geo.split(c);
         let seg = &mut self.segments[slot as usize];
         assert!(
@@ -264,8 +266,17 @@ impl State {
         seg.live_blocks -= 1;
     }
 
+    /// A sync that started with chunks up to `target` written completed: they are durable.
+    pub fn note_synced(&mut self, target: u64) {
+        assert!(target >= self.synced_seq, "the synced sequence only rises");
+        assert!(target <= self.written_seq, "synced past what was written");
+        self.synced_seq = target;
+        self.unsynced_bytes = 0;
+        self.mark_written_synced();
+    }
+
     /// After a sync: every chunk written before it is durable.
-    pub fn mark_written_synced(&mut self) {
+    fn mark_written_synced(&mut self) {
         for (slot, id, end) in std::mem::take(&mut self.unsynced_ends) {
             let seg = &mut self.segments[slot as usize];
             assert_eq!(seg.id, id, "a segment with unsynced chunks was reclaimed");
@@ -297,8 +308,8 @@ impl State {
         }
         let c = self.geo.cache_block(o.slot, b);
         self.segments[o.slot as usize].live_blocks += 1;
-        debug_assert_eq!(self.dirty_mask[c as usize], 0);
-        self.valid_mask[c as usize] = 0;
+        debug_assert_eq!(self.blocks.dirty(c), 0);
+        self.blocks.set_valid(c, 0);
         Some(c)
     }
 
@@ -330,19 +341,19 @@ impl State {
     /// a range entry saying why. Returns how many blocks were dropped.
     pub fn kill_range(&mut self, lba: u64, count: u64) -> u64 {
         let mut killed = 0;
-        if count <= self.index.block_count() as u64 {
+        if count <= self.blocks.block_count() as u64 {
             for l in lba..lba + count {
-                if let Some(c) = self.index.remove(l) {
+                if let Some(c) = self.blocks.remove(l) {
                     self.kill(c);
                     killed += 1;
                 }
             }
         } else {
             // A range wider than the cache: cheaper to look at every cache block once.
-            for c in 0..self.index.block_count() {
-                match self.index.lba_of(c) {
+            for c in 0..self.blocks.block_count() {
+                match self.blocks.lba_of(c) {
                     Some(l) if l >= lba && l - lba < count => {
-                        self.index.remove_block(c);
+                        self.blocks.remove_block(c);
                         self.kill(c);
                         killed += 1;
                     }
@@ -374,7 +385,7 @@ impl State {
                 o.meta_blocks as usize * BLOCK_SIZE_BYTES as usize,
             )
         };
-        meta.fill(0);
+        let entry_count = o.data_count + self.open_ranges.len() as u32;
         let header = ChunkHeader {
             segment_id: o.segment_id,
             seq: o.seq,
@@ -382,29 +393,30 @@ impl State {
             epoch: self.epoch,
             start_block: o.start_block as u16,
             meta_block_count: o.meta_blocks as u16,
-            entry_count: (o.data_count as usize + self.open_ranges.len()) as u16,
+            entry_count: entry_count as u16,
             data_block_count: o.data_count as u16,
         };
-        chunk::put_header(meta, self.geo.format_id, &header);
-        for i in 0..o.data_count {
-            let c = self.geo.cache_block(o.slot, o.data_start() + i);
-            let entry = match self.index.lba_of(c) {
+        let (geo, blocks) = (&self.geo, &self.blocks);
+        let block_entries = (0..o.data_count).map(|i| {
+            let c = geo.cache_block(o.slot, o.data_start() + i);
+            match blocks.lba_of(c) {
                 Some(lba) => Entry {
                     lba,
                     data_crc: 0,
                     kind: KIND_DATA,
-                    dirty_mask: self.dirty_mask[c as usize],
-                    valid_mask: self.valid_mask[c as usize],
+                    dirty_mask: blocks.dirty(c),
+                    valid_mask: blocks.valid(c),
                 },
                 None => Entry::hole(),
-            };
-            chunk::put_entry(meta, i as usize, &entry);
-        }
-        let entry_count = o.data_count + self.open_ranges.len() as u32;
-        assert!(entry_count <= chunk::entry_capacity(o.meta_blocks));
-        for (k, e) in self.open_ranges.drain(..).enumerate() {
-            chunk::put_entry(meta, o.data_count as usize + k, &e);
-        }
+            }
+        });
+        chunk_meta::encode(
+            meta,
+            geo.format_id,
+            &header,
+            block_entries,
+            self.open_ranges.drain(..),
+        );
         self.queue.push_back(SealedChunk {
             slot: o.slot,
             buffer: seg_buffer,

@@ -84,16 +84,16 @@ fn collect(inner: &Inner, st: &State, bufs: &mut WritebackBuffers, max_blocks: u
                 break;
             }
             let c = inner.geo.cache_block(slot, b);
-            let dirty_mask = st.dirty_mask[c as usize];
+            let dirty_mask = st.blocks.dirty(c);
             if dirty_mask == 0 {
                 continue;
             }
-            let lba = st.index.lba_of(c).expect("a dirty block is in the index");
+            let lba = st.blocks.lba_of(c).expect("a dirty block is in the index");
             bufs.blocks.push(WbBlock {
                 cache_block: c,
                 lba,
                 dirty_mask,
-                crc: st.data_crc[c as usize],
+                crc: st.blocks.crc(c),
                 buf_index: 0,
             });
         }
@@ -118,7 +118,7 @@ pub fn batch<'a>(
     if bufs.blocks.is_empty() {
         return (st, Ok(0));
     }
-    st.writeback_busy = true;
+    st.writeback.set_busy(true);
     drop(st);
     let res = copy_out(inner, bufs);
     let mut st = inner.state.lock();
@@ -126,7 +126,7 @@ pub fn batch<'a>(
     for &slot in &bufs.slots {
         inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
     }
-    st.writeback_busy = false;
+    st.writeback.set_busy(false);
     let (bad, bytes) = match res {
         Ok(v) => v,
         Err(e) => {
@@ -140,7 +140,7 @@ pub fn batch<'a>(
             continue;
         }
         let c = b.cache_block;
-        if st.index.lba_of(c) == Some(b.lba) && st.dirty_mask[c as usize] == b.dirty_mask {
+        if st.blocks.lba_of(c) == Some(b.lba) && st.blocks.dirty(c) == b.dirty_mask {
             st.set_dirty_mask(c, 0);
             cleaned += 1;
         }
@@ -149,14 +149,14 @@ pub fn batch<'a>(
     st.counters.writeback_bytes += bytes;
     st.counters.writeback_batches += 1;
     if bad.is_empty() {
-        st.writeback_error = None;
+        st.writeback.set_error(None);
     } else {
         st.counters.checksum_errors += bad.len() as u64;
         let lba = bufs.blocks[bad[0]].lba;
-        st.writeback_error = Some(format!(
+        st.writeback.set_error(Some(format!(
             "{} dirty block(s) failed their checksum on the cache device (first: block {lba}); they stay dirty and are not written back",
             bad.len()
-        ));
+        )));
     }
     // Clean blocks may be what the relocator needs to make room; drains watch progress.
     inner.flusher_wake.notify_one();

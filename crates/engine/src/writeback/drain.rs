@@ -28,10 +28,11 @@ pub fn maybe_persist(
     now: Instant,
 ) {
     let pos = writeback_position(st);
-    if pos <= st.writeback_seq {
+    if pos <= st.writeback.persisted_seq() {
         return;
     }
-    if now.saturating_duration_since(pacer.last_persist) < PERSIST_EVERY && st.drain_requests == 0 {
+    if now.saturating_duration_since(pacer.last_persist) < PERSIST_EVERY && !st.writeback.draining()
+    {
         return;
     }
     pacer.last_persist = now;
@@ -49,7 +50,8 @@ pub fn writeback_position(st: &State) -> u64 {
     // Nor past a zero range not yet applied to the backing device: recovery re-applies only
     // those after the position.
     let limit = st
-        .zero_pending_seq
+        .writeback
+        .zero_pending_seq()
         .map_or(st.synced_seq, |s| st.synced_seq.min(s - 1));
     let mut id = st.head_segment_id;
     while id < st.next_segment_id {
@@ -66,7 +68,7 @@ fn persist_position(inner: &Inner, st: &mut MutexGuard<'_, State>, pos: u64) -> 
     let res = MutexGuard::unlocked(st, || inner.superblock.advance_writeback(pos));
     match res {
         Ok(()) => {
-            st.writeback_seq = st.writeback_seq.max(pos);
+            st.writeback.note_persisted(pos);
             st.counters.superblock_writes += 1;
             Ok(())
         }
@@ -90,8 +92,8 @@ pub struct DrainProgress {
 pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<()> {
     let (start, wb0) = {
         let mut st = inner.state.lock();
-        st.drain_requests += 1;
-        (st.dirty_blocks, st.counters.writeback_blocks)
+        st.writeback.drain_requests().enter();
+        (st.blocks.dirty_blocks(), st.counters.writeback_blocks)
     };
     let res = (|| {
         let mut failing_since: Option<Instant> = None;
@@ -104,26 +106,26 @@ pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<(
             let mut st = inner.state.lock();
             let p = DrainProgress {
                 dirty_blocks_at_start: start,
-                dirty_blocks: st.dirty_blocks,
+                dirty_blocks: st.blocks.dirty_blocks(),
                 written_back_blocks: st.counters.writeback_blocks - wb0,
             };
             progress(p);
-            if st.dirty_blocks == 0 {
+            if st.blocks.dirty_blocks() == 0 {
                 let pos = writeback_position(&st);
-                if pos > st.writeback_seq {
+                if pos > st.writeback.persisted_seq() {
                     persist_position(inner, &mut st, pos)?;
                 }
                 return Ok(());
             }
             // Writeback retries a failed batch; give up only once it has kept failing for a
             // while, so a transient backing error (a network blip) does not fail the drain.
-            match &st.writeback_error {
+            match st.writeback.error() {
                 Some(e) => {
                     let since = *failing_since.get_or_insert_with(Instant::now);
                     if bufs.is_some() || since.elapsed() >= DRAIN_ERROR_PATIENCE {
                         return Err(Error::Io {
                             what: "drain stopped: writeback failed".into(),
-                            source: std::io::Error::other(e.clone()),
+                            source: std::io::Error::other(e.to_string()),
                         });
                     }
                 }
@@ -140,12 +142,10 @@ pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<(
             }
             inner.writeback_wake.notify_one();
             inner.progress.wait_for(&mut st, Duration::from_millis(250));
-            if let Some(m) = &st.failed {
-                return Err(Error::Failed(m.clone()));
-            }
+            st.health.check_failed()?;
         }
     })();
-    inner.state.lock().drain_requests -= 1;
+    inner.state.lock().writeback.drain_requests().leave();
     res
 }
 
@@ -157,7 +157,7 @@ pub fn step(inner: &Inner, max_blocks: usize) -> Result<u64> {
     let (mut st, res) = batch(inner, st, &mut bufs, max_blocks);
     let n = res?;
     let pos = writeback_position(&st);
-    if pos > st.writeback_seq {
+    if pos > st.writeback.persisted_seq() {
         persist_position(inner, &mut st, pos)?;
     }
     Ok(n)

@@ -39,17 +39,18 @@ pub fn run(inner: &Inner) {
     let mut pacer = Pacer::new(Instant::now());
     let mut st = inner.state.lock();
     loop {
-        if st.failed.is_some() || st.closing {
+        if st.health.is_failed() || st.health.closing() {
             break;
         }
         let now = Instant::now();
         let plan = next_batch_plan(inner, &st, &mut pacer, now);
-        st.writeback_rate_blocks_per_s = match plan {
+        let rate = match plan {
             Plan::Wait => 0,
             Plan::Batch {
                 rate_blocks_per_s, ..
             } => rate_blocks_per_s.unwrap_or(u64::MAX),
         };
+        st.writeback.set_rate_blocks_per_s(rate);
         let Plan::Batch {
             blocks,
             rate_blocks_per_s,
@@ -65,7 +66,7 @@ pub fn run(inner: &Inner) {
         let done = match res {
             Ok(n) => n,
             Err(e) => {
-                st.writeback_error = Some(e.to_string());
+                st.writeback.set_error(Some(e.to_string()));
                 inner.progress.notify_all();
                 // The backing device failed; try again later rather than spin.
                 inner
@@ -77,7 +78,7 @@ pub fn run(inner: &Inner) {
         drain::maybe_persist(inner, &mut st, &mut pacer, Instant::now());
         if done == 0 {
             // Dirty blocks exist but none is durable in the log yet: ask for a sync.
-            if st.dirty_blocks > 0 {
+            if st.blocks.dirty_blocks() > 0 {
                 st.sync_wanted_seq = st.sync_wanted_seq.max(st.written_seq);
                 inner.flusher_wake.notify_one();
             }
@@ -87,7 +88,7 @@ pub fn run(inner: &Inner) {
         if let Some(rate) = rate_blocks_per_s {
             let budget = Duration::from_secs_f64(done as f64 / rate as f64);
             let deadline = started + budget;
-            while Instant::now() < deadline && !st.closing && st.drain_requests == 0 {
+            while Instant::now() < deadline && !st.health.closing() && !st.writeback.draining() {
                 inner.writeback_wake.wait_until(&mut st, deadline);
             }
         }

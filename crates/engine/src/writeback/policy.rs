@@ -62,7 +62,7 @@ pub fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instan
         pacer.last_ops = ops;
         pacer.last_ops_change = now;
     }
-    if st.dirty_blocks == 0 {
+    if st.blocks.dirty_blocks() == 0 {
         return Plan::Wait;
     }
     let full = Plan::Batch {
@@ -72,8 +72,8 @@ pub fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instan
     // Outside write-back mode dirty blocks are leftovers of it: write them back now. Writers
     // waiting for room in a ring that is out of free segments need writeback; writers waiting
     // for a RAM buffer need the flusher, and writeback would only compete with it.
-    if st.drain_requests > 0
-        || (st.space_waiters > 0 && st.under_pressure())
+    if st.writeback.draining()
+        || (st.room.writers_wait() && st.under_pressure())
         || inner.tunables.get(tunables::CACHE_MODE) != tunables::MODE_WRITE_BACK
     {
         return full;
@@ -104,19 +104,20 @@ pub fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instan
     let cache_blocks = inner.geo.cache_block_count() as u64;
     let threshold_percent = inner.tunables.get(tunables::WRITEBACK_THRESHOLD_PERCENT);
     let threshold_blocks = cache_blocks * threshold_percent / 100;
-    if st.dirty_blocks <= threshold_blocks {
+    if st.blocks.dirty_blocks() <= threshold_blocks {
         return Plan::Wait;
     }
     let full_blocks = cache_blocks * FULL_SPEED_PERCENT / 100;
-    if st.dirty_blocks >= full_blocks {
+    if st.blocks.dirty_blocks() >= full_blocks {
         return capped(None);
     }
-    let excess = st.dirty_blocks - threshold_blocks;
+    let excess = st.blocks.dirty_blocks() - threshold_blocks;
     let mut rate = (excess / SETTLE_S).max(RATE_MIN_BLOCKS_PER_S);
     let high_blocks = cache_blocks * HIGH_WATER_PERCENT / 100;
-    if st.dirty_blocks > high_blocks {
+    if st.blocks.dirty_blocks() > high_blocks {
         // Linear from the settling rate to "the whole cache in a second" at full speed.
-        let f = (st.dirty_blocks - high_blocks) as f64 / (full_blocks - high_blocks).max(1) as f64;
+        let f = (st.blocks.dirty_blocks() - high_blocks) as f64
+            / (full_blocks - high_blocks).max(1) as f64;
         rate += (f * cache_blocks as f64) as u64;
     }
     capped(Some(rate))

@@ -1,0 +1,327 @@
+//! Recovery's pass 3: replay the kept chunks into the block tables (the newest entry per block
+//! wins; ranges drop what they cover; chunks up to the writeback position replay clean), write
+//! back blocks a re-applied zero range may have made wrong, and hand the result over as the
+//! engine's starting `State`.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA, KIND_DROP, KIND_HOLE, KIND_ZERO};
+use crate::format::BLOCK_SIZE_BYTES;
+use crate::geometry::Geometry;
+use crate::index::BlockIndex;
+use crate::io::aligned::AlignedBuf;
+use crate::io::BlockDevice;
+use crate::state::blocks::Blocks;
+use crate::state::buffers::NO_BUFFER;
+use crate::state::bypass::Bypass;
+use crate::state::health::Health;
+use crate::state::promotion::Promotion;
+use crate::state::room::Room;
+use crate::state::writeback::WritebackState;
+use crate::state::{OpenChunk, SegmentInfo, State};
+use crate::stats::{Counters, RecoveryReport};
+
+const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+
+pub struct Recovered {
+    pub head_segment_id: u64,
+    pub head_seq: u64,
+    pub last_seq: u64,
+    /// Where the next chunk goes: block `end_block` of segment `end_segment_id`.
+    pub(super) end_segment_id: u64,
+    pub(super) end_block: u32,
+    pub(super) index: BlockIndex,
+    pub(super) dirty_mask: Vec<u8>,
+    pub(super) valid_mask: Vec<u8>,
+    pub(super) data_crc: Vec<u32>,
+    pub(super) segments: Vec<SegmentInfo>,
+    pub(super) dirty_blocks: u64,
+    /// The persisted writeback position: chunks up to it replay as clean.
+    pub(super) writeback_seq: u64,
+    pub(super) zero_applied_seq: u64,
+    /// Zero ranges (first block, count) after both the writeback position and the checkpoint's
+    /// `zero_applied_seq`, in log order: a crash cut their application short, so open applies
+    /// them again before anything else.
+    pub zero_ranges: Vec<(u64, u64)>,
+    /// Blocks logged as (partly) clean after a zero range to apply again: the zeros may undo
+    /// their "clean", so open writes them back (cache block, lba) before anything else.
+    pub distrusted: Vec<(u32, u64)>,
+    pub(super) blocks_per_segment: u32,
+    pub report: RecoveryReport,
+}
+
+impl Recovered {
+    pub(super) fn replay(
+        &mut self,
+        geo: &Geometry,
+        slot: u32,
+        h: &ChunkHeader,
+        entries: &[Entry],
+    ) -> Result<()> {
+        let seg = &mut self.segments[slot as usize];
+        if seg.id != h.segment_id {
+            assert_eq!(
+                h.start_block, 0,
+                "a segment's first chunk starts at block 0"
+            );
+            *seg = SegmentInfo {
+                id: h.segment_id,
+                buffer: NO_BUFFER,
+                ram_start_block: 0,
+                live_blocks: 0,
+                dead_by_seq: 0,
+                first_seq: h.seq,
+                full: true,
+                last_sealed_seq: h.seq,
+                dirty_blocks: 0,
+                synced_blocks: 0,
+            };
+        }
+        seg.last_sealed_seq = h.seq;
+        // Every replayed chunk is durable once open syncs the new epoch.
+        seg.synced_blocks =
+            h.start_block as u32 + h.meta_block_count as u32 + h.data_block_count as u32;
+        // Chunks up to the writeback position were written back: their blocks are clean.
+        let written_back = h.seq <= self.writeback_seq;
+        // Ranges first: every live block entry of a chunk was written after its ranges.
+        for e in entries.iter().filter(|e| e.is_range()) {
+            check_replayable(geo, h, e)?;
+            self.drop_range(e.lba, e.range_blocks() as u64);
+            if e.kind == KIND_ZERO && !written_back && h.seq > self.zero_applied_seq {
+                self.zero_ranges.push((e.lba, e.range_blocks() as u64));
+            }
+        }
+        // Once a zero range is to be applied again, a later block's "clean" may be undone by
+        // it: such blocks replay dirty, and open writes them back after the zeros.
+        let distrust_clean = !self.zero_ranges.is_empty();
+        let mut blk = h.start_block as u32 + h.meta_block_count as u32;
+        const PREFETCH_AHEAD: usize = 8;
+        for e in entries.iter().take(PREFETCH_AHEAD) {
+            self.index.prefetch(e.lba);
+        }
+        for (i, e) in entries.iter().enumerate().filter(|(_, e)| e.has_block()) {
+            if let Some(ahead) = entries.get(i + PREFETCH_AHEAD) {
+                self.index.prefetch(ahead.lba);
+            }
+            check_replayable(geo, h, e)?;
+            match e.kind {
+                KIND_HOLE => blk += 1,
+                KIND_DATA => {
+                    let c = geo.cache_block(slot, blk);
+                    blk += 1;
+                    if let Some(prev) = self.index.insert(e.lba, c) {
+                        self.drop_block(prev);
+                    }
+                    let dirty_mask = if written_back {
+                        0
+                    } else if distrust_clean {
+                        if e.dirty_mask != e.valid_mask {
+                            self.distrusted.push((c, e.lba));
+                        }
+                        e.valid_mask
+                    } else {
+                        e.dirty_mask
+                    };
+                    self.segments[slot as usize].live_blocks += 1;
+                    self.dirty_mask[c as usize] = dirty_mask;
+                    self.valid_mask[c as usize] = e.valid_mask;
+                    self.data_crc[c as usize] = e.data_crc;
+                    if dirty_mask != 0 {
+                        self.dirty_blocks += 1;
+                        self.segments[slot as usize].dirty_blocks += 1;
+                    }
+                }
+                k => unreachable!("kind {k} takes no data block"),
+            }
+        }
+        Ok(())
+    }
+
+    /// After the zero ranges were applied again: writes the distrusted blocks still indexed
+    /// back to the backing device (it is synced by the caller), so their "clean" holds.
+    pub fn write_back_distrusted(
+        &self,
+        geo: &Geometry,
+        cache: &dyn BlockDevice,
+        backing: &dyn BlockDevice,
+    ) -> Result<()> {
+        let mut buf = AlignedBuf::new(BLOCK);
+        for &(c, lba) in &self.distrusted {
+            if self.index.lba_of(c) != Some(lba) {
+                continue; // replaced later in the log
+            }
+            let off = geo.block_offset(c);
+            cache
+                .read_at(&mut buf, off)
+                .map_err(|e| Error::io(format!("reading cache block {c} (lba {lba})"), e))?;
+            if !geo.block_verifies(lba, &buf, self.data_crc[c as usize]) {
+                return Err(Error::Corruption(format!(
+                    "cache block {c} (backing block {lba}) fails its checksum"
+                )));
+            }
+            let valid = self.valid_mask[c as usize];
+            for s in 0..8usize {
+                if valid & (1 << s) != 0 {
+                    let at = lba * BLOCK as u64 + (s * 512) as u64;
+                    backing
+                        .write_at(&buf[s * 512..(s + 1) * 512], at)
+                        .map_err(|e| Error::io(format!("writing back block {lba}"), e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the distrusted blocks clean again once `write_back_distrusted` is synced.
+    pub fn distrusted_written_back(&mut self) {
+        for (c, lba) in std::mem::take(&mut self.distrusted) {
+            if self.index.lba_of(c) == Some(lba) && self.dirty_mask[c as usize] != 0 {
+                let slot = self.index_geo_slot(c);
+                self.dirty_mask[c as usize] = 0;
+                self.dirty_blocks -= 1;
+                self.segments[slot].dirty_blocks -= 1;
+            }
+        }
+    }
+
+    /// Accounts for cache block `c` leaving the index.
+    fn drop_block(&mut self, c: u32) {
+        let slot = self.index_geo_slot(c);
+        self.segments[slot].live_blocks -= 1;
+        if self.dirty_mask[c as usize] != 0 {
+            self.dirty_blocks -= 1;
+            self.segments[slot].dirty_blocks -= 1;
+            self.dirty_mask[c as usize] = 0;
+        }
+        self.valid_mask[c as usize] = 0;
+    }
+
+    fn index_geo_slot(&self, c: u32) -> usize {
+        (c / self.blocks_per_segment) as usize
+    }
+
+    /// Drops every cached copy of blocks `lba..lba + count`.
+    fn drop_range(&mut self, lba: u64, count: u64) {
+        if count <= self.index.block_count() as u64 {
+            for l in lba..lba + count {
+                if let Some(c) = self.index.remove(l) {
+                    self.drop_block(c);
+                }
+            }
+        } else {
+            for c in 0..self.index.block_count() {
+                if matches!(self.index.lba_of(c), Some(l) if l >= lba && l - lba < count) {
+                    self.index.remove_block(c);
+                    self.drop_block(c);
+                }
+            }
+        }
+    }
+
+    /// Turns the recovered log into the engine's starting state; the next chunk continues the
+    /// log where it ended.
+    pub fn into_state(
+        mut self,
+        geo: Geometry,
+        epoch: u64,
+        buffer_count: u32,
+        promote_pause: Duration,
+    ) -> State {
+        let mut free_buffers: Vec<u32> = (0..buffer_count).rev().collect();
+        let next_seq = self.last_seq + 1;
+        let end_slot = geo.slot_of(self.end_segment_id);
+        let mut open = OpenChunk {
+            active: false,
+            slot: 0,
+            segment_id: 0,
+            seq: next_seq,
+            start_block: 0,
+            meta_blocks: 0,
+            data_capacity: 0,
+            data_count: 0,
+            first_write_at: None,
+        };
+        let next_segment_id;
+        let mut ram_segments = VecDeque::new();
+        if self.end_block > 0 {
+            ram_segments.push_back(end_slot);
+            // Continue in the segment the log ended in; its earlier blocks stay on disk.
+            let seg = &mut self.segments[end_slot as usize];
+            assert_eq!(seg.id, self.end_segment_id);
+            seg.full = false;
+            seg.buffer = free_buffers.pop().expect("at least two buffers");
+            seg.ram_start_block = self.end_block;
+            let (meta, data) = chunk::plan(geo.blocks_per_segment - self.end_block);
+            open = OpenChunk {
+                active: true,
+                slot: end_slot,
+                segment_id: self.end_segment_id,
+                seq: next_seq,
+                start_block: self.end_block,
+                meta_blocks: meta,
+                data_capacity: data,
+                data_count: 0,
+                first_write_at: None,
+            };
+            next_segment_id = self.end_segment_id + 1;
+        } else {
+            next_segment_id = self.end_segment_id;
+        }
+        State {
+            geo,
+            blocks: Blocks::new(
+                self.index,
+                self.dirty_mask,
+                self.valid_mask,
+                self.data_crc,
+                self.dirty_blocks,
+            ),
+            segments: self.segments,
+            head_segment_id: self.head_segment_id,
+            next_segment_id,
+            open,
+            free_buffers,
+            ram_segments,
+            queue: VecDeque::new(),
+            next_seq,
+            epoch,
+            written_seq: self.last_seq,
+            synced_seq: self.last_seq,
+            sync_wanted_seq: self.last_seq,
+            unsynced_bytes: 0,
+            health: Health::default(),
+            room: Room::default(),
+            unsynced_ends: Vec::new(),
+            writeback: WritebackState::new(self.writeback_seq.min(self.last_seq)),
+            open_ranges: Vec::with_capacity(chunk::entry_capacity(1) as usize),
+            promotion: Promotion::new(promote_pause),
+            bypass: Bypass::default(),
+            streams: Default::default(),
+            counters: Counters::default(),
+        }
+    }
+}
+
+/// Whether replay can apply `e` of chunk `h`: data and ranges within the exported disk. The
+/// error says why not.
+pub(crate) fn check_replayable(geo: &Geometry, h: &ChunkHeader, e: &Entry) -> Result<()> {
+    match e.kind {
+        KIND_DATA if e.lba >= geo.exported_block_count => Err(Error::Corruption(format!(
+            "chunk {} maps backing block {} past the end of the disk",
+            h.seq, e.lba
+        ))),
+        KIND_ZERO | KIND_DROP
+            if e.lba.saturating_add(e.range_blocks() as u64) > geo.exported_block_count =>
+        {
+            Err(Error::Corruption(format!(
+                "chunk {} holds a range of {} blocks from backing block {} past the end of the disk",
+                h.seq,
+                e.range_blocks(),
+                e.lba
+            )))
+        }
+        _ => Ok(()),
+    }
+}
