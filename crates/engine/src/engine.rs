@@ -314,7 +314,7 @@ impl Engine {
                 break Err(e);
             }
             let st = self.inner.state.lock();
-            if st.queue.is_empty() && st.synced_seq == st.next_seq - 1 {
+            if st.queue.is_empty() && st.seqs.synced() == st.seqs.last_sealed() {
                 break Ok(());
             }
         };
@@ -324,7 +324,12 @@ impl Engine {
             let st = self.inner.state.lock();
             assert!(st.queue.is_empty());
             let wb_seq = writeback::writeback_position(&st).max(st.writeback.persisted_seq());
-            (st.next_seq - 1, st.head_segment_id, st.head_seq(), wb_seq)
+            (
+                st.seqs.last_sealed(),
+                st.head_segment_id,
+                st.head_seq(),
+                wb_seq,
+            )
         };
         self.inner
             .superblock
@@ -437,11 +442,11 @@ impl Engine {
             ram_buffers: self.inner.buffers.count(),
             ram_buffers_free: st.free_buffers.len() as u32,
             ram_buffer_bytes: self.inner.buffers.memory_bytes() as u64,
-            written_seq: st.written_seq,
-            synced_seq: st.synced_seq,
-            next_seq: st.next_seq,
+            written_seq: st.seqs.written(),
+            synced_seq: st.seqs.synced(),
+            next_seq: st.seqs.next(),
             head_segment_id: st.head_segment_id,
-            epoch: st.epoch,
+            epoch: st.seqs.epoch(),
             index_memory_bytes: st.blocks.memory_bytes(),
             failed: st.health.failed().map(str::to_string),
             mode: tunables::MODE_NAMES[self.inner.tunables.get(tunables::CACHE_MODE) as usize],

@@ -34,7 +34,7 @@ pub fn reclaim<'a>(
     let head_seq = if new_head < st.next_segment_id {
         st.segments[slot].first_seq
     } else {
-        st.next_seq
+        st.seqs.next()
     };
     drop(st);
     let res = inner.superblock.advance_head(new_head, head_seq);

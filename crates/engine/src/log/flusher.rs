@@ -61,7 +61,7 @@ pub fn run(inner: &Inner) {
 }
 
 fn has_work(st: &State) -> bool {
-    let durability_work = !st.queue.is_empty() || st.sync_wanted_seq > st.synced_seq;
+    let durability_work = !st.queue.is_empty() || st.seqs.sync_wanted();
     // Closing: only what close waits for. Room-making may never finish (a log full of dirty
     // blocks waits for writeback, which has stopped) and nobody needs it any more.
     if st.health.closing() {
@@ -92,7 +92,8 @@ pub fn seal_if_due(inner: &Inner, st: &mut State, now: Instant) {
         .first_write_at
         .is_some_and(|t| now.saturating_duration_since(t) >= Duration::from_millis(interval_ms));
     if due && st.seal(&inner.buffers) {
-        st.sync_wanted_seq = st.sync_wanted_seq.max(st.next_seq - 1);
+        let last = st.seqs.last_sealed();
+        st.seqs.want_sync(last);
         st.counters.periodic_seals += 1;
     }
 }
@@ -126,7 +127,7 @@ fn step<'a>(
     }
     let take = st.queue.len().min(CHUNKS_PER_ROUND_MAX);
     let batch: Vec<SealedChunk> = st.queue.drain(..take).collect();
-    let synced_for_headers = st.synced_seq;
+    let synced_for_headers = st.seqs.synced();
     let mut progressed = !batch.is_empty();
     drop(st);
 
@@ -149,12 +150,7 @@ fn step<'a>(
             let cb = inner.geo.cache_block(sc.slot, data_start + i);
             st.blocks.set_crc(cb, crc);
         }
-        assert_eq!(
-            sc.seq,
-            st.written_seq + 1,
-            "chunks must reach the device in order"
-        );
-        st.written_seq = sc.seq;
+        st.seqs.note_written(sc.seq);
         let id = st.segments[sc.slot as usize].id;
         let end_block = sc.start_block + sc.meta_blocks + sc.data_count;
         st.unsynced_ends.push((sc.slot, id, end_block));
@@ -166,12 +162,12 @@ fn step<'a>(
 
     // Sync when a flush waits, when enough is unsynced that recovery's tail check would grow,
     // or when room is short (dead segments can be reclaimed only once their killers are synced).
-    let need_sync = st.written_seq > st.synced_seq
-        && (st.sync_wanted_seq > st.synced_seq
+    let need_sync = st.seqs.written() > st.seqs.synced()
+        && (st.seqs.sync_wanted()
             || st.unsynced_bytes >= SYNC_EVERY_BYTES
             || ((st.room.writers_wait() || st.under_pressure()) && st.head_waits_for_sync()));
     if need_sync {
-        let target = st.written_seq;
+        let target = st.seqs.written();
         drop(st);
         let res = inner.cache.flush();
         st = inner.state.lock();
@@ -202,8 +198,8 @@ fn step<'a>(
     }
     if relocated {
         st.seal(&inner.buffers);
-        let last = st.next_seq - 1;
-        st.sync_wanted_seq = st.sync_wanted_seq.max(last);
+        let last = st.seqs.last_sealed();
+        st.seqs.want_sync(last);
     }
     inner.progress.notify_all();
     Ok((st, progressed || reclaimed || relocated))
@@ -291,18 +287,18 @@ pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
     let mut st = inner.state.lock();
     st.health.check_failed()?;
     st.seal(&inner.buffers);
-    let target = st.next_seq - 1;
-    if st.synced_seq >= target {
+    let target = st.seqs.last_sealed();
+    if st.seqs.synced() >= target {
         return Ok(());
     }
-    st.sync_wanted_seq = st.sync_wanted_seq.max(target);
+    st.seqs.want_sync(target);
     if inner.drive.inline() {
         drop(st);
         let _serial = inner.flusher_lock.lock();
         loop {
             let st = inner.state.lock();
             st.health.check_failed()?;
-            if st.synced_seq >= target {
+            if st.seqs.synced() >= target {
                 return Ok(());
             }
             let (st, progressed) = step(inner, st)?;
@@ -316,7 +312,7 @@ pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
         }
     }
     inner.flusher_wake.notify_one();
-    while st.synced_seq < target {
+    while st.seqs.synced() < target {
         st.health.check_failed()?;
         if let Some(m) = st.bypass.sync_error() {
             // The target waits behind chunks that need the backing device synced first.

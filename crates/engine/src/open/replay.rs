@@ -19,6 +19,7 @@ use crate::state::bypass::Bypass;
 use crate::state::health::Health;
 use crate::state::promotion::Promotion;
 use crate::state::room::Room;
+use crate::state::seqs::Seqs;
 use crate::state::writeback::WritebackState;
 use crate::state::{OpenChunk, SegmentInfo, State};
 use crate::stats::{Counters, RecoveryReport};
@@ -285,11 +286,7 @@ impl Recovered {
             free_buffers,
             ram_segments,
             queue: VecDeque::new(),
-            next_seq,
-            epoch,
-            written_seq: self.last_seq,
-            synced_seq: self.last_seq,
-            sync_wanted_seq: self.last_seq,
+            seqs: Seqs::new(self.last_seq, epoch),
             unsynced_bytes: 0,
             health: Health::default(),
             room: Room::default(),

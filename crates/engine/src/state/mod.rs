@@ -22,6 +22,7 @@ pub mod chunk_meta;
 pub mod health;
 pub mod promotion;
 pub mod room;
+pub mod seqs;
 pub mod streams;
 pub mod writeback;
 
@@ -31,6 +32,7 @@ use self::bypass::Bypass;
 use self::health::Health;
 use self::promotion::Promotion;
 use self::room::Room;
+use self::seqs::Seqs;
 use self::writeback::WritebackState;
 use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA};
 use crate::format::BLOCK_SIZE_BYTES;
@@ -151,15 +153,8 @@ pub struct State {
     /// Slots of the segments holding a RAM buffer, oldest first.
     pub ram_segments: VecDeque<u32>,
     pub queue: VecDeque<SealedChunk>,
-    /// Sequence the next sealed chunk gets (the open chunk's).
-    pub next_seq: u64,
-    pub epoch: u64,
-    /// Every chunk up to this sequence is written to the cache device.
-    pub written_seq: u64,
-    /// Every chunk up to this sequence is durable on the cache device.
-    pub synced_seq: u64,
-    /// A flush or FUA write waits for this sequence to be synced.
-    pub sync_wanted_seq: u64,
+    /// Sequence numbers: next, written, synced, wanted; the epoch.
+    pub seqs: Seqs,
     /// Failed or closing: whether IO is accepted.
     pub health: Health,
     /// The admission queue's tickets and the writers waiting for room.
@@ -235,7 +230,7 @@ impl State {
         );
         self.drop_live(c);
         let (slot, _) = self.geo.split(c);
-        let killer_seq = self.next_seq;
+        let killer_seq = self.seqs.next();
         let seg = &mut self.segments[slot as usize];
         seg.dead_by_seq = seg.dead_by_seq.max(killer_seq);
     }
@@ -268,9 +263,7 @@ impl State {
 
     /// A sync that started with chunks up to `target` written completed: they are durable.
     pub fn note_synced(&mut self, target: u64) {
-        assert!(target >= self.synced_seq, "the synced sequence only rises");
-        assert!(target <= self.written_seq, "synced past what was written");
-        self.synced_seq = target;
+        self.seqs.note_synced(target);
         self.unsynced_bytes = 0;
         self.mark_written_synced();
     }
@@ -310,6 +303,10 @@ impl State {
         self.segments[o.slot as usize].live_blocks += 1;
         debug_assert_eq!(self.blocks.dirty(c), 0);
         self.blocks.set_valid(c, 0);
+        debug_assert!(
+            self.blocks.lba_of(c).is_none(),
+            "a reserved block is mapped"
+        );
         Some(c)
     }
 
@@ -390,7 +387,7 @@ impl State {
             segment_id: o.segment_id,
             seq: o.seq,
             synced_seq: 0,
-            epoch: self.epoch,
+            epoch: self.seqs.epoch(),
             start_block: o.start_block as u16,
             meta_block_count: o.meta_blocks as u16,
             entry_count: entry_count as u16,
@@ -428,7 +425,12 @@ impl State {
         });
         self.counters.chunks_sealed += 1;
         self.segments[o.slot as usize].last_sealed_seq = o.seq;
-        self.next_seq += 1;
+        assert_eq!(
+            o.seq,
+            self.seqs.next(),
+            "the open chunk carries the next sequence"
+        );
+        self.seqs.advance_next();
         let next_start = o.start_block + o.meta_blocks + o.data_count;
         if self.geo.blocks_per_segment - next_start >= 2 {
             self.open_chunk_at(o.slot, o.segment_id, next_start);
@@ -446,7 +448,7 @@ impl State {
             active: true,
             slot,
             segment_id,
-            seq: self.next_seq,
+            seq: self.seqs.next(),
             start_block,
             meta_blocks: meta,
             data_capacity: data,
@@ -490,7 +492,7 @@ impl State {
             ram_start_block: 0,
             live_blocks: 0,
             dead_by_seq: 0,
-            first_seq: self.next_seq,
+            first_seq: self.seqs.next(),
             full: false,
             last_sealed_seq: 0,
             dirty_blocks: 0,
@@ -499,6 +501,10 @@ impl State {
         self.next_segment_id += 1;
         self.ram_segments.push_back(slot);
         self.open_chunk_at(slot, id, 0);
+        assert!(self.next_segment_id - self.head_segment_id <= self.geo.segment_count);
+        debug_assert!(
+            self.ram_segments.len() + self.free_buffers.len() <= self.geo.segment_count as usize
+        );
         true
     }
 
@@ -509,7 +515,7 @@ impl State {
         while let Some(&slot) = self.ram_segments.front() {
             let seg = &mut self.segments[slot as usize];
             assert_ne!(seg.buffer, NO_BUFFER);
-            if !seg.full || seg.last_sealed_seq > self.written_seq {
+            if !seg.full || seg.last_sealed_seq > self.seqs.written() {
                 break;
             }
             self.free_buffers.push(seg.buffer);
@@ -530,7 +536,7 @@ impl State {
                 || seg.buffer != NO_BUFFER
                 || !seg.full
                 || seg.live_blocks != 0
-                || seg.dead_by_seq > self.synced_seq
+                || seg.dead_by_seq > self.seqs.synced()
                 || pinned(slot)
             {
                 break;
@@ -546,11 +552,12 @@ impl State {
         seg.id == self.head_segment_id
             && seg.full
             && seg.live_blocks == 0
-            && seg.dead_by_seq > self.synced_seq
+            && seg.dead_by_seq > self.seqs.synced()
     }
 
     /// Frees the slots of segments before `new_head`, whose reclaim the superblock now records.
     pub fn free_segments_before(&mut self, new_head: u64) {
+        assert!(new_head <= self.next_segment_id, "the head passes the tail");
         while self.head_segment_id < new_head {
             let slot = self.geo.slot_of(self.head_segment_id) as usize;
             assert_eq!(self.segments[slot].live_blocks, 0);
@@ -571,7 +578,7 @@ impl State {
             self.segments[slot].first_seq
         } else {
             // The head segment is not open yet: its first chunk will be the next one.
-            self.next_seq
+            self.seqs.next()
         }
     }
 

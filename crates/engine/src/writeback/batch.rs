@@ -141,6 +141,11 @@ pub fn batch<'a>(
         }
         let c = b.cache_block;
         if st.blocks.lba_of(c) == Some(b.lba) && st.blocks.dirty(c) == b.dirty_mask {
+            debug_assert_eq!(
+                b.dirty_mask & !st.blocks.valid(c),
+                0,
+                "dirty sectors not valid"
+            );
             st.set_dirty_mask(c, 0);
             cleaned += 1;
         }

@@ -52,11 +52,11 @@ pub fn writeback_position(st: &State) -> u64 {
     let limit = st
         .writeback
         .zero_pending_seq()
-        .map_or(st.synced_seq, |s| st.synced_seq.min(s - 1));
+        .map_or(st.seqs.synced(), |s| st.seqs.synced().min(s - 1));
     let mut id = st.head_segment_id;
     while id < st.next_segment_id {
         let seg = &st.segments[st.geo.slot_of(id) as usize];
-        if seg.dirty_blocks > 0 || seg.dead_by_seq > st.synced_seq {
+        if seg.dirty_blocks > 0 || seg.dead_by_seq > st.seqs.synced() {
             return seg.first_seq.saturating_sub(1).min(limit);
         }
         id += 1;

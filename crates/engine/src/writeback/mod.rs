@@ -79,7 +79,8 @@ pub fn run(inner: &Inner) {
         if done == 0 {
             // Dirty blocks exist but none is durable in the log yet: ask for a sync.
             if st.blocks.dirty_blocks() > 0 {
-                st.sync_wanted_seq = st.sync_wanted_seq.max(st.written_seq);
+                let written = st.seqs.written();
+                st.seqs.want_sync(written);
                 inner.flusher_wake.notify_one();
             }
             inner.writeback_wake.wait_for(&mut st, POLL / 10);
