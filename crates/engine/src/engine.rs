@@ -179,13 +179,13 @@ impl Engine {
             threads.push(
                 std::thread::Builder::new()
                     .name("logcache-flusher".into())
-                    .spawn(move || flusher::run(&i))
+                    .spawn(move || inner::run_background(&i, "flusher", flusher::run))
                     .map_err(|e| Error::io("starting the flusher thread", e))?,
             );
             let i = inner.clone();
             let wb = std::thread::Builder::new()
                 .name("logcache-writeback".into())
-                .spawn(move || writeback::run(&i));
+                .spawn(move || inner::run_background(&i, "writeback", writeback::run));
             match wb {
                 Ok(t) => threads.push(t),
                 Err(e) => {

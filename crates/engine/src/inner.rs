@@ -139,3 +139,29 @@ impl TurnWake {
         &self.slots[(ticket % TURN_WAKE_SLOTS as u64) as usize]
     }
 }
+
+/// Runs a background thread's loop (`name`: "flusher", "writeback"). A panic fails the engine
+/// with its message before unwinding: a thread that died quietly would leave every flush and
+/// every writer waiting for room waiting forever, with status saying all is well.
+pub fn run_background(inner: &Inner, name: &str, body: fn(&Inner)) {
+    let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(inner))) else {
+        return;
+    };
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into());
+    let mut st = inner.state.lock();
+    if !st.health.is_failed() {
+        mark_failed(
+            inner,
+            &mut st,
+            format!("the {name} thread panicked: {what}"),
+        );
+    }
+    drop(st);
+    inner.flusher_wake.notify_all();
+    inner.writeback_wake.notify_all();
+    std::panic::resume_unwind(panic);
+}

@@ -147,9 +147,12 @@ pub fn relocate_head<'a>(
         .collect();
     let mut st = inner.state.lock();
     if let Err(e) = read {
+        // Not retried: the segment holds dirty blocks only the cache has, and a device that
+        // fails a read of them will fail writeback's too. Fail the engine, saying why, so
+        // status shows it and waiting requests get it (a bare Err stopped the flusher with
+        // the engine still "healthy", and every flush then hung).
         inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
-        st.counters.io_errors += 1;
-        return Err(e);
+        return Err(fail(inner, st, e));
     }
     let mut moved = 0u64;
     let now = Instant::now();

@@ -9,7 +9,7 @@ use parking_lot::MutexGuard;
 
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE_BYTES;
-use crate::inner::{check_usable, fail, Inner};
+use crate::inner::{check_usable, fail, mark_failed, Inner};
 use crate::reclaim;
 use crate::state::{self, SealedChunk, State};
 
@@ -31,27 +31,35 @@ pub fn run(inner: &Inner) {
         if st.health.is_failed() {
             break;
         }
+        // Before the work check, not only when idle: under ring pressure there is always
+        // "work" (the relocator's), and acknowledged writes must still be sealed and synced
+        // within the seal interval.
+        seal_if_due(inner, &mut st, Instant::now());
         if !has_work(&st) {
             if st.health.closing() {
                 break;
             }
-            seal_if_due(inner, &mut st, Instant::now());
-            if !has_work(&st) {
-                let timeout = next_wake(inner, &st);
-                inner.flusher_wake.wait_for(&mut st, timeout);
-                continue;
-            }
+            let timeout = next_wake(inner, &st);
+            inner.flusher_wake.wait_for(&mut st, timeout);
+            continue;
         }
         match step(inner, st) {
             Ok((guard, progressed)) => {
                 st = guard;
                 if !progressed {
                     // Nothing could move (e.g. waiting writers but no reclaimable segment).
-                    inner.flusher_wake.wait_for(&mut st, IDLE_WAKE);
+                    // Wake in time for the periodic seal.
+                    let timeout = next_wake(inner, &st);
+                    inner.flusher_wake.wait_for(&mut st, timeout);
                 }
             }
-            Err(_) => {
+            Err(e) => {
+                // Every error path of a round fails the engine; should one not, failing it
+                // here keeps the flusher from stopping silently while waiters wait forever.
                 st = inner.state.lock();
+                if !st.health.is_failed() {
+                    mark_failed(inner, &mut st, format!("the flusher stopped: {e}"));
+                }
                 break;
             }
         }
