@@ -24,20 +24,13 @@ pub fn encode(
     assert!(header.entry_count as u32 <= chunk::entry_capacity(header.meta_block_count as u32));
     meta.fill(0);
     chunk::put_header(meta, format_id, header);
+    let data_count = header.data_block_count as usize;
     let mut count = 0usize;
-    for e in block_entries {
-        debug_assert!(e.has_block());
-        chunk::put_entry(meta, count, &e);
-        count += 1;
-    }
-    assert_eq!(
-        count, header.data_block_count as usize,
-        "one entry per data block"
-    );
-    for e in range_entries {
-        assert!(e.is_range());
-        chunk::put_entry(meta, count, &e);
-        count += 1;
+    for (i, e) in block_entries.chain(range_entries).enumerate() {
+        // Block entries first, one per data block, then ranges (the order decoding checks).
+        assert_eq!(e.has_block(), i < data_count, "entry {i} out of place");
+        chunk::put_entry(meta, i, &e);
+        count = i + 1;
     }
     assert_eq!(
         count, header.entry_count as usize,
