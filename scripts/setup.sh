@@ -19,16 +19,29 @@ done
 # load, xfsprogs and fuse3 for the filesystem test; python3-matplotlib
 # draws the benchmark charts (bench/run runs on Debian's /usr/bin/python3, never pip as root).
 APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd fio qemu-utils xfsprogs fuse3 util-linux python3-matplotlib)
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    sudo_cmd=""
-    [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
-    $sudo_cmd apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
-fi
+# apt_install [APT-GET OPTIONS...] -- PACKAGES...: installs those of PACKAGES not installed yet.
+apt_install() {
+    local opts=() missing=() p
+    while [ "$1" != "--" ]; do opts+=("$1"); shift; done
+    shift
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        local sudo_cmd=""
+        [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+        $sudo_cmd apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${opts[@]}" "${missing[@]}"
+    fi
+}
+apt_install -- "${APT_PACKAGES[@]}"
+
+# Ceph, for the RBD backing's integration test (scripts/ceph-up.sh runs a one-node cluster): the
+# monitor, the OSD, the command-line clients, and librbd's headers (the logcache-rbd crate links
+# librbd). Without recommends: 46 packages instead of several hundred. qemu-block-extra (qemu's
+# rbd driver) is not installed: it must match qemu-nbd's version exactly, and Debian stable's
+# does not match a qemu-utils from backports (this machine's); the tests use the native route.
+apt_install --no-install-recommends -- ceph-mon ceph-osd ceph-common librbd-dev librados-dev
 
 # bench/run runs on /usr/bin/python3, whose packages come from Debian (above).
 if [ ! -x /usr/bin/python3 ]; then

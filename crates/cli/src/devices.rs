@@ -11,6 +11,7 @@ use logcache_engine::io::file::{FileDevice, FileOptions};
 use logcache_engine::io::BlockDevice;
 use logcache_nbd::uri::is_nbd_uri;
 use logcache_nbd_client::{NbdDevice, DEFAULT_REQUEST_TIMEOUT};
+use logcache_rbd::{is_rbd_spec, RbdDevice};
 
 use crate::guard::{lock_holder, try_flock};
 
@@ -31,12 +32,14 @@ pub fn open_cache(path: &Path) -> Result<Arc<dyn BlockDevice>> {
     Ok(Arc::new(dev))
 }
 
-/// Opens a backing SPEC: an NBD URI or a file/block device path.
+/// Opens a backing SPEC: an NBD URI, an RBD image (`rbd:POOL/IMAGE[?conf=PATH&id=USER]`) or a
+/// file/block device path.
 pub fn open_backing(spec: &str) -> Result<Arc<dyn BlockDevice>> {
     open_backing_with_timeout(spec, DEFAULT_REQUEST_TIMEOUT)
 }
 
-/// [`open_backing`]; an NBD backing server may take `request_timeout` to answer a request.
+/// [`open_backing`]; an NBD backing server (or a Ceph cluster) may take `request_timeout` to
+/// answer a request.
 pub fn open_backing_with_timeout(
     spec: &str,
     request_timeout: Duration,
@@ -46,13 +49,17 @@ pub fn open_backing_with_timeout(
             .with_context(|| format!("connecting to backing device {spec}"))?;
         return Ok(Arc::new(dev));
     }
+    if is_rbd_spec(spec) {
+        // The error names the image and says what to do.
+        return Ok(Arc::new(RbdDevice::open(spec, request_timeout)?));
+    }
     if spec.contains("://") {
         bail!("backing device {spec:?} is neither a path nor an nbd:// or nbd+unix:// URI");
     }
     let path = PathBuf::from(spec);
     if !path.exists() {
         bail!(
-            "backing device {} does not exist; give a file, a block device or an NBD URI",
+            "backing device {} does not exist; give a file, a block device, an NBD URI or rbd:POOL/IMAGE",
             path.display()
         );
     }

@@ -15,7 +15,7 @@ pub struct FormatArgs {
     /// The cache device: a file or block device (it must exist).
     #[arg(long)]
     pub cache: PathBuf,
-    /// The backing device: a file or block device path, or an NBD URI.
+    /// The backing device: a file or block device path, an NBD URI, or rbd:POOL/IMAGE[?conf=PATH&id=USER].
     #[arg(long)]
     pub backing: String,
     /// Segment size, a multiple of 4K from 32K to 16M.

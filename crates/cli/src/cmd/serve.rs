@@ -29,7 +29,7 @@ pub struct ServeArgs {
     /// The cache device (file or block device), formatted with `logcache format`.
     #[arg(long)]
     pub cache: Option<PathBuf>,
-    /// The backing device: a path or an NBD URI.
+    /// The backing device: a path, an NBD URI, or rbd:POOL/IMAGE[?conf=PATH&id=USER].
     #[arg(long)]
     pub backing: Option<String>,
     /// Serve NBD on this Unix socket.
@@ -54,9 +54,10 @@ pub struct ServeArgs {
     /// Refuse writes.
     #[arg(long)]
     pub read_only: bool,
-    /// With an NBD backing device: seconds its server may take to answer a request before the
-    /// connection counts as broken (the request fails, writeback retries, the next use
-    /// reconnects). A stopped server or a network that drops packets costs this long per try.
+    /// With an NBD backing device (or an RBD image): seconds its server (the Ceph cluster) may
+    /// take to answer a request before the connection counts as broken (the request fails,
+    /// writeback retries, the next use reconnects). A stopped server or a network that drops
+    /// packets costs this long per try.
     #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
     pub backing_timeout: f64,
 }

@@ -1,0 +1,351 @@
+//! logcache in front of a Ceph RBD image (`--backing rbd:POOL/IMAGE?conf=PATH`), against a real
+//! one-node cluster that `scripts/ceph-up.sh` starts once for this test binary (and
+//! `scripts/ceph-down.sh` removes when it exits, whether the tests passed or not).
+//!
+//! - the block-semantics model: random writes, reads, trims and flushes through a served
+//!   logcache with a small cache (so writeback and reclaim run), every read checked against an
+//!   in-memory model; then a drain, after which the image alone (`rbd export`) equals the model;
+//! - SIGKILL cycles: flushed data survives each kill, unflushed data reads as one of the values
+//!   written; after the last cycle a drain, and again the image alone equals the model;
+//! - the exclusive lock: a second logcache on the same image is refused with one clear line.
+//!
+//! Skipped, with one message, only when the Ceph packages are not installed (scripts/setup.sh
+//! installs them: ceph-mon ceph-osd ceph-common librbd-dev).
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::*;
+use logcache_nbd::client::Client;
+
+const IMAGE_BYTES: u64 = 128 * MIB;
+/// A small cache, so that the model test fills it and writeback and reclaim run.
+const CACHE_BYTES: u64 = 16 * MIB;
+const BLOCK: u64 = 4096;
+/// The bytes logcache exports: the image minus its label block at the end.
+const EXPORTED_BYTES: u64 = IMAGE_BYTES - BLOCK;
+
+/// The cluster of this test binary.
+struct Cluster {
+    dir: PathBuf,
+    conf: String,
+}
+
+fn scripts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts")
+}
+
+/// Removes the cluster when the test binary exits (libtest exits through `exit`, which runs
+/// `atexit` handlers, whether the tests passed or failed).
+extern "C" fn tear_down_cluster() {
+    if let Some(Some(c)) = CLUSTER.get() {
+        let _ = Command::new(scripts_dir().join("ceph-down.sh"))
+            .arg(&c.dir)
+            .status();
+    }
+}
+
+static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+
+/// The shared cluster, started on first use; `None` (after saying so) when Ceph is missing.
+fn cluster() -> Option<&'static Cluster> {
+    CLUSTER
+        .get_or_init(|| {
+            let installed = ["ceph-mon", "ceph-osd", "rbd"].iter().all(|t| {
+                ["/usr/bin", "/usr/sbin", "/bin", "/sbin"]
+                    .iter()
+                    .any(|d| Path::new(d).join(t).exists())
+            });
+            if !installed {
+                eprintln!(
+                    "SKIPPED: the Ceph packages are not installed (scripts/setup.sh installs \
+                     ceph-mon ceph-osd ceph-common); the RBD backing is not tested"
+                );
+                return None;
+            }
+            let dir = std::env::temp_dir().join(format!("lc-ceph-{}", std::process::id()));
+            // SAFETY: registers a plain extern "C" function with no arguments.
+            unsafe { libc::atexit(tear_down_cluster) };
+            let out = run(Command::new(scripts_dir().join("ceph-up.sh")).arg(&dir));
+            assert_ok(&out, "scripts/ceph-up.sh");
+            let conf = text(&out.stdout).lines().last().unwrap_or("").to_string();
+            assert!(conf.ends_with("ceph.conf"), "ceph-up.sh printed {conf:?}");
+            Some(Cluster { dir, conf })
+        })
+        .as_ref()
+}
+
+impl Cluster {
+    fn rbd(&self, args: &[&str]) -> String {
+        let out = run(tool("rbd").arg("-c").arg(&self.conf).args(args));
+        assert_ok(&out, &format!("rbd {}", args.join(" ")));
+        text(&out.stdout)
+    }
+
+    /// Creates image `name` and returns its backing SPEC.
+    fn image(&self, name: &str) -> String {
+        self.rbd(&[
+            "create",
+            "--size",
+            &format!("{}M", IMAGE_BYTES / MIB),
+            &format!("rbd/{name}"),
+        ]);
+        format!("rbd:rbd/{name}?conf={}", self.conf)
+    }
+
+    /// The image's bytes, read by `rbd export` (bypassing logcache).
+    fn export(&self, name: &str, dir: &TestDir) -> Vec<u8> {
+        let file = dir.join(format!("{name}.export"));
+        self.rbd(&[
+            "export",
+            "--no-progress",
+            &format!("rbd/{name}"),
+            &file.to_string_lossy(),
+        ]);
+        let data = std::fs::read(&file).unwrap();
+        assert_eq!(data.len() as u64, IMAGE_BYTES);
+        data
+    }
+}
+
+fn format_cache(dir: &TestDir, backing: &str) -> String {
+    let cache = dir.s("cache.img");
+    sparse(Path::new(&cache), CACHE_BYTES);
+    let out = logcache_ok(&[
+        "format",
+        "--cache",
+        &cache,
+        "--backing",
+        backing,
+        "--segment-size",
+        "256K",
+    ]);
+    assert!(
+        out.contains(&format!("({EXPORTED_BYTES} bytes exported)")),
+        "{out}"
+    );
+    cache
+}
+
+fn serve(cache: &str, backing: &str) -> Served {
+    Served::start(&["--cache", cache, "--backing", backing])
+}
+
+fn drain(served: &Served) {
+    let ctl = served.control().to_string_lossy().into_owned();
+    assert_ok(&logcache(&["drain", "--control", &ctl]), "logcache drain");
+    assert_eq!(served.status()["dirty_blocks"].as_u64(), Some(0));
+}
+
+/// Panics at the first 4 KiB block where `got` and `want` differ, naming it.
+fn assert_same(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = (0..got.len()).step_by(BLOCK as usize).find(|&i| {
+        let end = (i + BLOCK as usize).min(got.len());
+        got[i..end] != want[i..end]
+    }) {
+        panic!("{what}: block at byte {i} differs from the model");
+    }
+}
+
+/// A random 4 KiB-aligned range of 1 to 16 blocks inside the first `region` bytes.
+fn random_range(rng: &mut Rng, region: u64) -> (u64, usize) {
+    let blocks = 1 + rng.below(16);
+    let offset = rng.below(region / BLOCK - blocks) * BLOCK;
+    (offset, (blocks * BLOCK) as usize)
+}
+
+#[test]
+fn model_through_logcache_over_rbd_then_the_image_alone_equals_it() {
+    let Some(cluster) = cluster() else { return };
+    let dir = TestDir::new("rbd-model");
+    let backing = cluster.image("model");
+    let cache = format_cache(&dir, &backing);
+    let served = serve(&cache, &backing);
+    let mut nbd = Client::connect_str(&served.unix_uri()).unwrap();
+    assert_eq!(nbd.size_bytes(), EXPORTED_BYTES);
+
+    // Twice the cache's size in a 32 MiB region: the log wraps, so writeback and reclaim run
+    // while reads hit blocks in the cache, on the image, and in between.
+    let region = 32 * MIB;
+    let mut model = vec![0u8; EXPORTED_BYTES as usize];
+    let mut rng = Rng::new(22);
+    let mut written_bytes = 0u64;
+    let mut op = 0;
+    while written_bytes < 2 * CACHE_BYTES {
+        let (offset, len) = random_range(&mut rng, region);
+        let range = offset as usize..offset as usize + len;
+        match rng.below(20) {
+            0..=9 => {
+                let data = rng.bytes(len);
+                nbd.write_at(&data, offset, rng.below(8) == 0).unwrap();
+                model[range].copy_from_slice(&data);
+                written_bytes += len as u64;
+            }
+            10..=15 => {
+                let mut got = vec![0u8; len];
+                nbd.read_at(&mut got, offset).unwrap();
+                assert_same(&got, &model[range], &format!("op {op}: read at {offset}"));
+            }
+            16..=17 => {
+                nbd.trim(offset, len as u64).unwrap();
+                model[range].fill(0);
+            }
+            _ => nbd.flush().unwrap(),
+        }
+        op += 1;
+    }
+    let mut all = vec![0u8; region as usize];
+    nbd.read_at(&mut all, 0).unwrap();
+    assert_same(&all, &model[..region as usize], "the region read back");
+    nbd.flush().unwrap();
+    drop(nbd);
+
+    drain(&served);
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    let image = cluster.export("model", &dir);
+    assert_same(
+        &image[..EXPORTED_BYTES as usize],
+        &model,
+        "the image after a drain",
+    );
+    // The cache still opens against the image after a clean stop.
+    let out = logcache(&["check", "--cache", &cache, "--backing", &backing]);
+    assert_ok(&out, "logcache check against the RBD image");
+}
+
+/// What a block may read as after a crash: the flushed value, or any value written since.
+struct CrashModel {
+    flushed: Vec<u8>,
+    /// Blocks written since the last flush: every value each may now hold.
+    unflushed: HashMap<u64, Vec<Vec<u8>>>,
+}
+
+impl CrashModel {
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        for (i, chunk) in data.chunks(BLOCK as usize).enumerate() {
+            let block = offset / BLOCK + i as u64;
+            let at = (block * BLOCK) as usize;
+            let old = self.flushed[at..at + BLOCK as usize].to_vec();
+            let values = self.unflushed.entry(block).or_insert_with(|| vec![old]);
+            values.push(chunk.to_vec());
+        }
+    }
+
+    fn flush(&mut self) {
+        for (block, values) in self.unflushed.drain() {
+            let at = (block * BLOCK) as usize;
+            self.flushed[at..at + BLOCK as usize].copy_from_slice(values.last().unwrap());
+        }
+    }
+
+    /// Checks a restarted logcache's contents of `region` and settles each unflushed block to
+    /// what it reads as now (later reads must agree).
+    fn settle(&mut self, nbd: &mut Client, region: u64, cycle: u32) {
+        let mut got = vec![0u8; region as usize];
+        nbd.read_at(&mut got, 0).unwrap();
+        for (block, values) in self.unflushed.drain() {
+            let at = (block * BLOCK) as usize;
+            let now = &got[at..at + BLOCK as usize];
+            assert!(
+                values.iter().any(|v| v == now),
+                "cycle {cycle}: unflushed block {block} reads as none of the {} values written",
+                values.len()
+            );
+            self.flushed[at..at + BLOCK as usize].copy_from_slice(now);
+        }
+        assert_same(
+            &got,
+            &self.flushed[..region as usize],
+            &format!("cycle {cycle}: flushed data"),
+        );
+    }
+}
+
+#[test]
+fn sigkill_cycles_keep_flushed_data_and_a_drain_leaves_it_on_the_image() {
+    let Some(cluster) = cluster() else { return };
+    let dir = TestDir::new("rbd-kill");
+    let backing = cluster.image("kill");
+    let cache = format_cache(&dir, &backing);
+    let region = 16 * MIB;
+    let mut model = CrashModel {
+        flushed: vec![0u8; EXPORTED_BYTES as usize],
+        unflushed: HashMap::new(),
+    };
+    let mut rng = Rng::new(2022);
+    for cycle in 0..3 {
+        let served = serve(&cache, &backing);
+        let mut nbd = Client::connect_str(&served.unix_uri()).unwrap();
+        model.settle(&mut nbd, region, cycle);
+        for _ in 0..40 {
+            let (offset, len) = random_range(&mut rng, region);
+            let data = rng.bytes(len);
+            nbd.write_at(&data, offset, false).unwrap();
+            model.write(offset, &data);
+        }
+        nbd.flush().unwrap();
+        model.flush();
+        // Acknowledged, never flushed: may be lost by the kill.
+        for _ in 0..20 {
+            let (offset, len) = random_range(&mut rng, region);
+            let data = rng.bytes(len);
+            nbd.write_at(&data, offset, false).unwrap();
+            model.write(offset, &data);
+        }
+        served.kill();
+    }
+    // A restart after the last kill takes the image's lock over from the dead process.
+    let served = serve(&cache, &backing);
+    let mut nbd = Client::connect_str(&served.unix_uri()).unwrap();
+    model.settle(&mut nbd, region, 3);
+    drop(nbd);
+    drain(&served);
+    let image = cluster.export("kill", &dir);
+    assert_same(
+        &image[..region as usize],
+        &model.flushed[..region as usize],
+        "the image after a drain",
+    );
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+}
+
+#[test]
+fn a_second_logcache_on_the_same_image_is_refused_by_its_lock() {
+    let Some(cluster) = cluster() else { return };
+    let dir = TestDir::new("rbd-lock");
+    let backing = cluster.image("lock");
+    let cache = format_cache(&dir, &backing);
+    let served = serve(&cache, &backing);
+    let other = dir.s("other.img");
+    sparse(Path::new(&other), CACHE_BYTES);
+    let line = fails_with(
+        1,
+        &["format", "--cache", &other, "--backing", &backing],
+        &["rbd/lock", "exclusive lock", "another client holds it"],
+    );
+    assert!(!line.contains("panicked"), "{line}");
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    // Released on a clean stop: the image opens again at once.
+    let served = serve(&cache, &backing);
+    drop(served);
+    // A missing image is named, with what to do.
+    fails_with(
+        1,
+        &[
+            "format",
+            "--cache",
+            &other,
+            "--backing",
+            &format!("rbd:rbd/absent?conf={}", cluster.conf),
+        ],
+        &["rbd/absent does not exist", "rbd create"],
+    );
+}

@@ -1,0 +1,15 @@
+//! A Ceph RBD image as logcache's backing device: `--backing rbd:POOL/IMAGE[?conf=PATH&id=USER]`.
+//!
+//! Modules: `spec` parses the backing SPEC; `ffi` declares the librados/librbd C calls;
+//! `session` owns one connection (cluster, pool, open image with its exclusive lock) and its
+//! asynchronous IO; `device` is the [`logcache_engine::io::BlockDevice`] that replaces a lost
+//! session. Links librbd and librados (Debian: librbd1, librados2; to build: librbd-dev).
+
+mod device;
+mod ffi;
+mod session;
+mod spec;
+
+pub use device::RbdDevice;
+pub use session::CallError;
+pub use spec::{is_rbd_spec, RbdSpec, SpecError, RBD_PREFIX};

@@ -1,0 +1,377 @@
+//! One connection to an RBD image: a librados cluster handle, an IO context on the pool, the
+//! open image with its exclusive lock held, and asynchronous IO on it. The only module that
+//! calls into librados/librbd (through `ffi`); `device.rs` decides when to open a new one.
+
+use std::ffi::CString;
+use std::io;
+use std::os::raw::{c_char, c_int};
+use std::ptr;
+use std::time::Duration;
+
+use crate::ffi;
+use crate::spec::RbdSpec;
+
+/// A failed librados/librbd call: which call, and the errno it returned (positive).
+#[derive(Debug, thiserror::Error)]
+#[error("{call} failed: {}", io::Error::from_raw_os_error(*errno))]
+pub struct CallError {
+    pub call: &'static str,
+    pub errno: i32,
+}
+
+impl CallError {
+    fn check(call: &'static str, rc: isize) -> Result<(), CallError> {
+        if rc < 0 {
+            let errno = i32::try_from(-rc).unwrap_or(libc::EIO);
+            Err(CallError { call, errno })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether the error means the connection to the cluster is gone (an operation timed out,
+    /// the cluster blocklisted this client, the image's lock was taken away): a new session
+    /// may succeed where this one cannot.
+    pub fn is_connection_lost(&self) -> bool {
+        // ESHUTDOWN is Ceph's EBLOCKLISTED.
+        matches!(
+            self.errno,
+            libc::ETIMEDOUT | libc::ESHUTDOWN | libc::ENOTCONN | libc::ECONNRESET | libc::EROFS
+        )
+    }
+
+    /// The `io::ErrorKind` of the errno.
+    pub fn kind(&self) -> io::ErrorKind {
+        io::Error::from_raw_os_error(self.errno).kind()
+    }
+}
+
+/// An open image with its exclusive lock. Dropping it releases the lock and closes everything,
+/// waiting for IO in flight.
+pub struct Session {
+    cluster: ffi::RadosT,
+    ioctx: ffi::RadosIoctxT,
+    image: ffi::RbdImageT,
+    locked: bool,
+    size_bytes: u64,
+}
+
+// SAFETY: librados cluster handles, IO contexts and librbd image handles may be used from any
+// thread and by several threads at once (librbd serializes internally); the raw pointers are
+// owned by this struct and freed only in Drop, after every borrower (`&self`) is gone.
+unsafe impl Send for Session {}
+// SAFETY: as above; every `&self` method only submits and waits for asynchronous IO.
+unsafe impl Sync for Session {}
+
+/// What opening failed at, for the caller's message.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("{0}")]
+    Call(#[from] CallError),
+    #[error("{0}")]
+    Refused(String),
+}
+
+fn cstring(what: &str, s: &str) -> Result<CString, OpenError> {
+    CString::new(s).map_err(|_| OpenError::Refused(format!("{what} {s:?} contains a NUL byte")))
+}
+
+impl Session {
+    /// Connects to the cluster of `spec`, opens the image, takes its exclusive lock.
+    /// Operations on the cluster that take longer than `op_timeout` fail with ETIMEDOUT
+    /// instead of waiting forever (librados' default).
+    pub fn open(spec: &RbdSpec, op_timeout: Duration) -> Result<Session, OpenError> {
+        assert!(
+            !op_timeout.is_zero(),
+            "a zero timeout means none to librados"
+        );
+        let id = spec.id.as_deref().map(|id| cstring("id", id)).transpose()?;
+        let conf = match &spec.conf {
+            Some(p) => Some(cstring("conf path", &p.to_string_lossy())?),
+            None => None,
+        };
+        let pool = cstring("pool", &spec.pool)?;
+        let image_name = cstring("image", &spec.image)?;
+        let mut s = Session {
+            cluster: ptr::null_mut(),
+            ioctx: ptr::null_mut(),
+            image: ptr::null_mut(),
+            locked: false,
+            size_bytes: 0,
+        };
+        let id_ptr = id.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        // SAFETY: `s.cluster` is a valid out-pointer; `id_ptr` is NUL-terminated or null
+        // (librados' default id), and outlives the call.
+        let rc = unsafe { ffi::rados_create(&mut s.cluster, id_ptr) };
+        CallError::check("rados_create", rc as isize)?;
+        let conf_ptr = conf.as_ref().map_or(ptr::null(), |c| c.as_ptr());
+        // SAFETY: `s.cluster` was created above; `conf_ptr` is NUL-terminated or null (search
+        // the default places).
+        let rc = unsafe { ffi::rados_conf_read_file(s.cluster, conf_ptr) };
+        if rc < 0 {
+            let where_ = match &spec.conf {
+                Some(p) => format!("cannot read the Ceph config {}", p.display()),
+                None => "no Ceph config found in the default places ($CEPH_CONF, \
+                         /etc/ceph/ceph.conf); give one with ?conf=PATH"
+                    .to_owned(),
+            };
+            return Err(OpenError::Refused(format!(
+                "{where_}: {}",
+                io::Error::from_raw_os_error(-rc)
+            )));
+        }
+        let timeout_s = format!("{}", op_timeout.as_secs_f64().max(1.0));
+        // No librbd cache: logcache is the cache; with librbd's on, a write would be
+        // acknowledged before it reached the OSDs and a flush would have more to do.
+        for (option, value) in [
+            ("rbd_cache", "false"),
+            ("rados_osd_op_timeout", timeout_s.as_str()),
+            ("rados_mon_op_timeout", timeout_s.as_str()),
+            ("client_mount_timeout", timeout_s.as_str()),
+        ] {
+            let (o, v) = (cstring("option", option)?, cstring("value", value)?);
+            // SAFETY: both strings are NUL-terminated and outlive the call.
+            let rc = unsafe { ffi::rados_conf_set(s.cluster, o.as_ptr(), v.as_ptr()) };
+            CallError::check("rados_conf_set", rc as isize)?;
+        }
+        // SAFETY: a created, configured, not yet connected cluster handle.
+        let rc = unsafe { ffi::rados_connect(s.cluster) };
+        if rc < 0 {
+            return Err(OpenError::Refused(format!(
+                "cannot connect to the Ceph cluster (monitors in {}) within {timeout_s} s: {}",
+                spec.conf
+                    .as_ref()
+                    .map_or("the default config".into(), |p| p.display().to_string()),
+                io::Error::from_raw_os_error(-rc)
+            )));
+        }
+        // SAFETY: a connected cluster; `pool` is NUL-terminated; `s.ioctx` a valid out-pointer.
+        let rc = unsafe { ffi::rados_ioctx_create(s.cluster, pool.as_ptr(), &mut s.ioctx) };
+        if rc == -libc::ENOENT {
+            return Err(OpenError::Refused(format!(
+                "pool {} does not exist; create it (ceph osd pool create {0}; rbd pool init {0})",
+                spec.pool
+            )));
+        }
+        CallError::check("rados_ioctx_create", rc as isize)?;
+        // SAFETY: a valid IO context; `image_name` NUL-terminated; no snapshot (null).
+        let rc = unsafe {
+            ffi::rbd_open(
+                s.ioctx,
+                image_name.as_ptr(),
+                &mut s.image,
+                ptr::null::<c_char>(),
+            )
+        };
+        if rc == -libc::ENOENT {
+            return Err(OpenError::Refused(format!(
+                "image {}/{} does not exist; create it (rbd create --size SIZE {0}/{1})",
+                spec.pool, spec.image
+            )));
+        }
+        CallError::check("rbd_open", rc as isize)?;
+        let mut features = 0u64;
+        // SAFETY: an open image; `features` a valid out-pointer.
+        let rc = unsafe { ffi::rbd_get_features(s.image, &mut features) };
+        CallError::check("rbd_get_features", rc as isize)?;
+        if features & ffi::RBD_FEATURE_EXCLUSIVE_LOCK == 0 {
+            return Err(OpenError::Refused(format!(
+                "image {}/{} lacks the exclusive-lock feature, without which nothing stops a \
+                 second writer; enable it (rbd feature enable {0}/{1} exclusive-lock)",
+                spec.pool, spec.image
+            )));
+        }
+        // SAFETY: an open image with the exclusive-lock feature.
+        let rc = unsafe { ffi::rbd_lock_acquire(s.image, ffi::RBD_LOCK_MODE_EXCLUSIVE) };
+        if rc < 0 {
+            return Err(OpenError::Refused(format!(
+                "cannot take the exclusive lock of image {}/{} ({}): another client holds it \
+                 (another logcache serving it?); stop that client (rbd status {0}/{1} lists \
+                 its watchers)",
+                spec.pool,
+                spec.image,
+                io::Error::from_raw_os_error(-rc)
+            )));
+        }
+        s.locked = true;
+        // SAFETY: an open image; `s.size_bytes` a valid out-pointer.
+        let rc = unsafe { ffi::rbd_get_size(s.image, &mut s.size_bytes) };
+        CallError::check("rbd_get_size", rc as isize)?;
+        Ok(s)
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
+    pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), CallError> {
+        let len = buf.len();
+        let c = Completion::new()?;
+        // SAFETY: `buf` stays borrowed (alive, exclusively ours) until `c` completes: `wait`
+        // below, or Completion's Drop on any early exit, waits for it.
+        let rc =
+            unsafe { ffi::rbd_aio_read(self.image, offset, len, buf.as_mut_ptr().cast(), c.raw) };
+        let rc = c.submitted("rbd_aio_read", rc)?.wait();
+        CallError::check("rbd_aio_read", rc)?;
+        // librbd returns the bytes read; a short read would leave part of `buf` stale.
+        assert_eq!(rc as usize, len, "librbd read {rc} of {len} bytes");
+        Ok(())
+    }
+
+    /// Writes `bufs` one after another from `offset`, all in flight at once.
+    pub fn write_vectored(&self, bufs: &[&[u8]], offset: u64) -> Result<(), CallError> {
+        // Up to this many writes in flight per call; more pieces go in further rounds.
+        const MAX_IN_FLIGHT: usize = 32;
+        let mut at = offset;
+        for round in bufs.chunks(MAX_IN_FLIGHT) {
+            let mut pending: [Option<Submitted>; MAX_IN_FLIGHT] = Default::default();
+            let mut first_err = None;
+            for (slot, b) in pending.iter_mut().zip(round) {
+                match self.submit_write(b, at) {
+                    Ok(s) => *slot = Some(s),
+                    Err(e) => {
+                        first_err = Some(e);
+                        break;
+                    }
+                }
+                at += b.len() as u64;
+            }
+            // Every submitted write is waited for, error or not: the buffers must outlive them.
+            for s in pending.into_iter().flatten() {
+                let rc = s.wait();
+                if first_err.is_none() {
+                    first_err = CallError::check("rbd_aio_write", rc).err();
+                }
+            }
+            if let Some(e) = first_err {
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    fn submit_write(&self, buf: &[u8], offset: u64) -> Result<Submitted, CallError> {
+        let c = Completion::new()?;
+        // SAFETY: `buf` is borrowed by the caller until the returned `Submitted` is waited for
+        // or dropped (Drop waits), and librbd only reads it.
+        let rc = unsafe {
+            ffi::rbd_aio_write(self.image, offset, buf.len(), buf.as_ptr().cast(), c.raw)
+        };
+        c.submitted("rbd_aio_write", rc)
+    }
+
+    pub fn flush(&self) -> Result<(), CallError> {
+        let c = Completion::new()?;
+        // SAFETY: an open image and a fresh completion; no buffer.
+        let rc = unsafe { ffi::rbd_aio_flush(self.image, c.raw) };
+        CallError::check("rbd_aio_flush", c.submitted("rbd_aio_flush", rc)?.wait())
+    }
+
+    pub fn discard(&self, offset: u64, len_bytes: u64) -> Result<(), CallError> {
+        let c = Completion::new()?;
+        // SAFETY: an open image and a fresh completion; no buffer.
+        let rc = unsafe { ffi::rbd_aio_discard(self.image, offset, len_bytes, c.raw) };
+        CallError::check(
+            "rbd_aio_discard",
+            c.submitted("rbd_aio_discard", rc)?.wait(),
+        )
+    }
+
+    pub fn write_zeroes(&self, offset: u64, len_bytes: u64) -> Result<(), CallError> {
+        let len = usize::try_from(len_bytes).expect("a 64-bit usize");
+        let c = Completion::new()?;
+        // SAFETY: an open image and a fresh completion; no buffer; no flags.
+        let rc = unsafe { ffi::rbd_aio_write_zeroes(self.image, offset, len, c.raw, 0, 0) };
+        CallError::check(
+            "rbd_aio_write_zeroes",
+            c.submitted("rbd_aio_write_zeroes", rc)?.wait(),
+        )
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // SAFETY: each handle is either null (never created) or created by `open` and not yet
+        // freed; they are freed in reverse order of creation, exactly once. No IO is in flight:
+        // every IO method waits for its completions while borrowing `self`.
+        unsafe {
+            if self.locked {
+                // A failure (the lock was already taken from us) leaves nothing to release.
+                let _ = ffi::rbd_lock_release(self.image);
+            }
+            if !self.image.is_null() {
+                ffi::rbd_close(self.image);
+            }
+            if !self.ioctx.is_null() {
+                ffi::rados_ioctx_destroy(self.ioctx);
+            }
+            if !self.cluster.is_null() {
+                ffi::rados_shutdown(self.cluster);
+            }
+        }
+    }
+}
+
+/// An `rbd_completion_t` not yet handed to an IO call.
+struct Completion {
+    raw: ffi::RbdCompletionT,
+}
+
+impl Completion {
+    fn new() -> Result<Completion, CallError> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: a valid out-pointer; no callback (we wait), so no callback argument.
+        let rc = unsafe { ffi::rbd_aio_create_completion(ptr::null_mut(), None, &mut raw) };
+        CallError::check("rbd_aio_create_completion", rc as isize)?;
+        assert!(!raw.is_null());
+        Ok(Completion { raw })
+    }
+
+    /// The completion after the IO call that took it returned `rc`: in flight if `rc` is 0.
+    fn submitted(self, call: &'static str, rc: c_int) -> Result<Submitted, CallError> {
+        CallError::check(call, rc as isize)?;
+        let raw = self.raw;
+        std::mem::forget(self);
+        Ok(Submitted { raw: Some(raw) })
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        // SAFETY: never submitted (`submitted` forgets self), so librbd holds no other
+        // reference and no IO will complete into it.
+        unsafe { ffi::rbd_aio_release(self.raw) };
+    }
+}
+
+/// A completion whose IO is in flight. Dropping it waits for the IO, so that a buffer the IO
+/// uses is never freed under it.
+struct Submitted {
+    raw: Option<ffi::RbdCompletionT>,
+}
+
+impl Submitted {
+    /// Waits for the IO; its return value (negative errno on failure).
+    fn wait(mut self) -> isize {
+        let raw = self.raw.take().expect("waited once");
+        // SAFETY: a submitted completion, waited for once, then released once.
+        unsafe {
+            ffi::rbd_aio_wait_for_complete(raw);
+            let rc = ffi::rbd_aio_get_return_value(raw);
+            ffi::rbd_aio_release(raw);
+            rc
+        }
+    }
+}
+
+impl Drop for Submitted {
+    fn drop(&mut self) {
+        if let Some(raw) = self.raw.take() {
+            // SAFETY: as in `wait`.
+            unsafe {
+                ffi::rbd_aio_wait_for_complete(raw);
+                ffi::rbd_aio_release(raw);
+            }
+        }
+    }
+}
