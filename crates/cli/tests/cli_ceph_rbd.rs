@@ -17,7 +17,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock, RwLockReadGuard};
 
 use common::*;
 use logcache_nbd::client::Client;
@@ -50,6 +50,14 @@ extern "C" fn tear_down_cluster() {
 }
 
 static CLUSTER: OnceLock<Option<Cluster>> = OnceLock::new();
+
+/// The test that stops the OSD holds this for writing, the others for reading: they share the
+/// cluster and would stall while it is stopped.
+static OSD_GATE: RwLock<()> = RwLock::new(());
+
+fn osd_shared() -> RwLockReadGuard<'static, ()> {
+    OSD_GATE.read().unwrap_or_else(|e| e.into_inner())
+}
 
 /// The shared cluster, started on first use; `None` (after saying so) when Ceph is missing.
 fn cluster() -> Option<&'static Cluster> {
@@ -95,6 +103,15 @@ impl Cluster {
             &format!("rbd/{name}"),
         ]);
         format!("rbd:rbd/{name}?conf={}", self.conf)
+    }
+
+    /// The OSD daemon's pid, from its pid file.
+    fn osd_pid(&self) -> libc::pid_t {
+        let file = self.dir.join("run/ceph-osd.0.pid");
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file:?}: {e}"));
+        text.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{file:?}: {text:?}: {e}"))
     }
 
     /// The image's bytes, read by `rbd export` (bypassing logcache).
@@ -162,6 +179,7 @@ fn random_range(rng: &mut Rng, region: u64) -> (u64, usize) {
 #[test]
 fn model_through_logcache_over_rbd_then_the_image_alone_equals_it() {
     let Some(cluster) = cluster() else { return };
+    let _gate = osd_shared();
     let dir = TestDir::new("rbd-model");
     let backing = cluster.image("model");
     let cache = format_cache(&dir, &backing);
@@ -270,6 +288,7 @@ impl CrashModel {
 #[test]
 fn sigkill_cycles_keep_flushed_data_and_a_drain_leaves_it_on_the_image() {
     let Some(cluster) = cluster() else { return };
+    let _gate = osd_shared();
     let dir = TestDir::new("rbd-kill");
     let backing = cluster.image("kill");
     let cache = format_cache(&dir, &backing);
@@ -319,6 +338,7 @@ fn sigkill_cycles_keep_flushed_data_and_a_drain_leaves_it_on_the_image() {
 #[test]
 fn a_second_logcache_on_the_same_image_is_refused_by_its_lock() {
     let Some(cluster) = cluster() else { return };
+    let _gate = osd_shared();
     let dir = TestDir::new("rbd-lock");
     let backing = cluster.image("lock");
     let cache = format_cache(&dir, &backing);
@@ -347,5 +367,77 @@ fn a_second_logcache_on_the_same_image_is_refused_by_its_lock() {
             &format!("rbd:rbd/absent?conf={}", cluster.conf),
         ],
         &["rbd/absent does not exist", "rbd create"],
+    );
+}
+
+/// Sends SIGCONT to a stopped process when dropped, so that a failing test does not leave the
+/// OSD stopped under the other tests.
+struct Continue(libc::pid_t);
+
+impl Drop for Continue {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) with a pid read from the cluster's pid file.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+#[test]
+fn a_stopped_osd_fails_writeback_until_it_answers_then_a_new_session_finishes_it() {
+    let Some(cluster) = cluster() else { return };
+    let _gate = OSD_GATE.write().unwrap_or_else(|e| e.into_inner());
+    let dir = TestDir::new("rbd-osd");
+    let backing = cluster.image("osd");
+    let cache = format_cache(&dir, &backing);
+    let served = Served::start(&[
+        "--cache",
+        &cache,
+        "--backing",
+        &backing,
+        "--backing-timeout",
+        "3",
+        "--set",
+        "writeback_idle_ms=0",
+    ]);
+    let mut nbd = Client::connect_str(&served.unix_uri()).unwrap();
+    let data = Rng::new(7).bytes(256 * 1024);
+    let osd = cluster.osd_pid();
+    // SAFETY: kill(2) on the OSD's pid; `Continue` resumes it on every way out of this test.
+    assert_eq!(unsafe { libc::kill(osd, libc::SIGSTOP) }, 0);
+    let resume = Continue(osd);
+    // Writes and flushes need only the cache.
+    nbd.write_at(&data, 8 * MIB, false).unwrap();
+    nbd.flush().unwrap();
+    let ctl = served.control().to_string_lossy().into_owned();
+    let out = logcache(&["drain", "--control", &ctl]);
+    assert!(
+        !out.status.success(),
+        "drain succeeded with the OSD stopped:\n{}",
+        text(&out.stdout)
+    );
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("rbd:rbd/osd"), "{stderr}");
+    drop(resume);
+    // Once the OSD answers, a new session (the lock taken again) finishes the drain. Each try
+    // of drain gives up after a few seconds; the session is replaced within a few tries.
+    let mut tries = 0;
+    loop {
+        let out = logcache(&["drain", "--control", &ctl]);
+        if out.status.success() {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 20, "drain still fails:\n{}", text(&out.stderr));
+    }
+    let mut got = vec![0u8; data.len()];
+    nbd.read_at(&mut got, 8 * MIB).unwrap();
+    assert_same(&got, &data, "read through logcache");
+    drop(nbd);
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    let image = cluster.export("osd", &dir);
+    assert_same(
+        &image[8 * MIB as usize..8 * MIB as usize + data.len()],
+        &data,
+        "the image after a drain",
     );
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use logcache_engine::io::{BlockDevice, SECTOR_SIZE_BYTES};
+use logcache_io::{BlockDevice, SECTOR_SIZE_BYTES};
 use parking_lot::RwLock;
 
 use crate::session::{CallError, OpenError, Session};

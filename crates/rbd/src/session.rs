@@ -214,7 +214,12 @@ impl Session {
         let rc = c.submitted("rbd_aio_read", rc)?.wait();
         CallError::check("rbd_aio_read", rc)?;
         // librbd returns the bytes read; a short read would leave part of `buf` stale.
-        assert_eq!(rc as usize, len, "librbd read {rc} of {len} bytes");
+        if rc as usize != len {
+            return Err(CallError {
+                call: "rbd_aio_read (short read)",
+                errno: libc::EIO,
+            });
+        }
         Ok(())
     }
 
