@@ -142,7 +142,7 @@ fn format_cache(dir: &TestDir, backing: &str) -> String {
         "256K",
     ]);
     assert!(
-        out.contains(&format!("({EXPORTED_BYTES} bytes exported)")),
+        out.contains(&format!("({EXPORTED_BYTES} bytes exported")),
         "{out}"
     );
     cache
