@@ -139,22 +139,7 @@ impl RbdDevice {
     }
 
     fn check_range(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
-        if offset % SECTOR_SIZE_BYTES != 0 || len_bytes % SECTOR_SIZE_BYTES != 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("unaligned device IO: offset {offset} length {len_bytes}"),
-            ));
-        }
-        match offset.checked_add(len_bytes) {
-            Some(end) if end <= self.size_bytes => Ok(()),
-            _ => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "device IO past the end: offset {offset} length {len_bytes} size {}",
-                    self.size_bytes
-                ),
-            )),
-        }
+        logcache_io::check_range(self.size_bytes, offset, len_bytes)
     }
 }
 
