@@ -20,7 +20,7 @@ use std::process::Command;
 use std::sync::{OnceLock, RwLock, RwLockReadGuard};
 
 use common::*;
-use logcache_nbd::client::Client;
+use logcache_nbd_client::Client;
 
 const IMAGE_BYTES: u64 = 128 * MIB;
 /// A small cache, so that the model test fills it and writeback and reclaim run.
