@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use logcache_engine::{Engine, Error, OpenOptions};
 use logcache_testkit::fault::{FaultDevice, FaultKind, OpKind};
+use logcache_testkit::gate::GateDevice;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
@@ -139,4 +140,57 @@ fn the_periodic_seal_runs_under_ring_pressure() {
     e.read(lba * 4096, &mut buf).unwrap();
     assert_eq!(buf, [0xA5; 4096], "the acknowledged write was lost");
     e.close().unwrap();
+}
+
+/// Defect 2: a read miss in the window between a write-around's logged drop range and its
+/// backing write reads the old backing data; it must not stay cached. The cache sync the
+/// write-around waits for is held, a read runs meanwhile, then the write completes: every
+/// later read returns the new data. Before the fix the read promoted the old data as a clean
+/// block that nothing killed. The same for a partial-block zeroing in write-around mode.
+#[test]
+fn a_read_during_a_write_around_does_not_cache_stale_data() {
+    for zeroing in [false, true] {
+        let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+        let lba = 100u64;
+        pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
+        let cache = Arc::new(GateDevice::new(pair.cache()));
+        let opts = OpenOptions {
+            ram_buffer_bytes: 4 * SEG_64K,
+            seal_interval_ms: Some(0),
+            ..OpenOptions::default()
+        };
+        let e = Engine::open(cache.clone(), pair.backing(), opts.clone()).unwrap();
+        e.set_tunable("cache_mode", "write-around").unwrap();
+        cache.hold(OpKind::Flush);
+        let writer = e.clone();
+        let write = std::thread::spawn(move || {
+            if zeroing {
+                writer.write_zeroes(lba * 4096 + 512, 1024, false)
+            } else {
+                writer.write(lba * 4096, &[0x22; 4096], false)
+            }
+        });
+        assert!(
+            cache.wait_held(OpKind::Flush, 1, HANG),
+            "the write-around never synced the cache"
+        );
+        let mut buf = [0u8; 4096];
+        e.read(lba * 4096, &mut buf).unwrap();
+        assert_eq!(buf, [0x11; 4096], "the write is not acknowledged yet");
+        cache.release(OpKind::Flush);
+        write.join().unwrap().unwrap();
+        let mut expect = [0x22u8; 4096];
+        if zeroing {
+            expect = [0x11; 4096];
+            expect[512..1536].fill(0);
+        }
+        e.read(lba * 4096, &mut buf).unwrap();
+        assert_eq!(buf, expect, "a stale copy is cached (zeroing: {zeroing})");
+        e.close().unwrap();
+        // Nor does a stale clean entry come back after a restart.
+        let e = Engine::open(pair.cache(), pair.backing(), opts).unwrap();
+        e.read(lba * 4096, &mut buf).unwrap();
+        assert_eq!(buf, expect, "after reopening (zeroing: {zeroing})");
+        e.close().unwrap();
+    }
 }

@@ -6,10 +6,12 @@
 //! - [`sim::SimDevice`]: an in-memory disk with a volatile write cache that loses or tears
 //!   unflushed writes on a simulated crash, and panics on any breach of the device contract;
 //! - [`fault::FaultDevice`]: a wrapper that makes chosen operations fail;
+//! - [`gate::GateDevice`]: a wrapper that holds chosen operations until the test releases them;
 //! - [`hdd::HddDevice`]: a wrapper that emulates a 7200 rpm hard disk's timing;
 //! - [`rng::Rng`]: SplitMix64, stable forever, so a printed seed replays a run.
 
 pub mod fault;
+pub mod gate;
 pub mod hdd;
 pub mod rng;
 pub mod sim;
