@@ -15,6 +15,7 @@ use common::*;
 use logcache_engine::{Engine, Error, OpenOptions};
 use logcache_testkit::fault::{FaultDevice, FaultKind, OpKind};
 use logcache_testkit::gate::GateDevice;
+use logcache_testkit::sim::SimDevice;
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
@@ -193,4 +194,73 @@ fn a_read_during_a_write_around_does_not_cache_stale_data() {
         assert_eq!(buf, expect, "after reopening (zeroing: {zeroing})");
         e.close().unwrap();
     }
+}
+
+/// A power cut now: fresh devices holding what `dev` has made durable.
+fn power_cut_copy(dev: &SimDevice) -> SimDevice {
+    let image = dev.durable_image();
+    let copy = SimDevice::new(image.len() as u64);
+    copy.write_raw(0, &image);
+    copy
+}
+
+/// Defect 1: a TRIM's zero range must not leave the log (the head must not pass it) before
+/// the zeros reach the backing device. Write D to block L and flush; TRIM L while the backing
+/// device's zeroing is held; rewrite other blocks so dead segments are reclaimed; cut the
+/// power. The block must read as D (the TRIM never returned) or zeros, never the backing
+/// device's older data. Before the fix the head passed the segments holding D and the zero
+/// range, and recovery found neither.
+#[test]
+fn a_zero_range_stays_in_the_log_until_the_backing_device_has_the_zeros() {
+    let pair = SimPair::new(MIB + 32 * SEG_64K, 16 * MIB, SEG_64K);
+    let lba = 200u64;
+    pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
+    let backing = Arc::new(GateDevice::new(pair.backing()));
+    let opts = OpenOptions {
+        ram_buffer_bytes: 4 * SEG_64K,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(pair.cache(), backing.clone(), opts.clone()).unwrap();
+    // Writeback stays out of the way (it would take the order lock the TRIM holds).
+    e.set_tunable("writeback_threshold_percent", "100").unwrap();
+    e.write(lba * 4096, &[0x33; 4096], false).unwrap();
+    e.flush().unwrap();
+    backing.hold(OpKind::Discard);
+    let trimmer = e.clone();
+    let trim = std::thread::spawn(move || trimmer.discard(lba * 4096, 4096, false));
+    assert!(
+        backing.wait_held(OpKind::Discard, 1, HANG),
+        "the TRIM never zeroed the backing device"
+    );
+    let s = e.stats();
+    let zero_segment = s.head_segment_id + s.segments_in_use - 1;
+    // A few segments of rewrites of 8 other blocks, far less than the ring holds: every
+    // segment before the open one dies and is reclaimed.
+    let writer = e.clone();
+    bounded("rewrites while the zeroing is held", move || {
+        for i in 0..160u64 {
+            writer
+                .write((i % 8) * 4096, &[i as u8; 4096], false)
+                .unwrap();
+            if i % 4 == 3 {
+                writer.flush().unwrap();
+            }
+        }
+    });
+    let head = e.stats().head_segment_id;
+    let (cache_cut, backing_cut) = (power_cut_copy(&pair.cache), power_cut_copy(&pair.backing));
+    backing.release(OpKind::Discard);
+    trim.join().unwrap().unwrap();
+    e.close().unwrap();
+    let e2 = Engine::open(Arc::new(cache_cut), Arc::new(backing_cut), opts).unwrap();
+    let mut buf = [0u8; 4096];
+    e2.read(lba * 4096, &mut buf).unwrap();
+    assert!(
+        buf == [0x33; 4096] || buf == [0u8; 4096],
+        "block {lba} reads {:#x}.. after a power cut (head {head}, zero range in segment \
+         {zero_segment}): neither the flushed write nor zeros",
+        buf[0]
+    );
+    e2.close().unwrap();
 }

@@ -526,6 +526,10 @@ impl State {
 
     /// How far the head could advance now: the id of the first segment that must stay.
     pub fn reclaimable_head(&self, pinned: impl Fn(u32) -> bool) -> u64 {
+        // A zero range not yet applied to the backing device must stay in the log (recovery
+        // re-applies it): a zero entry is no live block, and without this the head passed it
+        // and the dirty blocks it killed, and a crash then read the backing's older data.
+        let zero_pending_seq = self.writeback.zero_pending_seq().unwrap_or(u64::MAX);
         let mut id = self.head_segment_id;
         while id < self.next_segment_id {
             let slot = self.geo.slot_of(id);
@@ -537,6 +541,7 @@ impl State {
                 || !seg.full
                 || seg.live_blocks != 0
                 || seg.dead_by_seq > self.seqs.synced()
+                || seg.last_sealed_seq >= zero_pending_seq
                 || pinned(slot)
             {
                 break;
