@@ -398,7 +398,10 @@ impl Engine {
         let old = self.inner.tunables.get(index);
         self.inner.tunables.set(index, value);
         let persisted = self.inner.tunables.to_persisted();
-        self.inner.superblock.set_tunables(persisted)?;
+        if let Err(e) = self.inner.superblock.set_tunables(persisted) {
+            // As for every superblock writer: the copy on the device may be torn now.
+            return Err(inner::fail(&self.inner, self.inner.state.lock(), e));
+        }
         self.inner.state.lock().counters.superblock_writes += 1;
         // The flusher's sleep depends on the seal interval.
         self.inner.flusher_wake.notify_all();

@@ -264,3 +264,26 @@ fn a_zero_range_stays_in_the_log_until_the_backing_device_has_the_zeros() {
     );
     e2.close().unwrap();
 }
+
+/// A failed superblock write while setting a tunable fails the engine, as every other
+/// superblock writer does (it used to return the error and carry on).
+#[test]
+fn a_failed_tunable_write_fails_the_engine() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let cache = Arc::new(FaultDevice::new(pair.cache()));
+    let opts = OpenOptions {
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(cache.clone(), pair.backing(), opts).unwrap();
+    cache.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    e.set_tunable("writeback_io_depth", "4")
+        .expect_err("the superblock write failed");
+    cache.heal();
+    let failed = e.stats().failed.expect("status shows the failure");
+    assert!(!failed.is_empty());
+    assert!(matches!(
+        e.write(0, &[1; 4096], false),
+        Err(Error::Failed(_))
+    ));
+}
