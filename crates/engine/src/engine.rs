@@ -29,6 +29,7 @@ use crate::open::{self, recover};
 use crate::path::{bypass, read, write};
 use crate::state::buffers::SegmentBuffers;
 use crate::stats::Stats;
+use crate::status::{self, Extent};
 use crate::tunables::{self, TunableValue, Tunables};
 use crate::writeback::{self, DrainProgress};
 
@@ -277,6 +278,29 @@ impl Engine {
             self.make_durable()?;
         }
         Ok(())
+    }
+
+    /// Block status of `len_bytes` at `offset_bytes` (any alignment, inside the disk): extents
+    /// that are data or holes reading as zeros, into `out` (see [`status`](crate::status)). They
+    /// cover a prefix of the range, at least one byte, in at most `max_extents` extents.
+    pub fn block_status(
+        &self,
+        offset_bytes: u64,
+        len_bytes: u64,
+        max_extents: usize,
+        out: &mut Vec<Extent>,
+    ) -> Result<()> {
+        assert!(len_bytes > 0 && max_extents > 0, "empty block status query");
+        if offset_bytes
+            .checked_add(len_bytes)
+            .is_none_or(|end| end > self.size_bytes())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "range {offset_bytes}+{len_bytes} runs past the end of the {}-byte disk",
+                self.size_bytes()
+            )));
+        }
+        status::block_status(&self.inner, offset_bytes, len_bytes, max_extents, out)
     }
 
     /// Manual mode: runs flusher rounds until the queue is empty. A no-op otherwise.

@@ -8,7 +8,7 @@
 //!
 //! Layers, bottom up (a module uses only those below it):
 //! `format`, `io`, `geometry`, `tunables`, `stats`, `index` → `state` → `inner`, `verify` →
-//! `reclaim` → `log` → `writeback` → `promote`, `path` → `open`, `inspect` → `engine`.
+//! `reclaim` → `log` → `writeback` → `promote`, `path`, `status` → `open`, `inspect` → `engine`.
 
 pub mod engine;
 pub mod error;
@@ -24,6 +24,7 @@ mod promote;
 mod reclaim;
 mod state;
 pub mod stats;
+pub mod status;
 pub mod tunables;
 mod verify;
 mod writeback;
@@ -36,4 +37,5 @@ pub use engine::{Engine, OpenOptions};
 pub use error::{Error, Result};
 pub use open::create::{format_cache, FormatOptions};
 pub use stats::{Counters, RecoveryReport, Stats};
+pub use status::Extent;
 pub use writeback::DrainProgress;

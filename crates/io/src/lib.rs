@@ -61,6 +61,23 @@ pub trait BlockDevice: Send + Sync {
     fn reconnects(&self) -> u64 {
         0
     }
+    /// The run of bytes starting at `offset` that has one [`Allocation`]: its length (1 to
+    /// `len_bytes`) and kind, for block status. Must never call a range a hole unless it reads
+    /// as zeros; the default, right for any device, says "data" for the whole range.
+    fn allocation(&self, offset: u64, len_bytes: u64) -> io::Result<(u64, Allocation)> {
+        debug_assert!(len_bytes > 0);
+        let _ = offset;
+        Ok((len_bytes, Allocation::Data))
+    }
+}
+
+/// What a run of a device's bytes holds, as far as the device can tell without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allocation {
+    /// May hold data (the answer that is always safe).
+    Data,
+    /// Nothing is stored there and it reads as zeros: a hole in a sparse file.
+    ZeroHole,
 }
 
 /// Writes zeros over a range in 1 MiB pieces: the fallback of [`BlockDevice::write_zeroes`].

@@ -8,7 +8,8 @@
 use std::sync::Arc;
 
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{Engine, Error, Result};
+use logcache_engine::status::device_status;
+use logcache_engine::{Engine, Error, Extent, Result};
 
 pub(crate) trait Export: Send + Sync {
     fn size_bytes(&self) -> u64;
@@ -21,6 +22,16 @@ pub(crate) trait Export: Send + Sync {
     fn discard(&self, offset_bytes: u64, length_bytes: u64) -> Result<()>;
     /// Every write that returned before this call is durable when it returns.
     fn flush(&self) -> Result<()>;
+    /// Extents of data and of holes reading as zeros from `offset_bytes` (any alignment; the
+    /// range is inside the export), into `out`: at least one, at most `max_extents`, covering
+    /// a prefix of the range. Never a hole where there may be data.
+    fn block_status(
+        &self,
+        offset_bytes: u64,
+        length_bytes: u64,
+        max_extents: usize,
+        out: &mut Vec<Extent>,
+    ) -> Result<()>;
     /// Whether requests may each take long enough that the client should have many in flight
     /// (a disk rather than a cache): then every command runs on the connection's workers.
     fn is_slow(&self) -> bool;
@@ -49,6 +60,16 @@ impl Export for Engine {
 
     fn flush(&self) -> Result<()> {
         Engine::flush(self)
+    }
+
+    fn block_status(
+        &self,
+        offset_bytes: u64,
+        length_bytes: u64,
+        max_extents: usize,
+        out: &mut Vec<Extent>,
+    ) -> Result<()> {
+        Engine::block_status(self, offset_bytes, length_bytes, max_extents, out)
     }
 
     /// Reads and plain writes answer in about a microsecond (see `transmission`).
@@ -94,6 +115,19 @@ impl Export for Arc<dyn BlockDevice> {
         (**self)
             .flush()
             .map_err(|e| Error::io("flushing the device", e))
+    }
+
+    fn block_status(
+        &self,
+        offset_bytes: u64,
+        length_bytes: u64,
+        max_extents: usize,
+        out: &mut Vec<Extent>,
+    ) -> Result<()> {
+        out.clear();
+        device_status(&**self, offset_bytes, length_bytes, max_extents, out)
+            .map_err(|e| Error::io(format!("block status at offset {offset_bytes}"), e))?;
+        Ok(())
     }
 
     /// Every request waits for the device; a disk only does its best with many queued.

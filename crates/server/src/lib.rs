@@ -7,6 +7,7 @@
 //! handshake, then transmission), `transmission` (the request loop), `workers` (slow commands),
 //! `answer` (READ replies and command results, for the reader and the workers alike),
 //! `connection` (what a connection's reader and workers share), `negotiate` (handshake),
+//! `meta` (metadata contexts for block status),
 //! `shared` (what every thread shares, and the registry of live connections), `config` (what
 //! is exported), `export` (what is served: the engine or a device), `ops` (block operations on
 //! the export, unaligned ones included), `reply` (reply encoding), `sink` (serialised reply
@@ -23,6 +24,7 @@ mod export;
 mod input;
 mod limits;
 mod listener;
+mod meta;
 mod negotiate;
 mod ops;
 mod reply;

@@ -39,3 +39,6 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long `shutdown` waits for connections to finish their received requests and send the
 /// replies before it closes them hard (a client that stops reading replies would block us).
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Most extents in one BLOCK_STATUS chunk (8 bytes each): a client asks again for the rest.
+pub(crate) const MAX_BLOCK_STATUS_EXTENTS: usize = 1024;

@@ -8,9 +8,9 @@ use std::io;
 
 use logcache_nbd::consts::{
     CLIENT_FLAGS_BYTES, DEFAULT_MAX_OPTION_BYTES, FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES,
-    META_CONTEXT_BASE_ALLOCATION, OPTION_HEADER_BYTES, OPT_ABORT, OPT_EXPORT_NAME, OPT_GO,
-    OPT_INFO, OPT_LIST, OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT, OPT_STARTTLS,
-    OPT_STRUCTURED_REPLY, REP_ERR_INVALID, REP_ERR_UNKNOWN, REP_ERR_UNSUP,
+    OPTION_HEADER_BYTES, OPT_ABORT, OPT_EXPORT_NAME, OPT_GO, OPT_INFO, OPT_LIST,
+    OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT, OPT_STARTTLS, OPT_STRUCTURED_REPLY,
+    REP_ERR_INVALID, REP_ERR_UNKNOWN, REP_ERR_UNSUP,
 };
 use logcache_nbd::handshake::{
     decode_client_flags, decode_export_name, decode_option_header, encode_greeting, InfoRequest,
@@ -23,14 +23,13 @@ use logcache_nbd::option_reply::{
 use logcache_nbd::ProtocolError;
 
 use crate::limits::{MAX_PAYLOAD_BYTES, MIN_BLOCK_BYTES, PREFERRED_BLOCK_BYTES};
+use crate::meta::Selection;
 use crate::reply::shorten;
 use crate::shared::ServerInner;
 use crate::stream::Stream;
 
 /// What we advertise in the greeting.
 const HANDSHAKE_FLAGS: u16 = FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES;
-/// The id block status chunks carry for `base:allocation` (our only metadata context).
-pub(crate) const BASE_ALLOCATION_CONTEXT_ID: u32 = 1;
 /// The spec says `LIST_META_CONTEXT` replies carry id 0, which clients ignore.
 const LISTED_CONTEXT_ID: u32 = 0;
 /// Longest message in an option error reply.
@@ -40,8 +39,8 @@ const OPTION_ERROR_MESSAGE_MAX_BYTES: usize = 512;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Session {
     pub structured: bool,
-    /// `base:allocation` was selected, so BLOCK_STATUS is allowed.
-    pub base_allocation: bool,
+    /// The metadata contexts selected; BLOCK_STATUS needs at least one.
+    pub contexts: Selection,
 }
 
 pub(crate) enum Outcome {
@@ -205,7 +204,7 @@ impl Negotiation<'_> {
         Ok(None)
     }
 
-    /// `LIST_META_CONTEXT` and `SET_META_CONTEXT`; we know only `base:allocation`.
+    /// `LIST_META_CONTEXT` and `SET_META_CONTEXT` over the contexts in `meta`.
     fn meta_context(&mut self, option: u32, payload: &[u8]) -> Step {
         if !self.session.structured {
             return self.error(
@@ -224,26 +223,21 @@ impl Negotiation<'_> {
         if !self.server.config.matches_export(&request.export_name) {
             return self.unknown_export(option);
         }
-        let is_base_allocation = |query: &String| query == META_CONTEXT_BASE_ALLOCATION;
-        let (selected, context_id) = if option == OPT_LIST_META_CONTEXT {
-            // No query lists everything; the bare namespace "base:" lists all of it.
-            let selected = request.queries.is_empty()
-                || request
-                    .queries
-                    .iter()
-                    .any(|query| is_base_allocation(query) || query == "base:");
-            (selected, LISTED_CONTEXT_ID)
-        } else {
-            let selected = request.queries.iter().any(is_base_allocation);
-            // SET replaces whatever an earlier SET selected.
-            self.session.base_allocation = selected;
-            (selected, BASE_ALLOCATION_CONTEXT_ID)
-        };
+        let listing = option == OPT_LIST_META_CONTEXT;
+        let selection = Selection::of_queries(&request.queries, listing);
+        if !listing {
+            // SET replaces whatever an earlier SET selected (with no query: nothing).
+            self.session.contexts = selection;
+        }
         let mut reply = Vec::new();
-        if selected {
+        for context in selection.iter() {
+            let context_id = if listing {
+                LISTED_CONTEXT_ID
+            } else {
+                context.id()
+            };
             reply.extend_from_slice(
-                &encode_meta_context(option, context_id, META_CONTEXT_BASE_ALLOCATION)
-                    .map_err(violation)?,
+                &encode_meta_context(option, context_id, context.name()).map_err(violation)?,
             );
         }
         reply.extend_from_slice(&encode_ack(option));

@@ -1,7 +1,7 @@
 //! Encodes transmission-phase replies into a caller's buffer, simple or structured according to
 //! what the client negotiated. Success replies on the hot path allocate nothing.
 
-use logcache_nbd::consts::{REPLY_FLAG_DONE, STATE_HOLE, STATE_ZERO};
+use logcache_nbd::consts::REPLY_FLAG_DONE;
 use logcache_nbd::reply::{
     encode_block_status_chunk, encode_none_chunk, encode_offset_data_prefix, BlockDescriptor,
     ErrorPayload, SimpleReply,
@@ -9,10 +9,6 @@ use logcache_nbd::reply::{
 
 /// Longest message we put in an `ERROR` chunk (the spec allows 4096; clients show it to a human).
 const ERROR_MESSAGE_MAX_BYTES: usize = 256;
-
-/// Status of every extent we report: allocated data, which is always truthful.
-const BLOCK_STATUS_DATA: u32 = 0;
-const _: () = assert!(BLOCK_STATUS_DATA & (STATE_HOLE | STATE_ZERO) == 0);
 
 /// Appends the reply to a successful request that returns no data.
 pub(crate) fn push_success(out: &mut Vec<u8>, structured: bool, cookie: u64) {
@@ -68,20 +64,18 @@ pub(crate) fn push_read_header(
     }
 }
 
-/// Appends a BLOCK_STATUS reply: one extent of `length_bytes` for `context_id`, reported as
-/// allocated data.
+/// Appends a BLOCK_STATUS chunk: `descriptors` (at least one) for `context_id`; `done` on the
+/// reply's last chunk.
 pub(crate) fn push_block_status(
     out: &mut Vec<u8>,
     cookie: u64,
     context_id: u32,
-    length_bytes: u32,
+    descriptors: &[BlockDescriptor],
+    done: bool,
 ) {
-    let descriptor = BlockDescriptor {
-        length_bytes,
-        status_flags: BLOCK_STATUS_DATA,
-    };
-    let chunk = encode_block_status_chunk(REPLY_FLAG_DONE, cookie, context_id, &[descriptor])
-        .expect("block status length is validated to be non-zero");
+    let flags = if done { REPLY_FLAG_DONE } else { 0 };
+    let chunk = encode_block_status_chunk(flags, cookie, context_id, descriptors)
+        .expect("a block status chunk has at least one extent");
     out.extend_from_slice(&chunk);
 }
 
@@ -157,7 +151,11 @@ mod tests {
         assert!(header.is_done());
 
         out.clear();
-        push_block_status(&mut out, 4, 1, 65536);
+        let descriptor = BlockDescriptor {
+            length_bytes: 65536,
+            status_flags: 0,
+        };
+        push_block_status(&mut out, 4, 1, &[descriptor], true);
         let (header, payload) = chunk(&out);
         assert_eq!(header.reply_type, REPLY_TYPE_BLOCK_STATUS);
         let (context, extents) = decode_block_status_payload(payload).unwrap();

@@ -30,7 +30,6 @@ use logcache_nbd::request::{Command, Request};
 use crate::connection::Connection;
 use crate::input::InputBuffer;
 use crate::limits::{BUFFER_KEEP_BYTES, INPUT_BUFFER_BYTES, MAX_PAYLOAD_BYTES, OUTPUT_FLUSH_BYTES};
-use crate::negotiate::BASE_ALLOCATION_CONTEXT_ID;
 use crate::stats::Counters;
 use crate::workers::{Job, WorkerPool};
 use crate::{answer, ops, reply};
@@ -265,8 +264,11 @@ fn validate(request: &Request, connection: &Connection) -> Result<(), Rejection>
             };
             return reject(error, "read longer than the advertised 32 MiB maximum");
         }
-        Command::BlockStatus if !connection.session.base_allocation => {
-            return reject(EINVAL, "block status needs the base:allocation context");
+        Command::BlockStatus if connection.session.contexts.is_empty() => {
+            return reject(
+                EINVAL,
+                "block status needs a metadata context (SET_META_CONTEXT base:allocation)",
+            );
         }
         Command::BlockStatus if length_bytes == 0 => {
             return reject(EINVAL, "zero-length block status");
@@ -341,13 +343,9 @@ fn handle(
         // A prefetch hint: the export reads on demand, so there is nothing to do.
         Command::Cache => Ok(()),
         Command::BlockStatus => {
-            // One extent covering the whole request, reported as data: always truthful.
-            reply::push_block_status(
-                replies,
-                cookie,
-                BASE_ALLOCATION_CONTEXT_ID,
-                request.length_bytes,
-            );
+            // The engine answers from its index and the backing device's hole map (a few
+            // syscalls at most), so it runs inline like READ.
+            answer::block_status(connection, replies, &request);
             return;
         }
         // `validate` rejects these, and DISC never gets here.

@@ -17,10 +17,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use logcache_nbd::consts::{
-    CMD_FLAG_FUA, IHAVEOPT, OPT_GO, OPT_INFO, OPT_LIST, OPT_SET_META_CONTEXT, OPT_STRUCTURED_REPLY,
-    REPLY_TYPE_NONE, REQUEST_MAGIC,
+    CMD_BLOCK_STATUS, CMD_FLAG_FUA, IHAVEOPT, OPT_GO, OPT_INFO, OPT_LIST, OPT_SET_META_CONTEXT,
+    OPT_STRUCTURED_REPLY, REPLY_TYPE_NONE, REQUEST_MAGIC,
 };
-use logcache_nbd::handshake::{InfoRequest, OptionHeader};
+use logcache_nbd::handshake::{InfoRequest, MetaContextRequest, OptionHeader};
 use logcache_nbd::request::{Command as NbdCommand, Request};
 use logcache_testkit::rng::{seed_from_env, Rng};
 use server_support::*;
@@ -49,8 +49,9 @@ fn random_bytes(rng: &mut Rng, max_len: u64) -> Vec<u8> {
 /// A request frame a hostile client might send: mostly well-formed headers with hostile field
 /// values, the payload absent, short or complete.
 fn hostile_request(rng: &mut Rng, export_size_bytes: u64) -> Vec<u8> {
-    let command = match rng.below(6) {
+    let command = match rng.below(7) {
         0 => rng.below(u64::from(u16::MAX)) as u16,
+        1 => CMD_BLOCK_STATUS,
         _ => rng.below(12) as u16,
     };
     let offset_bytes = match rng.below(4) {
@@ -146,13 +147,30 @@ fn hostile_connection(rng: &mut Rng, fixture: &Fixture) {
         }
         return;
     }
-    // A proper GO, then hostile requests.
+    // A proper GO (half the time with base:allocation, so BLOCK_STATUS is served), then
+    // hostile requests.
     let mut go = OptionHeader {
         option: OPT_STRUCTURED_REPLY,
         length_bytes: 0,
     }
     .encode()
     .to_vec();
+    if rng.below(2) == 0 {
+        let set = MetaContextRequest {
+            export_name: String::new(),
+            queries: vec!["base:allocation".to_owned()],
+        }
+        .encode()
+        .unwrap();
+        go.extend(
+            OptionHeader {
+                option: OPT_SET_META_CONTEXT,
+                length_bytes: set.len() as u32,
+            }
+            .encode(),
+        );
+        go.extend(set);
+    }
     let info = InfoRequest::default().encode().unwrap();
     go.extend(
         OptionHeader {

@@ -21,7 +21,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::aligned::is_aligned;
-use crate::{check_range, BlockDevice};
+use crate::{check_range, Allocation, BlockDevice};
 
 pub use open::create_sparse;
 
@@ -237,6 +237,36 @@ impl BlockDevice for FileDevice {
 
     fn describe(&self) -> String {
         self.path.display().to_string()
+    }
+
+    /// A regular file's holes, from `SEEK_DATA`/`SEEK_HOLE` (which see writes not yet synced).
+    /// A block device, or a file system without the calls, is all data.
+    fn allocation(&self, offset: u64, len_bytes: u64) -> io::Result<(u64, Allocation)> {
+        assert!(len_bytes > 0, "allocation of an empty range");
+        let all_data = Ok((len_bytes, Allocation::Data));
+        if self.is_block_device {
+            return all_data;
+        }
+        let end = offset.saturating_add(len_bytes);
+        let data_start = match sys::seek_data_or_hole(&self.file, offset, true) {
+            Ok(Some(data_start)) => data_start,
+            // No data from `offset` to the end of the file.
+            Ok(None) => return Ok((len_bytes, Allocation::ZeroHole)),
+            Err(e) if sys::is_unsupported(&e) => return all_data,
+            Err(e) => return Err(annotate(&self.path, "SEEK_DATA", e)),
+        };
+        if data_start > offset {
+            return Ok((data_start.min(end) - offset, Allocation::ZeroHole));
+        }
+        let hole_start = match sys::seek_data_or_hole(&self.file, offset, false) {
+            Ok(found) => found.unwrap_or(end),
+            Err(e) if sys::is_unsupported(&e) => return all_data,
+            Err(e) => return Err(annotate(&self.path, "SEEK_HOLE", e)),
+        };
+        // A hole punched between the two calls can put `hole_start` at `offset`: say data.
+        let run_bytes = hole_start.min(end).saturating_sub(offset).max(1);
+        assert!(run_bytes <= len_bytes);
+        Ok((run_bytes, Allocation::Data))
     }
 }
 

@@ -151,6 +151,30 @@ pub(super) fn block_device_sector_bytes(file: &File) -> io::Result<u64> {
     Ok(sector_bytes as u64)
 }
 
+/// `lseek` with `SEEK_DATA` or `SEEK_HOLE` from `offset`: the offset found, or `None` when the
+/// kernel says there is none (ENXIO: no data at or after `offset`).
+pub(super) fn seek_data_or_hole(file: &File, offset: u64, data: bool) -> io::Result<Option<u64>> {
+    let whence = if data {
+        libc::SEEK_DATA
+    } else {
+        libc::SEEK_HOLE
+    };
+    loop {
+        // SAFETY: plain syscall on a descriptor we own; it only moves the (unused) file offset,
+        // since every IO of a FileDevice is positional.
+        let found = unsafe { libc::lseek64(file.as_raw_fd(), offset as libc::off64_t, whence) };
+        if found >= 0 {
+            return Ok(Some(found as u64));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::ENXIO) => return Ok(None),
+            _ => return Err(e),
+        }
+    }
+}
+
 /// Whether a hole punch, discard or zero-out failed only because the device or file system
 /// does not offer it (the caller then falls back or, for an advisory discard, does nothing).
 pub(super) fn is_unsupported(e: &io::Error) -> bool {

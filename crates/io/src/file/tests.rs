@@ -399,3 +399,30 @@ fn scratch_block_device_from_env() {
         eprintln!("zeros after discard: {}", back.iter().all(|&b| b == 0));
     }
 }
+
+#[test]
+fn allocation_reports_a_sparse_files_holes_and_data() {
+    let path = make_file("allocation", 1 << 20);
+    let dev = FileDevice::open(&path.0, FileOptions::default()).unwrap();
+    let block = AlignedBuf::new(4096);
+    dev.write_at(&block, 64 << 10).unwrap();
+    let hole = Allocation::ZeroHole;
+    assert_eq!(dev.allocation(0, 1 << 20).unwrap(), (64 << 10, hole));
+    assert_eq!(dev.allocation(100, 4096).unwrap(), (4096, hole));
+    assert_eq!(
+        dev.allocation(64 << 10, 1 << 19).unwrap(),
+        (4096, Allocation::Data)
+    );
+    assert_eq!(
+        dev.allocation((64 << 10) + 100, 10).unwrap().1,
+        Allocation::Data
+    );
+    let after_bytes = (1 << 20) - (68 << 10);
+    assert_eq!(
+        dev.allocation(68 << 10, after_bytes).unwrap(),
+        (after_bytes, hole)
+    );
+    // A punched hole is a hole again.
+    dev.write_zeroes(64 << 10, 4096).unwrap();
+    assert_eq!(dev.allocation(0, 1 << 20).unwrap(), (1 << 20, hole));
+}

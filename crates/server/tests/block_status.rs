@@ -1,0 +1,325 @@
+//! Block status over a sparse file backing device, checked with real clients (`nbdinfo --map`,
+//! `qemu-img map`, `nbdcopy`) and a raw client for what they never send.
+
+mod server_support;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use logcache_engine::io::file::{create_sparse, FileDevice, FileOptions};
+use logcache_engine::io::memory::MemDevice;
+use logcache_engine::io::BlockDevice;
+use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
+use logcache_nbd::consts::{
+    CMD_FLAG_REQ_ONE, EINVAL, REPLY_TYPE_BLOCK_STATUS, REPLY_TYPE_ERROR, REPLY_TYPE_OFFSET_DATA,
+    STATE_HOLE, STATE_ZERO,
+};
+use logcache_nbd::reply::{decode_block_status_payload, ErrorPayload};
+use logcache_nbd::request::{Command as NbdCommand, Request};
+use logcache_server::{Server, ServerConfig};
+use server_support::{nbdsh, run, unix_uri, RawClient, TestDir, MIB};
+
+const ZERO_HOLE: u32 = STATE_HOLE | STATE_ZERO;
+
+/// A server on an engine whose backing device is a sparse file.
+struct SparseFixture {
+    _dir: TestDir,
+    engine: Engine,
+    server: Server,
+    socket: std::path::PathBuf,
+}
+
+impl SparseFixture {
+    /// `prepare` writes to the backing file before the cache is formatted over it.
+    fn start(name: &str, backing_bytes: u64, prepare: impl FnOnce(&dyn BlockDevice)) -> Self {
+        let dir = TestDir::new(name);
+        let path = dir.path.join("backing.img");
+        create_sparse(&path, backing_bytes).expect("sparse backing file");
+        let backing: Arc<dyn BlockDevice> =
+            Arc::new(FileDevice::open(&path, FileOptions::default()).expect("open backing"));
+        prepare(&*backing);
+        let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(128 * MIB));
+        format_cache(&*cache, &*backing, &FormatOptions::default()).expect("format");
+        let options = OpenOptions {
+            ram_buffer_bytes: 8 * MIB,
+            ..OpenOptions::default()
+        };
+        let engine = Engine::open(cache, backing, options).expect("open engine");
+        let server = Server::new(engine.clone(), ServerConfig::default());
+        let socket = dir.path.join("nbd.sock");
+        server.listen_unix(&socket).expect("listen");
+        SparseFixture {
+            _dir: dir,
+            engine,
+            server,
+            socket,
+        }
+    }
+
+    fn uri(&self) -> String {
+        unix_uri(&self.socket)
+    }
+
+    /// Whether the engine reads `[offset, offset + length)` as zeros.
+    fn reads_zeros(&self, offset_bytes: u64, length_bytes: u64) -> bool {
+        let mut pos = offset_bytes;
+        let mut buf = vec![0u8; MIB as usize];
+        while pos < offset_bytes + length_bytes {
+            let n = (offset_bytes + length_bytes - pos).min(MIB);
+            self.engine.read(pos, &mut buf[..n as usize]).unwrap();
+            if buf[..n as usize].iter().any(|&b| b != 0) {
+                return false;
+            }
+            pos += n;
+        }
+        true
+    }
+}
+
+impl Drop for SparseFixture {
+    fn drop(&mut self) {
+        self.server.shutdown();
+    }
+}
+
+/// (offset, length, zero hole) runs, adjacent equal ones merged.
+fn merged(runs: impl IntoIterator<Item = (u64, u64, bool)>) -> Vec<(u64, u64, bool)> {
+    let mut out: Vec<(u64, u64, bool)> = Vec::new();
+    for (offset, length, hole) in runs {
+        match out.last_mut() {
+            Some(last) if last.2 == hole && last.0 + last.1 == offset => last.1 += length,
+            _ => out.push((offset, length, hole)),
+        }
+    }
+    out
+}
+
+fn nbdinfo_map(uri: &str) -> Vec<(u64, u64, bool)> {
+    let out = run("nbdinfo", &["--map", "--json", uri]).expect_success("nbdinfo --map");
+    let map: serde_json::Value = serde_json::from_str(&out.stdout).expect("nbdinfo JSON");
+    merged(
+        map.as_array()
+            .expect("an array of extents")
+            .iter()
+            .map(|e| {
+                let flags = e["type"].as_u64().unwrap() as u32;
+                assert!(flags == 0 || flags == ZERO_HOLE, "unexpected flags: {e}");
+                (
+                    e["offset"].as_u64().unwrap(),
+                    e["length"].as_u64().unwrap(),
+                    flags == ZERO_HOLE,
+                )
+            }),
+    )
+}
+
+fn qemu_img_map(uri: &str) -> Vec<(u64, u64, bool)> {
+    let out =
+        run("qemu-img", &["map", "--output=json", "-f", "raw", uri]).expect_success("qemu-img map");
+    let map: serde_json::Value = serde_json::from_str(&out.stdout).expect("qemu-img JSON");
+    merged(
+        map.as_array()
+            .expect("an array of extents")
+            .iter()
+            .map(|e| {
+                let data = e["data"].as_bool().unwrap();
+                let zero = e["zero"].as_bool().unwrap();
+                assert!(
+                    data != zero,
+                    "data and zero are each other's opposite here: {e}"
+                );
+                (
+                    e["start"].as_u64().unwrap(),
+                    e["length"].as_u64().unwrap(),
+                    zero,
+                )
+            }),
+    )
+}
+
+#[test]
+fn maps_show_written_data_and_zeroed_and_trimmed_holes() {
+    let fixture = SparseFixture::start("map", 64 * MIB, |backing| {
+        // Data already on the backing device when the cache is created.
+        backing.write_at(&vec![0x11; MIB as usize], MIB).unwrap();
+        backing.flush().unwrap();
+    });
+    let size = fixture.engine.size_bytes();
+    let script = r#"
+h.pwrite(b"\x22" * 65536, 8 << 20)
+h.pwrite(b"\x33" * (1 << 20), 16 << 20)
+h.zero(4 << 20, 16 << 20)
+h.trim(256 << 10, (1 << 20) + (256 << 10))
+h.flush()
+"#;
+    nbdsh(&fixture.uri(), &[], script).expect_success("nbdsh writes");
+    let expected = merged([
+        (0, MIB, true),
+        (MIB, 256 << 10, false),
+        (MIB + (256 << 10), 256 << 10, true),
+        (MIB + (512 << 10), 512 << 10, false),
+        (2 * MIB, 6 * MIB, true),
+        (8 * MIB, 64 << 10, false),
+        (8 * MIB + (64 << 10), size - 8 * MIB - (64 << 10), true),
+    ]);
+    for (offset, length, hole) in &expected {
+        assert_eq!(
+            fixture.reads_zeros(*offset, *length),
+            *hole,
+            "the model is wrong at {offset}+{length}"
+        );
+    }
+    assert_eq!(nbdinfo_map(&fixture.uri()), expected, "nbdinfo --map");
+    assert_eq!(qemu_img_map(&fixture.uri()), expected, "qemu-img map");
+
+    // After write-back the same data is on the backing file instead of in the dirty cache.
+    fixture.engine.drain(|_| {}).unwrap();
+    assert_eq!(nbdinfo_map(&fixture.uri()), expected, "nbdinfo after drain");
+    // Overwriting part of a hole makes it data at once (the copy is only in the cache).
+    fixture.engine.write(32 * MIB, &[7; 4096], false).unwrap();
+    let map = nbdinfo_map(&fixture.uri());
+    let covering = map
+        .iter()
+        .find(|(offset, length, _)| *offset <= 32 * MIB && 32 * MIB < offset + length)
+        .unwrap();
+    assert!(
+        !covering.2,
+        "a written block is reported as a hole: {map:?}"
+    );
+}
+
+#[test]
+fn nbdcopy_of_a_sparse_disk_reads_little_more_than_the_data() {
+    const DATA_BYTES: u64 = 8 * MIB;
+    let fixture = SparseFixture::start("nbdcopy", 4 << 30, |backing| {
+        // A few MiB of data scattered over the disk.
+        for i in 0..8u64 {
+            backing
+                .write_at(&vec![i as u8 + 1; MIB as usize], i * (512 * MIB))
+                .unwrap();
+        }
+        backing.flush().unwrap();
+    });
+    let reads_before = fixture.engine.stats().counters.read_bytes;
+    run("nbdcopy", &[&fixture.uri(), "null:"]).expect_success("nbdcopy");
+    let read_bytes = fixture.engine.stats().counters.read_bytes - reads_before;
+    assert!(
+        (DATA_BYTES..DATA_BYTES + 8 * MIB).contains(&read_bytes),
+        "nbdcopy read {read_bytes} bytes of a disk holding {DATA_BYTES}"
+    );
+}
+
+/// The raw client's view of one block status request.
+enum Answer {
+    Extents(u32, Vec<(u32, u32)>),
+    Error(u32),
+}
+
+fn block_status(client: &mut RawClient, flags: u16, offset: u64, length: u32) -> Answer {
+    let request = Request {
+        flags,
+        command: NbdCommand::BlockStatus,
+        cookie: 9,
+        offset_bytes: offset,
+        length_bytes: length,
+    };
+    client.send_request(&request, &[]);
+    let (header, payload) = client.read_chunk();
+    assert!(header.is_done() && header.cookie == 9);
+    match header.reply_type {
+        REPLY_TYPE_BLOCK_STATUS => {
+            let (id, extents) = decode_block_status_payload(&payload).unwrap();
+            let extents = extents
+                .iter()
+                .map(|d| (d.length_bytes, d.status_flags))
+                .collect();
+            Answer::Extents(id, extents)
+        }
+        REPLY_TYPE_ERROR => Answer::Error(
+            ErrorPayload::decode(header.reply_type, &payload)
+                .unwrap()
+                .error,
+        ),
+        other => panic!("unexpected reply type {other}"),
+    }
+}
+
+/// The connection still serves reads after whatever came before.
+fn still_serving(client: &mut RawClient) {
+    let request = Request {
+        flags: 0,
+        command: NbdCommand::Read,
+        cookie: 10,
+        offset_bytes: 0,
+        length_bytes: 512,
+    };
+    client.send_request(&request, &[]);
+    let (header, payload) = client.read_chunk();
+    assert_eq!(
+        (header.reply_type, header.cookie),
+        (REPLY_TYPE_OFFSET_DATA, 10)
+    );
+    assert_eq!(payload.len(), 8 + 512);
+}
+
+#[test]
+fn hostile_block_status_requests_get_errors_and_the_server_keeps_serving() {
+    let fixture = SparseFixture::start("hostile", 64 * MIB, |backing| {
+        backing.write_at(&vec![1; 4096], 8192).unwrap();
+    });
+    let socket: &Path = &fixture.socket;
+    let size = fixture.engine.size_bytes();
+
+    // Without SET_META_CONTEXT: no context selected, EINVAL.
+    let mut client = RawClient::go(socket, true, false);
+    assert!(matches!(
+        block_status(&mut client, 0, 0, 4096),
+        Answer::Error(EINVAL)
+    ));
+    still_serving(&mut client);
+
+    let mut client = RawClient::go(socket, true, true);
+    assert!(matches!(
+        block_status(&mut client, 0, 0, 0),
+        Answer::Error(EINVAL)
+    ));
+    assert!(matches!(
+        block_status(&mut client, 0, size - 512, 1024),
+        Answer::Error(EINVAL)
+    ));
+    assert!(matches!(
+        block_status(&mut client, 0, u64::MAX - 10, 100),
+        Answer::Error(EINVAL)
+    ));
+    assert!(matches!(
+        block_status(&mut client, 0x80, 0, 4096),
+        Answer::Error(EINVAL)
+    ));
+    still_serving(&mut client);
+
+    // REQ_ONE: exactly one extent, never longer than asked.
+    let Answer::Extents(id, extents) = block_status(&mut client, CMD_FLAG_REQ_ONE, 100, 1 << 20)
+    else {
+        panic!("block status failed")
+    };
+    assert_eq!(id, 1);
+    assert_eq!(extents, [(8192 - 100, ZERO_HOLE)]);
+    // Without it: the whole range, unaligned ends included.
+    let Answer::Extents(_, extents) = block_status(&mut client, 0, 100, 16384) else {
+        panic!("block status failed")
+    };
+    assert_eq!(
+        extents,
+        [
+            (8192 - 100, ZERO_HOLE),
+            (4096, 0),
+            (16384 + 100 - 12288, ZERO_HOLE)
+        ]
+    );
+    // The last byte of the disk.
+    let Answer::Extents(_, extents) = block_status(&mut client, 0, size - 1, 1) else {
+        panic!("block status failed")
+    };
+    assert_eq!(extents, [(1, ZERO_HOLE)]);
+    still_serving(&mut client);
+}
