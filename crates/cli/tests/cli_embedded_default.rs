@@ -140,7 +140,7 @@ fn embedded_default_after_a_crash() {
     served.kill();
     // Restarting with the same command: the stale sockets are replaced, the log recovered.
     let served = Served::start_in(dir.path(), &["--listen", "127.0.0.1:0"]);
-    let stderr = served.stderr();
+    let stderr = served.stderr_with("recovered after an unclean stop");
     assert!(
         stderr.contains("recovered after an unclean stop"),
         "{stderr}"

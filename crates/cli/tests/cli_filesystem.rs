@@ -225,7 +225,7 @@ fn xfs_on_the_served_disk_survives_a_server_crash() {
     }
 
     let served = Served::start(&args);
-    let stderr = served.stderr();
+    let stderr = served.stderr_with("recovered after an unclean stop");
     assert!(
         stderr.contains("recovered after an unclean stop"),
         "{stderr}"

@@ -615,7 +615,7 @@ fn restart_after_sigkill_keeps_flushed_data() {
     assert!(Path::new(&ctl).exists());
     assert!(disk.dir.join("cache.img.sock").exists());
     disk.start(&[]);
-    let stderr = disk.served().stderr();
+    let stderr = disk.served().stderr_with("recovered after an unclean stop");
     assert!(
         stderr.contains("recovered after an unclean stop"),
         "{stderr}"

@@ -605,6 +605,20 @@ impl Served {
         self.err.lock().unwrap().clone()
     }
 
+    /// stderr once it contains `needle`, or as it is after [`START_TIMEOUT`]: serve writes its
+    /// startup notes (recovery, format) before the banner on stdout, but the two pipes are read
+    /// by different threads, so the banner can arrive first.
+    pub fn stderr_with(&self, needle: &str) -> String {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let err = self.stderr();
+            if err.contains(needle) || Instant::now() >= deadline {
+                return err;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The endpoints from the "logcache: serving ... on URI [and URI]" line.
     pub fn uris(&self) -> Vec<String> {
         let Some(line) = self.line("logcache: serving ") else {
