@@ -11,6 +11,7 @@ pub mod exit;
 pub mod guard;
 pub mod metrics;
 pub mod offline;
+pub mod owner;
 pub mod served;
 pub mod size;
 pub mod sockets;

@@ -1,7 +1,8 @@
 //! The two mistakes that destroy a cache with one command, refused before anything is written:
 //! the same storage as cache and backing (through symlinks, other spellings, hard links and a
-//! loop device over the other file), and a backing device another process is serving. Each
-//! refusal is checked for its message and for the cache and backing bytes being unchanged.
+//! loop device over the other file), and a backing device another process is serving (a local
+//! one by its lock, an NBD one by the owner record in its label). Each refusal is checked for
+//! its message and for the cache and backing bytes being unchanged.
 
 mod common;
 
@@ -190,5 +191,82 @@ fn the_cache_lock_names_its_holder() {
         &["dump", "--cache", &cache],
         &[&cache, "in use by process", &pid],
     );
+    assert!(served.stop().status.success());
+}
+
+/// The backing file's bytes without the owner record (bytes 512..1024 of the label block),
+/// which a serving process renews every few seconds.
+fn backing_bytes_but_owner(path: &str) -> Vec<u8> {
+    let mut b = bytes(path);
+    let label = b.len() - 4096;
+    b[label + 512..label + 1024].fill(0);
+    b
+}
+
+#[test]
+fn an_nbd_backing_served_by_another_process_is_refused_even_with_force() {
+    let dir = TestDir::new("r-nbd");
+    let file = dir.s("backing.img");
+    sparse(Path::new(&file), 64 * MIB);
+    let sock = dir.join("kit.sock");
+    let _kit = Daemon::start(
+        tool("nbdkit")
+            .args(["-f", "-U"])
+            .arg(&sock)
+            .arg("file")
+            .arg(&file),
+        &sock,
+        &dir.join("nbdkit.log"),
+    );
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let first = dir.s("first.img");
+    sparse(Path::new(&first), 16 * MIB);
+    logcache_ok(&["format", "--cache", &first, "--backing", &uri]);
+    let served = Served::start(&["--cache", &first, "--backing", &uri]);
+    let pid = served.pid().to_string();
+    let second = dir.s("second.img");
+    sparse(Path::new(&second), 16 * MIB);
+    let (second_before, backing_before) = (bytes(&second), backing_bytes_but_owner(&file));
+    for args in every_command(&dir, &second, &uri) {
+        if args[0] == "check" {
+            continue; // read-only: checking a served backing device's label harms nothing
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fails_with(
+            1,
+            &args,
+            &[
+                "being served by logcache process",
+                &pid,
+                "nothing was written",
+            ],
+        );
+    }
+    assert!(
+        bytes(&second) == second_before,
+        "a refused command wrote the cache"
+    );
+    assert!(
+        backing_bytes_but_owner(&file) == backing_before,
+        "a refused command wrote the backing device"
+    );
+    assert_eq!(served.status()["state"], "serving");
+    assert!(served.stop().status.success());
+
+    // Stopped cleanly: --force takes over, saying what that costs the first cache.
+    let out = logcache(&["format", "--cache", &second, "--backing", &uri, "--force"]);
+    assert_ok(&out, "format --force after the first serve stopped");
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("process {pid}"))
+            && err.contains("stopped cleanly")
+            && err.contains("lost"),
+        "{err}"
+    );
+
+    // A killed serve is no live owner: the same serve starts again at once.
+    let served = Served::start(&["--cache", &second, "--backing", &uri]);
+    served.kill();
+    let served = Served::start(&["--cache", &second, "--backing", &uri]);
     assert!(served.stop().status.success());
 }

@@ -8,6 +8,7 @@ use logcache_engine::{format_cache, FormatOptions};
 
 use crate::devices::{lock_backing, lock_cache, open_backing, open_cache};
 use crate::guard::refuse_same_device;
+use crate::owner::refuse_live_owner;
 use crate::size::{human, parse_size};
 
 #[derive(Args)]
@@ -34,6 +35,8 @@ pub fn run(args: &FormatArgs) -> Result<()> {
     // Even with --force: another process serving this backing device would go on writing it.
     let _backing_lock = lock_backing(&args.backing)?;
     let backing = open_backing(&args.backing)?;
+    // An NBD backing has no local lock: its owner record says whether another serve has it.
+    refuse_live_owner(&*backing, &args.backing, args.force)?;
     let (cache_bytes, backing_bytes) = (cache.size_bytes(), backing.size_bytes());
     if cache_bytes > backing_bytes {
         eprintln!(

@@ -21,8 +21,10 @@ use crate::devices::{
 };
 use crate::guard::refuse_same_device;
 use crate::metrics::MetricsServer;
+use crate::owner::{refuse_live_owner, Heartbeat};
 use crate::served::Served;
 use crate::size::human;
+use logcache_nbd::uri::is_nbd_uri;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -142,7 +144,23 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let _lock = lock_cache(&plan.cache)?;
     let _backing_lock = lock_backing(&plan.backing)?;
     let backing = open_backing_with_timeout(&plan.backing, backing_timeout)?;
-    let engine = open_engine(&plan, cache, backing)?;
+    let remote = is_nbd_uri(&plan.backing);
+    if remote {
+        refuse_live_owner(&*backing, &plan.backing, false)?;
+    }
+    let engine = open_engine(&plan, cache, backing.clone())?;
+    // An NBD backing has no local lock: record this process as its owner while it serves
+    // (marked stopped when dropped, before the engine closes).
+    let heartbeat = match remote
+        .then(|| Heartbeat::start(backing.clone()))
+        .transpose()
+    {
+        Ok(h) => h,
+        Err(e) => {
+            let _ = engine.close();
+            return Err(e.context("recording this serve as the backing device's owner"));
+        }
+    };
     for (k, v) in &tunable_sets {
         engine
             .set_tunable(k, v)
@@ -165,6 +183,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let result = serve_until_signal(&plan, args, &server, &served, &signals);
     // Whatever happened, stop serving and leave a clean checkpoint if the engine allows.
     server.shutdown();
+    drop(heartbeat);
     let closed = engine.close();
     result?;
     closed.context("closing the cache")?;
