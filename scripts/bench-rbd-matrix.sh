@@ -156,7 +156,7 @@ fi
 for n in $BG; do
     for c in $CONFIGS; do
         name=$(lc_name "$c")
-        [ -n "$name" ] && "$bin" drain --control "$dir/$name.ctl" >/dev/null 2>&1 2>&1
+        [ -n "$name" ] && "$bin" drain --control "$dir/$name.ctl" >/dev/null 2>&1
         bgjob=()
         if [ "$n" -gt 0 ]; then
             bgjob=(--name=bg --rw=randwrite --bs=4k --iodepth=8 --offset=256m --size=256m
