@@ -170,7 +170,7 @@ impl Engine {
         });
         {
             let mut st = inner.state.lock();
-            if !st.open.active {
+            if !st.ring.open().active {
                 st.open_segment(false);
             }
         }
@@ -338,7 +338,7 @@ impl Engine {
                 break Err(e);
             }
             let st = self.inner.state.lock();
-            if st.queue.is_empty() && st.seqs.synced() == st.seqs.last_sealed() {
+            if st.ring.queue_is_empty() && st.seqs.synced() == st.seqs.last_sealed() {
                 break Ok(());
             }
         };
@@ -346,11 +346,11 @@ impl Engine {
         res?;
         let (end_seq, head, head_seq, wb_seq) = {
             let st = self.inner.state.lock();
-            assert!(st.queue.is_empty());
+            assert!(st.ring.queue_is_empty());
             let wb_seq = writeback::writeback_position(&st).max(st.writeback.persisted_seq());
             (
                 st.seqs.last_sealed(),
-                st.head_segment_id,
+                st.ring.head_segment_id(),
                 st.head_seq(),
                 wb_seq,
             )
@@ -459,7 +459,7 @@ impl Engine {
             exported_size_bytes: g.exported_size_bytes,
             segment_size_bytes: g.segment_size_bytes,
             segment_count: g.segment_count,
-            segments_in_use: st.segments_in_use(),
+            segments_in_use: st.ring.segments_in_use(),
             cache_blocks: g.cache_block_count() as u64,
             cached_blocks: st.blocks.cached_blocks(),
             dirty_blocks: st.blocks.dirty_blocks(),
@@ -467,20 +467,20 @@ impl Engine {
             writeback_seq: st.writeback.persisted_seq(),
             writeback_error: st.writeback.error().map(str::to_string),
             ram_buffers: self.inner.buffers.count(),
-            ram_buffers_free: st.free_buffers.len() as u32,
+            ram_buffers_free: st.ring.free_buffer_count(),
             ram_buffer_bytes: self.inner.buffers.memory_bytes() as u64,
             written_seq: st.seqs.written(),
             synced_seq: st.seqs.synced(),
             next_seq: st.seqs.next(),
-            head_segment_id: st.head_segment_id,
+            head_segment_id: st.ring.head_segment_id(),
             epoch: st.seqs.epoch(),
             index_memory_bytes: st.blocks.memory_bytes(),
             failed: st.health.failed().map(str::to_string),
             mode: tunables::MODE_NAMES[self.inner.tunables.get(tunables::CACHE_MODE) as usize],
             read_cache: self.inner.tunables.get(tunables::READ_CACHE) != 0,
-            segments_in_ram: st.ram_segments.len() as u64,
-            segments_on_disk: st.segments_in_use() - st.ram_segments.len() as u64,
-            segments_free: st.free_segments(),
+            segments_in_ram: st.ring.ram_segment_count(),
+            segments_on_disk: st.ring.segments_in_use() - st.ring.ram_segment_count(),
+            segments_free: st.ring.free_segments(),
         }
     }
 

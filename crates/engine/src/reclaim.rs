@@ -12,7 +12,6 @@ use parking_lot::MutexGuard;
 use crate::error::{Error, Result};
 use crate::format::{chunk, BLOCK_SIZE_BYTES};
 use crate::inner::{fail, Inner};
-use crate::state::buffers::NO_BUFFER;
 use crate::state::{Location, State, RESERVE_SEGMENTS};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
@@ -27,15 +26,10 @@ pub fn reclaim<'a>(
 ) -> Result<(MutexGuard<'a, State>, bool)> {
     let new_head =
         st.reclaimable_head(|slot| inner.pins[slot as usize].load(Ordering::Acquire) > 0);
-    if new_head == st.head_segment_id {
+    if new_head == st.ring.head_segment_id() {
         return Ok((st, false));
     }
-    let slot = inner.geo.slot_of(new_head) as usize;
-    let head_seq = if new_head < st.next_segment_id {
-        st.segments[slot].first_seq
-    } else {
-        st.seqs.next()
-    };
+    let head_seq = st.ring.first_seq_of(new_head, st.seqs.next());
     drop(st);
     let res = inner.superblock.advance_head(new_head, head_seq);
     let mut st = inner.state.lock();
@@ -44,7 +38,7 @@ pub fn reclaim<'a>(
     }
     st.counters.superblock_writes += 1;
     st.free_segments_before(new_head);
-    if !st.open.active {
+    if !st.ring.open().active {
         st.open_segment(false);
     }
     Ok((st, true))
@@ -70,26 +64,13 @@ pub fn relocate_head<'a>(
     }
     // The oldest segment that still has live blocks: segments before it are dead and only wait
     // for a sync to be reclaimed. Only segments wholly on the cache device qualify.
-    let mut head = st.head_segment_id;
-    let slot = loop {
-        if head >= st.next_segment_id {
-            return Ok((st, false));
-        }
-        let slot = inner.geo.slot_of(head);
-        let seg = &st.segments[slot as usize];
-        let in_open = st.open.active && st.open.slot == slot;
-        if seg.id != head || seg.buffer != NO_BUFFER || !seg.full || in_open {
-            return Ok((st, false));
-        }
-        if seg.live_blocks > 0 {
-            break slot;
-        }
-        head += 1;
+    let Some((head, slot)) = st.ring.oldest_live_on_device() else {
+        return Ok((st, false));
     };
     // Clean blocks are the cheapest room there is: their data is on the backing device, so
     // they are dropped, not moved. Only dirty blocks need relocating.
     let mut evicted = false;
-    if st.segments[slot as usize].dirty_blocks < st.segments[slot as usize].live_blocks {
+    if st.ring.segment(slot).dirty_blocks < st.ring.segment(slot).live_blocks {
         for b in 0..inner.geo.blocks_per_segment {
             let c = inner.geo.cache_block(slot, b);
             if st.blocks.lba_of(c).is_some() && st.blocks.dirty(c) == 0 {
@@ -97,7 +78,7 @@ pub fn relocate_head<'a>(
                 evicted = true;
             }
         }
-        if st.segments[slot as usize].live_blocks == 0 {
+        if st.ring.segment(slot).live_blocks == 0 {
             return Ok((st, true));
         }
     }
@@ -111,7 +92,7 @@ pub fn relocate_head<'a>(
     if st.blocks.dirty_blocks() > live_max {
         return Ok((st, evicted));
     }
-    let mut live = Vec::with_capacity(st.segments[slot as usize].live_blocks as usize);
+    let mut live = Vec::with_capacity(st.ring.segment(slot).live_blocks as usize);
     for b in 0..inner.geo.blocks_per_segment {
         let c = inner.geo.cache_block(slot, b);
         if let Some(lba) = st.blocks.lba_of(c) {
@@ -123,7 +104,7 @@ pub fn relocate_head<'a>(
             });
         }
     }
-    assert_eq!(live.len() as u32, st.segments[slot as usize].live_blocks);
+    assert_eq!(live.len() as u32, st.ring.segment(slot).live_blocks);
     inner.pins[slot as usize].fetch_add(1, Ordering::AcqRel);
     drop(st);
     // One sequential read of the whole segment, then checksums, all without the lock.

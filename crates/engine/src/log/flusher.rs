@@ -69,7 +69,7 @@ pub fn run(inner: &Inner) {
 }
 
 fn has_work(st: &State) -> bool {
-    let durability_work = !st.queue.is_empty() || st.seqs.sync_wanted();
+    let durability_work = !st.ring.queue_is_empty() || st.seqs.sync_wanted();
     // Closing: only what close waits for. Room-making may never finish (a log full of dirty
     // blocks waits for writeback, which has stopped) and nobody needs it any more.
     if st.health.closing() {
@@ -79,7 +79,7 @@ fn has_work(st: &State) -> bool {
 }
 
 fn next_wake(inner: &Inner, st: &State) -> Duration {
-    match (inner.seal_interval_ms(), st.open.first_write_at) {
+    match (inner.seal_interval_ms(), st.ring.open().first_write_at) {
         (ms, Some(t)) if ms > 0 => {
             let due = t + Duration::from_millis(ms);
             due.saturating_duration_since(Instant::now())
@@ -95,10 +95,10 @@ pub fn seal_if_due(inner: &Inner, st: &mut State, now: Instant) {
     if interval_ms == 0 || st.health.is_failed() {
         return;
     }
-    let due = st
-        .open
-        .first_write_at
-        .is_some_and(|t| now.saturating_duration_since(t) >= Duration::from_millis(interval_ms));
+    let due =
+        st.ring.open().first_write_at.is_some_and(|t| {
+            now.saturating_duration_since(t) >= Duration::from_millis(interval_ms)
+        });
     if due && st.seal(&inner.buffers) {
         let last = st.seqs.last_sealed();
         st.seqs.want_sync(last);
@@ -114,7 +114,7 @@ fn step<'a>(
 ) -> Result<(MutexGuard<'a, State>, bool)> {
     // Chunks may say "the backing device holds this" (write-through blocks): that must not
     // reach the cache device before the backing device has it for sure.
-    if let (false, Some(target)) = (st.queue.is_empty(), st.bypass.sync_owed()) {
+    if let (false, Some(target)) = (st.ring.queue_is_empty(), st.bypass.sync_owed()) {
         drop(st);
         let res = inner.backing.flush();
         st = inner.state.lock();
@@ -133,16 +133,12 @@ fn step<'a>(
         st.bypass.note_synced(target, inner.backing.reconnects());
         st.counters.backing_syncs += 1;
     }
-    let take = st.queue.len().min(CHUNKS_PER_ROUND_MAX);
-    let batch: Vec<SealedChunk> = st.queue.drain(..take).collect();
+    let batch = st.ring.take_queued(CHUNKS_PER_ROUND_MAX);
     let synced_for_headers = st.seqs.synced();
     let mut progressed = !batch.is_empty();
     drop(st);
 
-    let bytes: u64 = batch
-        .iter()
-        .map(|sc| (sc.meta_blocks + sc.data_count) as u64 * BLOCK_SIZE_BYTES)
-        .sum();
+    let bytes: u64 = batch.iter().map(SealedChunk::size_bytes).sum();
     let written = write_chunks(inner, &batch, synced_for_headers);
     let mut st = inner.state.lock();
     if let Err(e) = written {
@@ -159,20 +155,17 @@ fn step<'a>(
             st.blocks.set_crc(cb, crc);
         }
         st.seqs.note_written(sc.seq);
-        let id = st.segments[sc.slot as usize].id;
-        let end_block = sc.start_block + sc.meta_blocks + sc.data_count;
-        st.unsynced_ends.push((sc.slot, id, end_block));
+        st.ring.note_written(sc);
     }
     st.counters.chunks_written += batch.len() as u64;
     st.counters.chunk_bytes_written += bytes;
-    st.unsynced_bytes += bytes;
     st.release_written_buffers();
 
     // Sync when a flush waits, when enough is unsynced that recovery's tail check would grow,
     // or when room is short (dead segments can be reclaimed only once their killers are synced).
     let need_sync = st.seqs.written() > st.seqs.synced()
         && (st.seqs.sync_wanted()
-            || st.unsynced_bytes >= SYNC_EVERY_BYTES
+            || st.ring.unsynced_bytes() >= SYNC_EVERY_BYTES
             || ((st.room.writers_wait() || st.under_pressure()) && st.head_waits_for_sync()));
     if need_sync {
         let target = st.seqs.written();
@@ -344,9 +337,9 @@ pub fn drain_inline(inner: &Inner, for_room: bool) -> Result<bool> {
         let mut st = inner.state.lock();
         st.health.check_failed()?;
         let done = if for_room {
-            st.open.active
+            st.ring.open().active
         } else {
-            st.queue.is_empty()
+            st.ring.queue_is_empty()
         };
         if done {
             return Ok(any);

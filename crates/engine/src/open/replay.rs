@@ -3,11 +3,10 @@
 //! back blocks a re-applied zero range may have made wrong, and hand the result over as the
 //! engine's starting `State`.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA, KIND_DROP, KIND_HOLE, KIND_ZERO};
+use crate::format::chunk::{ChunkHeader, Entry, KIND_DATA, KIND_DROP, KIND_HOLE, KIND_ZERO};
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::geometry::Geometry;
 use crate::index::BlockIndex;
@@ -21,7 +20,7 @@ use crate::state::promotion::Promotion;
 use crate::state::room::Room;
 use crate::state::seqs::Seqs;
 use crate::state::writeback::WritebackState;
-use crate::state::{OpenChunk, SegmentInfo, State};
+use crate::state::{Ring, SegmentInfo, State};
 use crate::stats::{Counters, RecoveryReport};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
@@ -224,52 +223,21 @@ impl Recovered {
     /// Turns the recovered log into the engine's starting state; the next chunk continues the
     /// log where it ended.
     pub fn into_state(
-        mut self,
+        self,
         geo: Geometry,
         epoch: u64,
         buffer_count: u32,
         promote_pause: Duration,
     ) -> State {
-        let mut free_buffers: Vec<u32> = (0..buffer_count).rev().collect();
-        let next_seq = self.last_seq + 1;
-        let end_slot = geo.slot_of(self.end_segment_id);
-        let mut open = OpenChunk {
-            active: false,
-            slot: 0,
-            segment_id: 0,
-            seq: next_seq,
-            start_block: 0,
-            meta_blocks: 0,
-            data_capacity: 0,
-            data_count: 0,
-            first_write_at: None,
-        };
-        let next_segment_id;
-        let mut ram_segments = VecDeque::new();
-        if self.end_block > 0 {
-            ram_segments.push_back(end_slot);
-            // Continue in the segment the log ended in; its earlier blocks stay on disk.
-            let seg = &mut self.segments[end_slot as usize];
-            assert_eq!(seg.id, self.end_segment_id);
-            seg.full = false;
-            seg.buffer = free_buffers.pop().expect("at least two buffers");
-            seg.ram_start_block = self.end_block;
-            let (meta, data) = chunk::plan(geo.blocks_per_segment - self.end_block);
-            open = OpenChunk {
-                active: true,
-                slot: end_slot,
-                segment_id: self.end_segment_id,
-                seq: next_seq,
-                start_block: self.end_block,
-                meta_blocks: meta,
-                data_capacity: data,
-                data_count: 0,
-                first_write_at: None,
-            };
-            next_segment_id = self.end_segment_id + 1;
-        } else {
-            next_segment_id = self.end_segment_id;
-        }
+        let ring = Ring::recovered(
+            &geo,
+            self.segments,
+            self.head_segment_id,
+            self.end_segment_id,
+            self.end_block,
+            self.last_seq + 1,
+            buffer_count,
+        );
         State {
             geo,
             blocks: Blocks::new(
@@ -279,20 +247,11 @@ impl Recovered {
                 self.data_crc,
                 self.dirty_blocks,
             ),
-            segments: self.segments,
-            head_segment_id: self.head_segment_id,
-            next_segment_id,
-            open,
-            free_buffers,
-            ram_segments,
-            queue: VecDeque::new(),
+            ring,
             seqs: Seqs::new(self.last_seq, epoch),
-            unsynced_bytes: 0,
             health: Health::default(),
             room: Room::default(),
-            unsynced_ends: Vec::new(),
             writeback: WritebackState::new(self.writeback_seq.min(self.last_seq)),
-            open_ranges: Vec::with_capacity(chunk::entry_capacity(1) as usize),
             promotion: Promotion::new(promote_pause),
             bypass: Bypass::default(),
             streams: Default::default(),

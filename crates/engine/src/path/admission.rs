@@ -96,7 +96,7 @@ pub fn wait_for_room<'a>(
             }
         }
         let st = inner.state.lock();
-        if !progressed && !st.open.active {
+        if !progressed && !st.ring.open().active {
             return Err(Error::NoSpace(
                 "the log is full of live data and nothing can be reclaimed".into(),
             ));

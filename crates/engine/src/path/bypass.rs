@@ -68,9 +68,9 @@ fn log_range_some(
             break;
         }
         if seq == 0 {
-            seq = st.open.seq;
+            seq = st.ring.open().seq;
         }
-        last_seq = st.open.seq;
+        last_seq = st.ring.open().seq;
         let dropped = st.kill_range(lba, count as u64);
         st.counters.blocks_invalidated += dropped;
         lba += count as u64;

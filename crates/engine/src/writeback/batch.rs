@@ -70,11 +70,10 @@ impl WritebackBuffers {
 fn collect(inner: &Inner, st: &State, bufs: &mut WritebackBuffers, max_blocks: usize) {
     bufs.blocks.clear();
     bufs.slots.clear();
-    let mut id = st.head_segment_id;
-    while id < st.next_segment_id && bufs.blocks.len() < max_blocks {
-        let slot = inner.geo.slot_of(id);
-        let seg = &st.segments[slot as usize];
-        id += 1;
+    for (_, slot, seg) in st.ring.in_log() {
+        if bufs.blocks.len() >= max_blocks {
+            break;
+        }
         if seg.dirty_blocks == 0 {
             continue;
         }

@@ -53,15 +53,11 @@ pub fn writeback_position(st: &State) -> u64 {
         .writeback
         .zero_pending_seq()
         .map_or(st.seqs.synced(), |s| st.seqs.synced().min(s - 1));
-    let mut id = st.head_segment_id;
-    while id < st.next_segment_id {
-        let seg = &st.segments[st.geo.slot_of(id) as usize];
-        if seg.dirty_blocks > 0 || seg.dead_by_seq > st.seqs.synced() {
-            return seg.first_seq.saturating_sub(1).min(limit);
-        }
-        id += 1;
-    }
-    limit
+    st.ring
+        .in_log()
+        .map(|(_, _, seg)| seg)
+        .find(|seg| seg.dirty_blocks > 0 || seg.dead_by_seq > st.seqs.synced())
+        .map_or(limit, |seg| seg.first_seq.saturating_sub(1).min(limit))
 }
 
 fn persist_position(inner: &Inner, st: &mut MutexGuard<'_, State>, pos: u64) -> Result<()> {
