@@ -9,10 +9,12 @@
 //! Targets: [`nbd_handshake`] and [`nbd_request`] (what a client sends the server),
 //! [`nbd_replies`] (what a server sends our NBD backing client), [`on_disk_metadata`] (the
 //! superblock, label and chunk decoders, with checksums fixed up so the fields behind them are
-//! reached), and [`open_corrupted_cache`] (recovery of a real cache image with bytes changed).
+//! reached), [`open_corrupted_cache`] (recovery of a real cache image with bytes changed), and
+//! [`rbd_diff`] (an `rbd diff v1` stream, as `logcache import-diff` reads it).
 
 mod cache_image;
 
+use logcache_diff::{Decoder, Encoder, Piece};
 use logcache_engine::format::{chunk, label::Label, superblock};
 use logcache_nbd::consts::{
     CLIENT_FLAGS_BYTES, EXPORT_NAME_REPLY_BYTES, GREETING_BYTES, OPTION_HEADER_BYTES,
@@ -221,16 +223,98 @@ pub(crate) fn crc32c_of(bytes: &[u8]) -> u32 {
     crc32c::crc32c(bytes)
 }
 
+/// An `rbd diff v1` stream. What decodes must obey the stream's rules (records sorted, disjoint,
+/// inside the image; no more data than the input held), and must encode again into a stream
+/// that decodes to the same header and pieces.
+pub fn rbd_diff(data: &[u8]) {
+    let Ok(mut d) = Decoder::new(data) else {
+        return;
+    };
+    let header = d.header().clone();
+    let mut pieces = Vec::new();
+    let mut next_offset_bytes = 0u64;
+    let mut data_bytes = 0u64;
+    loop {
+        match d.next_piece() {
+            Ok(Some(p)) => {
+                let (offset_bytes, length_bytes) = match p {
+                    Piece::Data {
+                        offset_bytes,
+                        bytes,
+                    } => {
+                        data_bytes += bytes.len() as u64;
+                        pieces.push((offset_bytes, Some(bytes.to_vec()), bytes.len() as u64));
+                        (offset_bytes, bytes.len() as u64)
+                    }
+                    Piece::Zero {
+                        offset_bytes,
+                        length_bytes,
+                    } => {
+                        pieces.push((offset_bytes, None, length_bytes));
+                        (offset_bytes, length_bytes)
+                    }
+                };
+                assert!(length_bytes > 0);
+                assert!(offset_bytes >= next_offset_bytes, "pieces out of order");
+                next_offset_bytes = offset_bytes + length_bytes;
+                assert!(next_offset_bytes <= header.size_bytes, "piece past the end");
+                assert!(data_bytes <= data.len() as u64, "more data than input");
+            }
+            Ok(None) => break,
+            Err(_) => return,
+        }
+    }
+    assert_eq!(
+        d.position_bytes(),
+        data.len() as u64,
+        "a valid stream is read whole"
+    );
+    let mut e = Encoder::new(Vec::new(), &header).expect("encodes to memory");
+    for (offset_bytes, bytes, length_bytes) in &pieces {
+        match bytes {
+            Some(b) => e.data(*offset_bytes, b),
+            None => e.zero(*offset_bytes, *length_bytes),
+        }
+        .expect("encodes to memory");
+    }
+    let again = e.finish().expect("encodes to memory");
+    let mut d = Decoder::new(&again[..]).expect("a re-encoded stream decodes");
+    assert_eq!(d.header(), &header);
+    for (offset_bytes, bytes, length_bytes) in &pieces {
+        let p = d.next_piece().expect("a re-encoded stream decodes");
+        let same = match (p, bytes) {
+            (
+                Some(Piece::Data {
+                    offset_bytes: o,
+                    bytes: b,
+                }),
+                Some(want),
+            ) => o == *offset_bytes && b == &want[..],
+            (
+                Some(Piece::Zero {
+                    offset_bytes: o,
+                    length_bytes: l,
+                }),
+                None,
+            ) => o == *offset_bytes && l == *length_bytes,
+            _ => false,
+        };
+        assert!(same, "re-encoded stream differs at offset {offset_bytes}");
+    }
+    assert!(matches!(d.next_piece(), Ok(None)));
+}
+
 /// Runs every target on `data`; the fuzz target `all` and the seeded tests use it.
 pub fn all(data: &[u8]) {
     let Some((&which, rest)) = data.split_first() else {
         return;
     };
-    match which % 5 {
+    match which % 6 {
         0 => nbd_handshake(rest),
         1 => nbd_request(rest),
         2 => nbd_replies(rest),
         3 => on_disk_metadata(rest),
+        4 => rbd_diff(rest),
         _ => {
             open_corrupted_cache(rest);
         }

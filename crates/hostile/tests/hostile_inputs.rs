@@ -258,6 +258,49 @@ fn corrupted_image_edits(rng: &mut Rng) -> Vec<u8> {
     v
 }
 
+/// Streams from the encoder (random headers and records, some long), then mutated: bit flips,
+/// cuts, huge length fields. Each must decode or be refused, never panic or run away.
+#[test]
+fn rbd_diff_streams_decode_or_are_refused() {
+    campaign(
+        "rbd_diff",
+        cases(20_000),
+        logcache_hostile::rbd_diff,
+        |rng| {
+            let size_bytes = rng.range(1, 1 << 20);
+            let name = |rng: &mut Rng| (rng.below(3) != 0).then(|| random_bytes(rng, 12));
+            let header = logcache_diff::Header {
+                from_snap: name(rng),
+                to_snap: name(rng),
+                size_bytes,
+            };
+            let mut e = logcache_diff::Encoder::new(Vec::new(), &header).unwrap();
+            let mut at = 0u64;
+            for _ in 0..rng.below(6) {
+                at += rng.below(size_bytes / 4 + 1);
+                if at >= size_bytes {
+                    break;
+                }
+                let len = rng.range(1, (size_bytes - at).min(64));
+                if rng.below(2) == 0 {
+                    let mut data = vec![0u8; len as usize];
+                    rng.fill(&mut data);
+                    e.data(at, &data).unwrap();
+                } else {
+                    e.zero(at, len).unwrap();
+                }
+                at += len;
+            }
+            let stream = e.finish().unwrap();
+            if rng.below(10) == 0 {
+                stream
+            } else {
+                mutate(rng, stream)
+            }
+        },
+    );
+}
+
 #[test]
 fn every_target_through_the_dispatcher() {
     campaign("all", cases(5_000), logcache_hostile::all, |rng| {
