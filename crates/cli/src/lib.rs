@@ -15,3 +15,4 @@ pub mod owner;
 pub mod served;
 pub mod size;
 pub mod sockets;
+pub mod tls;

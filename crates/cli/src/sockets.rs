@@ -12,25 +12,37 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))
 }
 
-/// NBD has no authentication here and we serve it without TLS: anyone who reaches the port can
-/// read and overwrite the whole disk. So TCP serving is loopback-only unless the operator says
-/// the network is trusted (`--allow-remote`). Every address `addr` resolves to must be loopback.
+/// NBD without TLS has no authentication: anyone who reaches the port can read and overwrite
+/// the whole disk. So plain TCP serving is loopback-only unless the operator says the network is
+/// trusted (`--allow-remote`). Every address `addr` resolves to must be loopback. (`serve` skips
+/// this when TLS is required.)
 pub fn check_tcp_listen(addr: &str, allow_remote: bool) -> Result<()> {
     if allow_remote {
         return Ok(());
     }
+    if let Some(remote) = first_remote_ip(addr)? {
+        anyhow::bail!(
+            "refusing to serve NBD on {addr} ({remote}) without TLS: it is not a loopback address, so anyone who can reach it could read and overwrite the disk; serve TLS with --tls-certificates DIR or --tls-psk FILE, listen on 127.0.0.1 or a Unix socket, or add --allow-remote if the network is trusted"
+        );
+    }
+    Ok(())
+}
+
+/// Whether `addr` resolves to any address that is not loopback.
+pub fn is_remote(addr: &str) -> Result<bool> {
+    Ok(first_remote_ip(addr)?.is_some())
+}
+
+fn first_remote_ip(addr: &str) -> Result<Option<std::net::IpAddr>> {
     use std::net::ToSocketAddrs;
     let resolved: Vec<_> = addr
         .to_socket_addrs()
         .with_context(|| format!("--listen {addr}: not a HOST:PORT address that resolves"))?
         .collect();
-    if let Some(remote) = resolved.iter().find(|a| !a.ip().is_loopback()) {
-        anyhow::bail!(
-            "refusing to serve NBD on {addr} ({}): it is not a loopback address, and NBD has no authentication or encryption, so anyone who can reach it could read and overwrite the disk; listen on 127.0.0.1 or a Unix socket, or add --allow-remote if the network is trusted",
-            remote.ip()
-        );
-    }
-    Ok(())
+    Ok(resolved
+        .iter()
+        .find(|a| !a.ip().is_loopback())
+        .map(|a| a.ip()))
 }
 
 /// Checks that `addr` can be bound now, before anything is created or opened: a port in use

@@ -6,6 +6,7 @@ use logcache_nbd::consts::{
 };
 
 use crate::error::ServerError;
+use crate::tls::TlsConfig;
 
 /// Name clients ask for (an empty name also selects the export).
 pub const DEFAULT_EXPORT_NAME: &str = "logcache";
@@ -20,6 +21,8 @@ pub struct ServerConfig {
     pub description: String,
     /// Advertise `READ_ONLY` and fail writes, trims and zeroing with `EPERM`.
     pub read_only: bool,
+    /// STARTTLS: `None` serves in the clear only (STARTTLS answered `NBD_REP_ERR_UNSUP`).
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for ServerConfig {
@@ -28,6 +31,7 @@ impl Default for ServerConfig {
             export_name: DEFAULT_EXPORT_NAME.to_owned(),
             description: DEFAULT_DESCRIPTION.to_owned(),
             read_only: false,
+            tls: None,
         }
     }
 }

@@ -38,6 +38,13 @@ fn serve(server: &Arc<ServerInner>, stream: &Arc<Stream>, id: u64) -> bool {
         Ok(Outcome::Transmission(session)) => session,
         Ok(Outcome::Closed) | Err(HandshakeError::Io) => return false,
         Err(HandshakeError::Violation) => return true,
+        Err(HandshakeError::Tls(reason)) => {
+            // The one place the server logs by itself: a refused TLS client is an operator's
+            // business (wrong CA, expired certificate, wrong key), and the client may only see
+            // a cut connection.
+            eprintln!("logcache: NBD connection {id}: {reason}");
+            return false;
+        }
     };
     if stream.set_read_timeout(None).is_err() {
         return false;

@@ -72,7 +72,7 @@ mod tests {
     #[test]
     fn fills_consumes_and_compacts() {
         let (a, b) = UnixStream::pair().unwrap();
-        let (a, b) = (Stream::Unix(a), Stream::Unix(b));
+        let (a, b) = (Stream::from(a), Stream::from(b));
         let mut input = InputBuffer::new(8);
         a.send_all(b"abcdef").unwrap();
         assert_eq!(input.fill(&b, false).unwrap(), 6);

@@ -11,7 +11,8 @@
 //! `shared` (what every thread shares, and the registry of live connections), `config` (what
 //! is exported), `export` (what is served: the engine or a device), `ops` (block operations on
 //! the export, unaligned ones included), `reply` (reply encoding), `sink` (serialised reply
-//! writing), `input` (the request buffer), `stream` (socket calls), `errno`, `limits`, `stats`,
+//! writing), `input` (the request buffer), `stream` (socket calls), `tls` (STARTTLS: credentials and the
+//! TLS channel), `errno`, `limits`, `stats`,
 //! `error`.
 
 mod answer;
@@ -33,6 +34,7 @@ mod shared;
 mod sink;
 mod stats;
 mod stream;
+mod tls;
 mod transmission;
 mod workers;
 
@@ -42,3 +44,4 @@ pub use limits::MAX_PAYLOAD_BYTES;
 pub use listener::remove_stale_socket;
 pub use server::Server;
 pub use stats::ServerStats;
+pub use tls::{TlsConfig, TlsMode};

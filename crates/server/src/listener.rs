@@ -228,12 +228,12 @@ impl Socket {
 
     fn accept(&self) -> io::Result<Stream> {
         match self {
-            Socket::Unix(listener) => listener.accept().map(|(stream, _)| Stream::Unix(stream)),
+            Socket::Unix(listener) => listener.accept().map(|(stream, _)| Stream::from(stream)),
             Socket::Tcp(listener) => {
                 let (stream, _) = listener.accept()?;
                 // Replies are batched already; Nagle would only add latency on top.
                 stream.set_nodelay(true)?;
-                Ok(Stream::Tcp(stream))
+                Ok(Stream::from(stream))
             }
         }
     }

@@ -10,7 +10,7 @@ use logcache_nbd::consts::{
     CLIENT_FLAGS_BYTES, DEFAULT_MAX_OPTION_BYTES, FLAG_FIXED_NEWSTYLE, FLAG_NO_ZEROES,
     OPTION_HEADER_BYTES, OPT_ABORT, OPT_EXPORT_NAME, OPT_GO, OPT_INFO, OPT_LIST,
     OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT, OPT_STARTTLS, OPT_STRUCTURED_REPLY,
-    REP_ERR_INVALID, REP_ERR_UNKNOWN, REP_ERR_UNSUP,
+    REP_ERR_INVALID, REP_ERR_TLS_REQD, REP_ERR_UNKNOWN, REP_ERR_UNSUP,
 };
 use logcache_nbd::handshake::{
     decode_client_flags, decode_export_name, decode_option_header, encode_greeting, InfoRequest,
@@ -27,6 +27,7 @@ use crate::meta::Selection;
 use crate::reply::shorten;
 use crate::shared::ServerInner;
 use crate::stream::Stream;
+use crate::tls::TlsMode;
 
 /// What we advertise in the greeting.
 const HANDSHAKE_FLAGS: u16 = FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES;
@@ -50,12 +51,14 @@ pub(crate) enum Outcome {
     Closed,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum HandshakeError {
     /// The socket failed or the client went away (not the client's protocol error).
     Io,
     /// The client broke a rule the spec says to disconnect for.
     Violation,
+    /// The TLS handshake after STARTTLS failed; why, in one line for the server log.
+    Tls(String),
 }
 
 impl From<io::Error> for HandshakeError {
@@ -109,6 +112,17 @@ type Step = Result<Option<Outcome>, HandshakeError>;
 
 impl Negotiation<'_> {
     fn handle(&mut self, option: u32, payload: &[u8]) -> Step {
+        if self.tls_required() && option != OPT_STARTTLS && option != OPT_ABORT {
+            // FORCEDTLS: EXPORT_NAME cannot carry an error, so it ends the connection.
+            if option == OPT_EXPORT_NAME {
+                return Ok(Some(Outcome::Closed));
+            }
+            return self.error(
+                option,
+                REP_ERR_TLS_REQD,
+                "this server requires TLS: connect with nbds:// (or --tls with qemu), with the certificates or PSK it was given",
+            );
+        }
         match option {
             OPT_EXPORT_NAME => self.export_name(payload),
             OPT_ABORT => {
@@ -120,9 +134,40 @@ impl Negotiation<'_> {
             OPT_INFO | OPT_GO => self.info(option, payload),
             OPT_STRUCTURED_REPLY => self.structured_reply(option, payload),
             OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => self.meta_context(option, payload),
-            OPT_STARTTLS => self.error(option, REP_ERR_UNSUP, "this server does not support TLS"),
+            OPT_STARTTLS => self.start_tls(option, payload),
             _ => self.error(option, REP_ERR_UNSUP, "unknown option"),
         }
+    }
+
+    /// Whether options other than STARTTLS must wait for TLS.
+    fn tls_required(&self) -> bool {
+        let required =
+            matches!(&self.server.config.tls, Some(tls) if tls.mode() == TlsMode::Require);
+        required && !self.stream.is_tls()
+    }
+
+    /// `STARTTLS`: acknowledge, then the TLS handshake; all later traffic is TLS.
+    fn start_tls(&mut self, option: u32, payload: &[u8]) -> Step {
+        let Some(tls) = &self.server.config.tls else {
+            return self.error(
+                option,
+                REP_ERR_UNSUP,
+                "TLS is not enabled on this server (it needs --tls-certificates or --tls-psk)",
+            );
+        };
+        if self.stream.is_tls() {
+            return self.error(option, REP_ERR_INVALID, "TLS is already active");
+        }
+        if !payload.is_empty() {
+            return self.error(option, REP_ERR_INVALID, "STARTTLS takes no data");
+        }
+        self.stream.send_all(&encode_ack(option))?;
+        self.stream
+            .start_tls(tls.context())
+            .map_err(HandshakeError::Tls)?;
+        // What was negotiated in the clear could have been tampered with: start over.
+        self.session = Session::default();
+        Ok(None)
     }
 
     /// `EXPORT_NAME` cannot carry an error, so an unknown name just closes the connection.

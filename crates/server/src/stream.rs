@@ -1,4 +1,5 @@
-//! A connected client socket (Unix or TCP) with the few raw operations the server needs.
+//! A connected client socket (Unix or TCP) with the few raw operations the server needs, and
+//! the TLS session it switches to after STARTTLS (then every read and write goes through it).
 //!
 //! Reads and writes go through `recv`/`send` directly: `send` with `MSG_NOSIGNAL` so a client
 //! that went away gives `EPIPE` instead of killing the process with `SIGPIPE`, and `recv` with
@@ -9,18 +10,102 @@ use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-pub(crate) enum Stream {
+use openssl::ssl::SslContext;
+
+use crate::tls::{self, TlsChannel};
+
+pub(crate) struct Stream {
+    socket: Socket,
+    /// Set once, by STARTTLS; from then on all traffic is TLS.
+    tls: OnceLock<TlsChannel>,
+}
+
+pub(crate) enum Socket {
     Unix(UnixStream),
     Tcp(TcpStream),
 }
 
+impl From<UnixStream> for Stream {
+    fn from(socket: UnixStream) -> Stream {
+        Stream::new(Socket::Unix(socket))
+    }
+}
+
+impl From<TcpStream> for Stream {
+    fn from(socket: TcpStream) -> Stream {
+        Stream::new(Socket::Tcp(socket))
+    }
+}
+
 impl Stream {
+    fn new(socket: Socket) -> Stream {
+        Stream {
+            socket,
+            tls: OnceLock::new(),
+        }
+    }
+
+    /// Reads what is available (at least one byte unless `dont_wait`); `Ok(0)` is end of stream.
+    pub(crate) fn recv(&self, buf: &mut [u8], dont_wait: bool) -> io::Result<usize> {
+        match self.tls.get() {
+            Some(tls) => tls.recv(&self.socket, buf, dont_wait),
+            None => self.socket.recv(buf, dont_wait),
+        }
+    }
+
+    /// Fills `buf` completely, failing with `UnexpectedEof` if the peer closes first.
+    pub(crate) fn recv_exact(&self, mut buf: &mut [u8]) -> io::Result<()> {
+        while !buf.is_empty() {
+            let received = self.recv(buf, false)?;
+            if received == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            buf = &mut buf[received..];
+        }
+        Ok(())
+    }
+
+    /// Writes all of `bytes`. Callers serialise concurrent writers (see `sink`).
+    pub(crate) fn send_all(&self, bytes: &[u8]) -> io::Result<()> {
+        match self.tls.get() {
+            Some(tls) => tls.send_all(&self.socket, bytes),
+            None => self.socket.send_all(bytes),
+        }
+    }
+
+    /// Runs the TLS handshake (after STARTTLS was acknowledged); on failure, one line saying why.
+    pub(crate) fn start_tls(&self, context: &SslContext) -> Result<(), String> {
+        let channel = tls::accept(context, &self.socket)?;
+        self.tls
+            .set(channel)
+            .map_err(|_| "TLS was already started on this connection".to_owned())
+    }
+
+    pub(crate) fn is_tls(&self) -> bool {
+        self.tls.get().is_some()
+    }
+
+    pub(crate) fn shutdown(&self, how: Shutdown) {
+        self.socket.shutdown(how)
+    }
+
+    pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        self.socket.set_read_timeout(timeout)
+    }
+
+    pub(crate) fn set_blocking(&self) -> io::Result<()> {
+        self.socket.set_blocking()
+    }
+}
+
+impl Socket {
     fn fd(&self) -> RawFd {
         match self {
-            Stream::Unix(socket) => socket.as_raw_fd(),
-            Stream::Tcp(socket) => socket.as_raw_fd(),
+            Socket::Unix(socket) => socket.as_raw_fd(),
+            Socket::Tcp(socket) => socket.as_raw_fd(),
         }
     }
 
@@ -40,18 +125,6 @@ impl Stream {
                 return Err(error);
             }
         }
-    }
-
-    /// Fills `buf` completely, failing with `UnexpectedEof` if the peer closes first.
-    pub(crate) fn recv_exact(&self, mut buf: &mut [u8]) -> io::Result<()> {
-        while !buf.is_empty() {
-            let received = self.recv(buf, false)?;
-            if received == 0 {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            buf = &mut buf[received..];
-        }
-        Ok(())
     }
 
     /// Writes all of `bytes`. Callers serialise concurrent writers (see `sink`).
@@ -85,23 +158,23 @@ impl Stream {
     /// could act on, so they are ignored.
     pub(crate) fn shutdown(&self, how: Shutdown) {
         let _ = match self {
-            Stream::Unix(socket) => socket.shutdown(how),
-            Stream::Tcp(socket) => socket.shutdown(how),
+            Socket::Unix(socket) => socket.shutdown(how),
+            Socket::Tcp(socket) => socket.shutdown(how),
         };
     }
 
     pub(crate) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
         match self {
-            Stream::Unix(socket) => socket.set_read_timeout(timeout),
-            Stream::Tcp(socket) => socket.set_read_timeout(timeout),
+            Socket::Unix(socket) => socket.set_read_timeout(timeout),
+            Socket::Tcp(socket) => socket.set_read_timeout(timeout),
         }
     }
 
     /// Undoes a listener's non-blocking mode, which some platforms let accepted sockets inherit.
     pub(crate) fn set_blocking(&self) -> io::Result<()> {
         match self {
-            Stream::Unix(socket) => socket.set_nonblocking(false),
-            Stream::Tcp(socket) => socket.set_nonblocking(false),
+            Socket::Unix(socket) => socket.set_nonblocking(false),
+            Socket::Tcp(socket) => socket.set_nonblocking(false),
         }
     }
 }
@@ -113,7 +186,7 @@ mod tests {
     #[test]
     fn send_recv_and_end_of_stream() {
         let (a, b) = UnixStream::pair().unwrap();
-        let (a, b) = (Stream::Unix(a), Stream::Unix(b));
+        let (a, b) = (Stream::from(a), Stream::from(b));
         a.send_all(b"hello").unwrap();
         let mut buf = [0u8; 5];
         b.recv_exact(&mut buf).unwrap();
@@ -132,7 +205,7 @@ mod tests {
     fn sending_to_a_closed_peer_is_an_error_not_a_signal() {
         let (a, b) = UnixStream::pair().unwrap();
         drop(b);
-        let a = Stream::Unix(a);
+        let a = Stream::from(a);
         assert!(a.send_all(&[0u8; 4096]).is_err());
     }
 }

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use logcache_engine::io::BlockDevice;
 use logcache_engine::{format_cache, Engine, Error as EngineError, FormatOptions, OpenOptions};
-use logcache_server::{Server, ServerConfig};
+use logcache_server::{Server, ServerConfig, TlsMode};
 
 use crate::cmd::admin::{parse_assignments, validate_assignments};
 use crate::control::server::ControlServer;
@@ -37,13 +37,17 @@ pub struct ServeArgs {
     /// Serve NBD on this Unix socket.
     #[arg(long)]
     pub socket: Option<PathBuf>,
-    /// Serve NBD on this TCP address (HOST:PORT); loopback only unless --allow-remote.
+    /// Serve NBD on this TCP address (HOST:PORT); loopback only unless TLS is required or
+    /// --allow-remote is given.
     #[arg(long)]
     pub listen: Option<String>,
-    /// Allow --listen on a non-loopback address. NBD has no authentication or encryption:
-    /// whoever reaches the port can read and overwrite the disk. Use only on a trusted network.
+    /// Allow --listen on a non-loopback address without TLS. NBD without TLS has no
+    /// authentication or encryption: whoever reaches the port can read and overwrite the disk.
+    /// Use only on a trusted network (or serve TLS: --tls-certificates / --tls-psk).
     #[arg(long)]
     pub allow_remote: bool,
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
     /// The control socket for status/set/drain (default: beside the cache, `<cache>.ctl`).
     #[arg(long)]
     pub control: Option<PathBuf>,
@@ -132,8 +136,19 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     validate_assignments(&tunable_sets, "--set ")?;
     let plan = plan(args)?;
     let backing_timeout = backing_timeout(args.backing_timeout)?;
+    let remote_listen = match &plan.listen {
+        Some(addr) => crate::sockets::is_remote(addr)?,
+        None => false,
+    };
+    let tls = args.tls.config(remote_listen)?;
+    let tls_required = matches!(&tls, Some(t) if t.mode() == TlsMode::Require);
     if let Some(addr) = &plan.listen {
-        crate::sockets::check_tcp_listen(addr, args.allow_remote)?;
+        if !tls_required {
+            crate::sockets::check_tcp_listen(addr, args.allow_remote)?;
+            if remote_listen {
+                eprintln!("logcache: warning: serving NBD on {addr} without requiring TLS (--allow-remote): anyone who can reach it can read and overwrite the disk");
+            }
+        }
         crate::sockets::check_tcp_free(addr)?;
     }
     if plan.embedded {
@@ -170,6 +185,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         engine.clone(),
         ServerConfig {
             read_only: args.read_only,
+            tls,
             ..ServerConfig::default()
         },
     );
