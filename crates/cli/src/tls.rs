@@ -71,6 +71,23 @@ impl TlsArgs {
     }
 }
 
+impl TlsArgs {
+    /// The query parameter a libnbd URI needs to reach this server (the client's credentials
+    /// are its own; this names where the server's are, which a local client can share).
+    pub fn uri_query(&self) -> Option<String> {
+        let (key, path) = match (&self.tls_certificates, &self.tls_psk) {
+            (Some(dir), _) => ("tls-certificates", dir),
+            (None, Some(file)) => ("tls-psk-file", file),
+            (None, None) => return None,
+        };
+        let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+        Some(format!(
+            "{key}={}",
+            crate::cmd::serve::uri_escape(&path.to_string_lossy())
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

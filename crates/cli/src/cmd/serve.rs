@@ -75,6 +75,8 @@ struct Plan {
     listen: Option<String>,
     control: PathBuf,
     embedded: bool,
+    /// With TLS required: the query parameter the banner's URIs carry (libnbd's spelling).
+    tls_query: Option<String>,
 }
 
 fn plan(args: &ServeArgs) -> Result<Plan> {
@@ -98,6 +100,7 @@ fn plan(args: &ServeArgs) -> Result<Plan> {
                     .clone()
                     .unwrap_or_else(|| control_path_for(cache)),
                 embedded: false,
+                tls_query: None,
             })
         }
         (None, None) => Ok(Plan {
@@ -111,6 +114,7 @@ fn plan(args: &ServeArgs) -> Result<Plan> {
             ),
             control: args.control.clone().unwrap_or_else(defaults::control_path),
             embedded: true,
+            tls_query: None,
         }),
         _ => bail!(
             "give both --cache and --backing, or neither to serve the embedded default under ./{}",
@@ -134,7 +138,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     // leave a cache that was opened and not closed cleanly.
     let tunable_sets = parse_assignments(&args.set)?;
     validate_assignments(&tunable_sets, "--set ")?;
-    let plan = plan(args)?;
+    let mut plan = plan(args)?;
     let backing_timeout = backing_timeout(args.backing_timeout)?;
     let remote_listen = match &plan.listen {
         Some(addr) => crate::sockets::is_remote(addr)?,
@@ -142,6 +146,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     };
     let tls = args.tls.config(remote_listen)?;
     let tls_required = matches!(&tls, Some(t) if t.mode() == TlsMode::Require);
+    if tls_required {
+        plan.tls_query = args.tls.uri_query();
+    }
     if let Some(addr) = &plan.listen {
         if !tls_required {
             crate::sockets::check_tcp_listen(addr, args.allow_remote)?;
@@ -219,16 +226,20 @@ fn serve_until_signal(
         server
             .listen_unix(sock)
             .with_context(|| format!("serving NBD on {}", sock.display()))?;
-        endpoints.push(format!(
-            "nbd+unix:///?socket={}",
-            uri_escape(&absolute(sock).to_string_lossy())
-        ));
+        let socket = uri_escape(&absolute(sock).to_string_lossy());
+        endpoints.push(match &plan.tls_query {
+            Some(query) => format!("nbds+unix:///?socket={socket}&{query}"),
+            None => format!("nbd+unix:///?socket={socket}"),
+        });
     }
     if let Some(addr) = &plan.listen {
         let bound = server
             .listen_tcp(addr)
             .with_context(|| format!("serving NBD on {addr}"))?;
-        endpoints.push(format!("nbd://{bound}"));
+        endpoints.push(match &plan.tls_query {
+            Some(query) => format!("nbds://{bound}/?{query}"),
+            None => format!("nbd://{bound}"),
+        });
     }
     let mut control = ControlServer::start(&plan.control, served.clone())?;
     let mut metrics = args

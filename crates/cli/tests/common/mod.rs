@@ -567,7 +567,10 @@ impl Served {
                 let accepting = self
                     .uris()
                     .iter()
-                    .filter_map(|u| u.split_once("socket=").map(|(_, p)| percent_decode(p)))
+                    .filter_map(|u| {
+                        u.split_once("socket=")
+                            .map(|(_, p)| percent_decode(p.split('&').next().unwrap_or(p)))
+                    })
                     .all(|p| UnixStream::connect(&p).is_ok());
                 if accepting {
                     return;

@@ -150,6 +150,9 @@ fn describe_failure(session: &SslStream<Buffers>, error: &openssl::ssl::Error) -
             verify.error_string()
         );
     }
+    if reason == "peer did not return a certificate" {
+        return "TLS handshake refused: the client presented no certificate signed by our CA (--tls-verify-peer requires one)".to_owned();
+    }
     if session.get_ref().peer_closed {
         return format!("the client closed the connection during the TLS handshake ({reason})");
     }
