@@ -397,7 +397,7 @@ fn psk_clients_are_served_and_wrong_keys_refused_with_a_log_line() {
     std::fs::write(&wrong, format!("alice:{}\n", "ab".repeat(32))).unwrap();
     let out = nbdinfo(&uri("alice", &wrong.to_string_lossy()));
     assert!(!out.status.success(), "a wrong PSK was accepted");
-    log_line(&served, &["PSK identity \"alice\"", "does not match"]);
+    log_line(&served, &["key for PSK identity \"alice\" does not match"]);
     let stranger = dir.join("stranger.psk");
     std::fs::write(&stranger, format!("mallory:{}\n", "cd".repeat(32))).unwrap();
     let out = nbdinfo(&uri("mallory", &stranger.to_string_lossy()));

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use logcache_nbd::consts::{
     CMD_BLOCK_STATUS, CMD_FLAG_FUA, IHAVEOPT, OPT_GO, OPT_INFO, OPT_LIST, OPT_SET_META_CONTEXT,
-    OPT_STRUCTURED_REPLY, REPLY_TYPE_NONE, REQUEST_MAGIC,
+    OPT_STARTTLS, OPT_STRUCTURED_REPLY, REPLY_TYPE_NONE, REQUEST_MAGIC,
 };
 use logcache_nbd::handshake::{InfoRequest, MetaContextRequest, OptionHeader};
 use logcache_nbd::request::{Command as NbdCommand, Request};
@@ -333,4 +333,134 @@ fn hostile_clients_are_refused_and_others_keep_being_served() {
     )
     .expect_success("qemu-io after the hostile clients");
     assert!(!panicked.load(Ordering::SeqCst), "something panicked");
+}
+
+/// A real TLS 1.3 ClientHello (OpenSSL, offering a PSK), to cut short at random places.
+fn client_hello() -> Vec<u8> {
+    use openssl::ssl::{Ssl, SslContextBuilder, SslMethod, SslStream};
+    /// Collects what the client writes; reading blocks forever (nothing comes back).
+    struct Outbox(Vec<u8>);
+    impl Read for Outbox {
+        fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+            Err(std::io::ErrorKind::WouldBlock.into())
+        }
+    }
+    impl Write for Outbox {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut builder = SslContextBuilder::new(SslMethod::tls_client()).unwrap();
+    builder.set_psk_client_callback(|_, _, identity, key| {
+        identity[..6].copy_from_slice(b"alice\0");
+        key[..32].fill(0x5a);
+        Ok(32)
+    });
+    let ssl = Ssl::new(&builder.build()).unwrap();
+    let mut stream = SslStream::new(ssl, Outbox(Vec::new())).unwrap();
+    assert!(
+        stream.connect().is_err(),
+        "the handshake cannot finish alone"
+    );
+    stream.get_ref().0.clone()
+}
+
+/// One hostile connection that asks for TLS and then misbehaves.
+fn hostile_tls_connection(rng: &mut Rng, fixture: &Fixture, hello: &[u8]) {
+    let mut s = UnixStream::connect(&fixture.socket).expect("connect");
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut greeting = [0u8; 18];
+    if s.read_exact(&mut greeting).is_err() {
+        return;
+    }
+    let _ = s.write_all(&3u32.to_be_bytes());
+    let starttls_payload = if rng.below(6) == 0 {
+        random_bytes(rng, 16)
+    } else {
+        Vec::new()
+    };
+    let mut frame = OptionHeader {
+        option: OPT_STARTTLS,
+        length_bytes: starttls_payload.len() as u32,
+    }
+    .encode()
+    .to_vec();
+    frame.extend_from_slice(&starttls_payload);
+    let _ = s.write_all(&frame);
+    let mut reply = [0u8; 20];
+    if s.read_exact(&mut reply).is_err() {
+        return;
+    }
+    let bytes = match rng.below(4) {
+        // Nothing: the client leaves mid-handshake.
+        0 => Vec::new(),
+        // Garbage where the ClientHello belongs.
+        1 => random_bytes(rng, 600),
+        // A real ClientHello cut short.
+        2 => hello[..rng.below(hello.len() as u64) as usize].to_vec(),
+        // A whole ClientHello with garbage after it.
+        _ => {
+            let mut v = hello.to_vec();
+            v.extend(random_bytes(rng, 200));
+            v
+        }
+    };
+    let _ = s.write_all(&bytes);
+    let mut sink = [0u8; 4096];
+    // Read a little of what the server says, then hang up.
+    for _ in 0..rng.below(3) {
+        if matches!(s.read(&mut sink), Ok(0) | Err(_)) {
+            break;
+        }
+    }
+}
+
+#[test]
+fn hostile_tls_handshakes_end_only_their_connection() {
+    let keys = TestDir::new("hostile-tls-keys");
+    let psk = keys.path.join("keys.psk");
+    std::fs::write(&psk, format!("alice:{}\n", "5a".repeat(32))).unwrap();
+    let tls = logcache_server::TlsConfig::psk(&psk, logcache_server::TlsMode::On).unwrap();
+    let fixture = Fixture::start_with(
+        "hostile-tls",
+        logcache_server::ServerConfig {
+            tls: Some(tls),
+            ..logcache_server::ServerConfig::default()
+        },
+    );
+    let seed = seed_from_env("LOGCACHE_SEED");
+    let clients: u64 = std::env::var("LOGCACHE_HOSTILE_CLIENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(150, |n: u64| n / 4);
+    eprintln!("hostile TLS clients: seed {seed} (replay with LOGCACHE_SEED={seed}), {clients} connections");
+    let hello = client_hello();
+    let mut rng = Rng::new(seed);
+    for _ in 0..clients {
+        hostile_tls_connection(&mut rng, &fixture, &hello);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fixture.server.active_connections() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        fixture.server.active_connections(),
+        0,
+        "TLS connections left behind"
+    );
+    // A real GnuTLS client is served through TLS afterwards, and so is a plain one.
+    let uri = format!(
+        "nbds+unix://alice@/?socket={}&tls-psk-file={}",
+        fixture.socket.display(),
+        psk.display()
+    );
+    run("nbdinfo", &["--size", &uri])
+        .expect_success("nbdinfo through TLS after the hostile clients");
+    run("nbdinfo", &["--size", &fixture.uri()])
+        .expect_success("plain nbdinfo after the hostile clients");
 }

@@ -18,6 +18,17 @@ use parking_lot::Mutex;
 use super::credentials::{first_reason, psk_note_index};
 use crate::stream::Socket;
 
+/// OpenSSL's reasons for a handshake where client and server hold different pre-shared keys.
+const PSK_MISMATCH_REASONS: [&str; 4] = [
+    "binder does not verify",
+    "bad record mac",
+    "decryption failed or bad record mac",
+    "decrypt error",
+];
+
+/// `X509_V_ERR_UNSPECIFIED`: no certificate was verified on this session.
+const X509_V_ERR_UNSPECIFIED: i32 = 1;
+
 /// One socket read takes at most this much ciphertext (a few full TLS records).
 const RAW_READ_BYTES: usize = 64 * 1024;
 
@@ -141,10 +152,15 @@ fn describe_failure(session: &SslStream<Buffers>, error: &openssl::ssl::Error) -
                 "TLS handshake refused: the client offered an {note}, which is not in the PSK file"
             );
         }
-        return format!("TLS handshake failed with the client's {note} ({reason}): the client's key does not match the PSK file");
+        // What OpenSSL says when the two ends derived different keys (TLS 1.3, then 1.2).
+        if PSK_MISMATCH_REASONS.contains(&reason.as_str()) {
+            return format!("TLS handshake refused: the client's key for {note} does not match the PSK file ({reason})");
+        }
     }
     let verify = ssl.verify_result();
-    if verify != openssl::x509::X509VerifyResult::OK {
+    // OpenSSL starts every session at "unspecified" until a certificate is checked.
+    let checked = verify.as_raw() != X509_V_ERR_UNSPECIFIED;
+    if checked && verify != openssl::x509::X509VerifyResult::OK {
         return format!(
             "TLS handshake refused: the client's certificate did not verify against our CA: {}",
             verify.error_string()
