@@ -22,7 +22,7 @@ pub fn check_tcp_listen(addr: &str, allow_remote: bool) -> Result<()> {
     }
     if let Some(remote) = first_remote_ip(addr)? {
         anyhow::bail!(
-            "refusing to serve NBD on {addr} ({remote}) without TLS: it is not a loopback address, so anyone who can reach it could read and overwrite the disk; serve TLS with --tls-certificates DIR or --tls-psk FILE, listen on 127.0.0.1 or a Unix socket, or add --allow-remote if the network is trusted"
+            "refusing to serve NBD on {addr} ({remote}) without TLS: it is not a loopback address, and NBD without TLS has no authentication or encryption, so anyone who can reach it could read and overwrite the disk; serve TLS with --tls-certificates DIR or --tls-psk FILE, listen on 127.0.0.1 or a Unix socket, or add --allow-remote if the network is trusted"
         );
     }
     Ok(())
