@@ -444,3 +444,103 @@ fn tls_flags_are_checked_before_anything_opens() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     fails_with(1, &args, &["expired", "server-cert.pem"]);
 }
+
+/// The backing device behind TLS: nbdkit with `--tls=require`, reached with an nbds+unix URI
+/// (X.509, then PSK). Data written through logcache and drained is on nbdkit's export.
+#[test]
+fn nbd_backing_through_tls_to_nbdkit() {
+    let dir = TestDir::new("tls-backing");
+    let pki = Pki::new(dir.path(), "ca");
+    let keys = dir.join("keys.psk");
+    assert_ok(
+        &run(tool("psktool").args(["-u", "alice", "-p", &keys.to_string_lossy()])),
+        "psktool",
+    );
+    let x509_sock = dir.join("kit-x509.sock");
+    let _kit_x509 = Daemon::start(
+        tool("nbdkit")
+            .args(["-f", "--tls=require"])
+            .arg(format!("--tls-certificates={}", pki.path("server")))
+            .arg("-U")
+            .arg(&x509_sock)
+            .args(["memory", &BACKING_BYTES.to_string()]),
+        &x509_sock,
+        &dir.join("nbdkit-x509.log"),
+    );
+    let psk_sock = dir.join("kit-psk.sock");
+    let _kit_psk = Daemon::start(
+        tool("nbdkit")
+            .args(["-f", "--tls=require"])
+            .arg(format!("--tls-psk={}", keys.display()))
+            .arg("-U")
+            .arg(&psk_sock)
+            .args(["memory", &BACKING_BYTES.to_string()]),
+        &psk_sock,
+        &dir.join("nbdkit-psk.log"),
+    );
+    let backings = [
+        format!(
+            "nbds+unix:///?socket={}&tls-certificates={}",
+            x509_sock.display(),
+            pki.path("client")
+        ),
+        format!(
+            "nbds+unix://alice@/?socket={}&tls-psk-file={}",
+            psk_sock.display(),
+            keys.display()
+        ),
+    ];
+    // In the clear, nbdkit refuses, and logcache says what to do.
+    let plain = format!("nbd+unix:///?socket={}", x509_sock.display());
+    let cache = dir.s("plain-cache.img");
+    sparse(Path::new(&cache), CACHE_BYTES);
+    let line = fails_with(
+        1,
+        &["format", "--cache", &cache, "--backing", &plain],
+        &["requires TLS"],
+    );
+    assert!(line.contains("nbds"), "{line}");
+    for (index, backing) in backings.iter().enumerate() {
+        let cache = dir.s(format!("cache-{index}.img"));
+        sparse(Path::new(&cache), CACHE_BYTES);
+        assert_ok(
+            &logcache(&["format", "--cache", &cache, "--backing", backing]),
+            "format over a TLS backing",
+        );
+        let served = Served::start(&[
+            "--cache",
+            &cache,
+            "--backing",
+            backing,
+            "--set",
+            "writeback_idle_ms=0",
+        ]);
+        let uri = served.unix_uri();
+        qemu_io_ok(&uri, &["write -P 0x6b 3M 1M", "flush"]);
+        let ctl = served.control().to_string_lossy().into_owned();
+        assert_ok(&logcache(&["drain", "--control", &ctl]), "logcache drain");
+        // Straight from nbdkit, through TLS, bypassing logcache.
+        let script = format!(
+            "h.set_uri_allow_local_file(True); h.connect_uri({backing:?}); assert h.pread(1 << 20, 3 << 20) == b'\\x6b' * (1 << 20); print('ok')"
+        );
+        let out = run(nbdsh().args(["-c", &script]));
+        assert_ok(&out, "nbdsh on nbdkit through TLS");
+        let stopped = served.stop();
+        assert!(stopped.status.success(), "{}", stopped.stderr);
+    }
+    // A wrong key is refused with one line naming TLS.
+    let wrong = dir.join("wrong.psk");
+    std::fs::write(&wrong, format!("alice:{}\n", "ab".repeat(32))).unwrap();
+    let backing = format!(
+        "nbds+unix://alice@/?socket={}&tls-psk-file={}",
+        psk_sock.display(),
+        wrong.display()
+    );
+    let cache = dir.s("wrong-cache.img");
+    sparse(Path::new(&cache), CACHE_BYTES);
+    fails_with(
+        1,
+        &["format", "--cache", &cache, "--backing", &backing],
+        &["TLS handshake"],
+    );
+}

@@ -640,7 +640,7 @@ fn open_errors_are_clear() {
     assert_eq!(e.kind(), io::ErrorKind::NotFound, "{e}");
     assert!(e.to_string().starts_with(&uri), "{e}");
 
-    let e = NbdDevice::open("nbds://127.0.0.1/x", 4).unwrap_err();
+    let e = NbdDevice::open("nbds+vsock://1/x", 4).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     assert!(e.to_string().contains("TLS"), "{e}");
 
@@ -658,6 +658,11 @@ fn open_errors_are_clear() {
     assert!(e.to_string().starts_with(&uri), "{e}");
 
     let (_server, uri) = nbdkit_unix(&dir, &["memory", "1M"]);
+    // nbds:// to a server without TLS: refused, saying so (never falls back to the clear).
+    let socket = uri.split_once("socket=").unwrap().1;
+    let tls_uri = format!("nbds+unix:///?socket={socket}&tls-psk-file=/dev/null");
+    let e = NbdDevice::open(&tls_uri, 4).unwrap_err();
+    assert!(e.to_string().contains("does not offer TLS"), "{e}");
     let e = NbdDevice::open(&uri, 0).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
 }

@@ -10,6 +10,7 @@ pub mod consts;
 pub mod error;
 pub mod handshake;
 pub mod option_reply;
+pub mod psk;
 pub mod reply;
 pub mod request;
 pub mod uri;

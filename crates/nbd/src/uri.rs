@@ -2,8 +2,10 @@
 //!
 //! Supported: `nbd://HOST[:PORT][/EXPORT]` (TCP, port 10809 by default, IPv6 literals in
 //! brackets) and `nbd+unix:///[EXPORT]?socket=PATH` (Unix socket). The export name and the socket
-//! path are percent-decoded. TLS (`nbds`, `nbds+unix`) and vsock schemes are recognised so they
-//! get a clear "not supported" error instead of being mistaken for something else.
+//! path are percent-decoded. The TLS schemes `nbds://` and `nbds+unix://` take libnbd's query
+//! parameters `tls-certificates=DIR`, `tls-psk-file=FILE`, `tls-username=USER` (or `USER@` in
+//! the authority) and `tls-verify-peer=false`. vsock schemes are recognised so they get a clear
+//! "not supported" error instead of being mistaken for something else.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -33,7 +35,23 @@ pub struct NbdUri {
     pub address: NbdAddress,
     /// Export to ask for; empty means the server's default export.
     pub export_name: String,
+    /// Set for `nbds://` and `nbds+unix://`: the client must start TLS before anything else.
+    pub tls: Option<UriTls>,
     text: String,
+}
+
+/// TLS settings from an `nbds` URI, spelled as libnbd spells them.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UriTls {
+    /// `tls-certificates=DIR`: `ca-cert.pem` to verify the server, and optionally
+    /// `client-cert.pem` / `client-key.pem` to present.
+    pub certificates: Option<PathBuf>,
+    /// `tls-psk-file=FILE`: `username:hexkey` lines (psktool's format).
+    pub psk_file: Option<PathBuf>,
+    /// `tls-username=USER` or `USER@HOST`: the PSK identity.
+    pub username: Option<String>,
+    /// `tls-verify-peer=false` turns off checking the server's certificate.
+    pub verify_peer: bool,
 }
 
 impl NbdUri {
@@ -67,8 +85,12 @@ impl FromStr for NbdUri {
 pub enum UriError {
     #[error("{uri:?} is not an NBD URI: expected nbd://HOST[:PORT][/EXPORT] or nbd+unix:///[EXPORT]?socket=PATH")]
     NotNbd { uri: String },
-    #[error("{uri:?}: TLS ({scheme}://) is not supported by logcache's NBD client; use nbd:// or nbd+unix:// (over a trusted network or a local socket)")]
+    #[error("{uri:?}: {scheme}:// (TLS over vsock) is not supported; use nbds:// or nbds+unix://")]
     TlsNotSupported { uri: String, scheme: String },
+    #[error("{uri:?}: give either tls-certificates= or tls-psk-file=, not both")]
+    TlsBothCredentials { uri: String },
+    #[error("{uri:?}: tls-verify-peer takes true or false")]
+    TlsVerifyPeer { uri: String },
     #[error("{uri:?}: the {scheme}:// scheme is not supported; use nbd:// or nbd+unix://")]
     UnsupportedScheme { uri: String, scheme: String },
     #[error("{uri:?}: missing host; write nbd://HOST[:PORT][/EXPORT]")]
@@ -77,7 +99,9 @@ pub enum UriError {
     InvalidPort { uri: String, port: String },
     #[error("{uri:?}: invalid host {host:?}")]
     InvalidHost { uri: String, host: String },
-    #[error("{uri:?}: user names in NBD URIs are only used for TLS, which is not supported")]
+    #[error(
+        "{uri:?}: user names in NBD URIs are only used for TLS: write nbds:// or nbds+unix://"
+    )]
     UserInfoNotSupported { uri: String },
     #[error("{uri:?}: nbd+unix URIs take no host (write nbd+unix:///EXPORT?socket=PATH)")]
     UnixWithHost { uri: String },
@@ -89,9 +113,9 @@ pub enum UriError {
     SocketOnTcp { uri: String },
     #[error("{uri:?}: query parameter {name:?} given more than once")]
     DuplicateParameter { uri: String, name: String },
-    #[error("{uri:?}: TLS query parameter {name:?} given, but TLS is not supported")]
+    #[error("{uri:?}: TLS query parameter {name:?} needs a TLS scheme: nbds:// or nbds+unix://")]
     TlsParameter { uri: String, name: String },
-    #[error("{uri:?}: unknown query parameter {name:?} (only socket= is understood)")]
+    #[error("{uri:?}: unknown query parameter {name:?} (understood: socket=, and with nbds: tls-certificates=, tls-psk-file=, tls-username=, tls-verify-peer=)")]
     UnknownParameter { uri: String, name: String },
     #[error("{uri:?}: fragments (#...) are not allowed in NBD URIs")]
     Fragment { uri: String },
@@ -112,12 +136,12 @@ pub fn parse(text: &str) -> Result<NbdUri, UriError> {
     let uri = || text.to_owned();
     let (scheme, rest) = split_scheme(text).ok_or_else(|| UriError::NotNbd { uri: uri() })?;
     let scheme = scheme.to_ascii_lowercase();
-    let unix = match scheme.as_str() {
-        "nbd" => false,
-        "nbd+unix" => true,
-        "nbds" | "nbds+unix" | "nbds+vsock" => {
-            return Err(UriError::TlsNotSupported { uri: uri(), scheme })
-        }
+    let (unix, tls) = match scheme.as_str() {
+        "nbd" => (false, false),
+        "nbd+unix" => (true, false),
+        "nbds" => (false, true),
+        "nbds+unix" => (true, true),
+        "nbds+vsock" => return Err(UriError::TlsNotSupported { uri: uri(), scheme }),
         other if other.starts_with("nbd") => {
             return Err(UriError::UnsupportedScheme { uri: uri(), scheme })
         }
@@ -142,7 +166,26 @@ pub fn parse(text: &str) -> Result<NbdUri, UriError> {
         .filter(|name| !name.contains('\0') && name.len() <= MAX_STRING_BYTES)
         .ok_or_else(|| UriError::InvalidExportName { uri: uri() })?;
 
-    let socket = parse_query(query, text)?;
+    let Query {
+        socket,
+        tls: mut tls_settings,
+    } = parse_query(query, text, tls)?;
+    // A user name is the PSK identity (libnbd's `USER@`); without TLS it means nothing.
+    let authority = match authority.rsplit_once('@') {
+        Some((user, host)) if tls => {
+            let user = String::from_utf8(percent_decode(user, text)?).map_err(|_| {
+                UriError::InvalidHost {
+                    uri: uri(),
+                    host: authority.to_owned(),
+                }
+            })?;
+            if let Some(settings) = tls_settings.as_mut() {
+                settings.username.get_or_insert(user);
+            }
+            host
+        }
+        _ => authority,
+    };
     let address = if unix {
         if !authority.is_empty() {
             return Err(UriError::UnixWithHost { uri: uri() });
@@ -166,8 +209,15 @@ pub fn parse(text: &str) -> Result<NbdUri, UriError> {
     Ok(NbdUri {
         address,
         export_name,
+        tls: tls_settings,
         text: text.to_owned(),
     })
+}
+
+/// What the query part says.
+struct Query {
+    socket: Option<Vec<u8>>,
+    tls: Option<UriTls>,
 }
 
 /// Splits `scheme://rest`, requiring an RFC 3986 scheme (a letter, then letters, digits, `+-.`).
@@ -179,10 +229,16 @@ fn split_scheme(text: &str) -> Option<(&str, &str)> {
     (first_ok && rest_ok).then_some((scheme, rest))
 }
 
-/// Returns the decoded `socket` parameter, if any, rejecting everything else: the URI spec asks
-/// clients to diagnose parameters they do not understand rather than ignore them.
-fn parse_query(query: Option<&str>, text: &str) -> Result<Option<Vec<u8>>, UriError> {
+/// Decodes the `socket` parameter and, for a TLS scheme, the TLS ones, rejecting everything
+/// else: the URI spec asks clients to diagnose parameters they do not understand rather than
+/// ignore them.
+fn parse_query(query: Option<&str>, text: &str, tls: bool) -> Result<Query, UriError> {
     let mut socket = None;
+    let mut settings = UriTls {
+        verify_peer: true,
+        ..UriTls::default()
+    };
+    let mut seen: Vec<String> = Vec::new();
     for pair in query
         .unwrap_or("")
         .split('&')
@@ -200,7 +256,39 @@ fn parse_query(query: Option<&str>, text: &str) -> Result<Option<Vec<u8>>, UriEr
                 }
                 socket = Some(percent_decode(raw_value, text)?);
             }
-            _ if name.starts_with("tls") => {
+            "tls-certificates" | "tls-psk-file" | "tls-username" | "tls-verify-peer" if tls => {
+                if seen.contains(&name) {
+                    return Err(UriError::DuplicateParameter {
+                        uri: text.to_owned(),
+                        name,
+                    });
+                }
+                let value = percent_decode(raw_value, text)?;
+                match name.as_str() {
+                    "tls-certificates" => {
+                        settings.certificates = Some(PathBuf::from(OsString::from_vec(value)))
+                    }
+                    "tls-psk-file" => {
+                        settings.psk_file = Some(PathBuf::from(OsString::from_vec(value)))
+                    }
+                    "tls-username" => {
+                        settings.username = Some(String::from_utf8_lossy(&value).into_owned())
+                    }
+                    _ => {
+                        settings.verify_peer = match value.as_slice() {
+                            b"true" | b"1" | b"yes" => true,
+                            b"false" | b"0" | b"no" => false,
+                            _ => {
+                                return Err(UriError::TlsVerifyPeer {
+                                    uri: text.to_owned(),
+                                })
+                            }
+                        }
+                    }
+                }
+                seen.push(name);
+            }
+            _ if name.starts_with("tls") && !tls => {
                 return Err(UriError::TlsParameter {
                     uri: text.to_owned(),
                     name,
@@ -214,7 +302,15 @@ fn parse_query(query: Option<&str>, text: &str) -> Result<Option<Vec<u8>>, UriEr
             }
         }
     }
-    Ok(socket)
+    if settings.certificates.is_some() && settings.psk_file.is_some() {
+        return Err(UriError::TlsBothCredentials {
+            uri: text.to_owned(),
+        });
+    }
+    Ok(Query {
+        socket,
+        tls: tls.then_some(settings),
+    })
 }
 
 /// Parses `host[:port]` or `[ipv6][:port]`.
@@ -433,13 +529,43 @@ mod tests {
     }
 
     #[test]
+    fn tls_schemes_take_libnbds_parameters() {
+        let uri = parse("nbds://alice@host:10810/x?tls-psk-file=/k%20s.psk").unwrap();
+        assert_eq!(uri.address, tcp("host", 10810));
+        let tls = uri.tls.unwrap();
+        assert_eq!(tls.psk_file, Some(PathBuf::from("/k s.psk")));
+        assert_eq!(tls.username.as_deref(), Some("alice"));
+        assert!(tls.verify_peer);
+        let uri = parse(
+            "nbds+unix:///?socket=/s&tls-certificates=/pki&tls-verify-peer=false&tls-username=bob",
+        )
+        .unwrap();
+        assert_eq!(uri.address, unix("/s"));
+        let tls = uri.tls.unwrap();
+        assert_eq!(tls.certificates, Some(PathBuf::from("/pki")));
+        assert_eq!(tls.username.as_deref(), Some("bob"));
+        assert!(!tls.verify_peer);
+        let uri = parse("nbds+unix://carol@/?socket=/s").unwrap();
+        assert_eq!(uri.tls.unwrap().username.as_deref(), Some("carol"));
+        assert!(parse("nbd://host/x").unwrap().tls.is_none());
+        assert!(matches!(
+            parse("nbds://h/?tls-certificates=/a&tls-psk-file=/b"),
+            Err(UriError::TlsBothCredentials { .. })
+        ));
+        assert!(matches!(
+            parse("nbds://h/?tls-verify-peer=maybe"),
+            Err(UriError::TlsVerifyPeer { .. })
+        ));
+        assert!(matches!(
+            parse("nbds://h/?tls-psk-file=/a&tls-psk-file=/b"),
+            Err(UriError::DuplicateParameter { .. })
+        ));
+    }
+
+    #[test]
     fn tls_and_other_schemes_are_refused_clearly() {
-        for text in ["nbds://host/x", "nbds+unix:///x?socket=/s", "NBDS://host"] {
-            let e = parse(text).unwrap_err();
-            assert!(matches!(e, UriError::TlsNotSupported { .. }), "{text}");
-            assert!(e.to_string().contains("TLS"), "{e}");
-            assert!(e.to_string().contains(text), "{e}");
-        }
+        let e = parse("nbds+vsock://1:10809").unwrap_err();
+        assert!(matches!(e, UriError::TlsNotSupported { .. }), "{e}");
         assert!(matches!(
             parse("nbd+vsock://1:10809"),
             Err(UriError::UnsupportedScheme { .. })

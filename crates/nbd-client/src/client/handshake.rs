@@ -11,8 +11,8 @@ use logcache_nbd::consts::{
     FLAG_CAN_MULTI_CONN, FLAG_FIXED_NEWSTYLE, FLAG_HAS_FLAGS, FLAG_NO_ZEROES, FLAG_READ_ONLY,
     FLAG_SEND_FLUSH, FLAG_SEND_FUA, FLAG_SEND_TRIM, GREETING_BYTES, INFO_BLOCK_SIZE, INFO_EXPORT,
     NBDMAGIC, OLDSTYLE_MAGIC, OPTION_REPLY_HEADER_BYTES, OPT_ABORT, OPT_EXPORT_NAME, OPT_GO,
-    REP_ACK, REP_ERR_BLOCK_SIZE_REQD, REP_ERR_INVALID, REP_ERR_POLICY, REP_ERR_SHUTDOWN,
-    REP_ERR_TLS_REQD, REP_ERR_UNKNOWN, REP_ERR_UNSUP, REP_FLAG_ERROR, REP_INFO,
+    OPT_STARTTLS, REP_ACK, REP_ERR_BLOCK_SIZE_REQD, REP_ERR_INVALID, REP_ERR_POLICY,
+    REP_ERR_SHUTDOWN, REP_ERR_TLS_REQD, REP_ERR_UNKNOWN, REP_ERR_UNSUP, REP_FLAG_ERROR, REP_INFO,
 };
 use logcache_nbd::handshake::{decode_greeting, ClientFlags, InfoRequest, OptionHeader};
 use logcache_nbd::option_reply::{
@@ -20,6 +20,7 @@ use logcache_nbd::option_reply::{
 };
 
 use super::stream::{write_all_vectored, Stream};
+use super::tls::{self, TlsTarget};
 use super::{
     prefix_error, Client, DEFAULT_MAX_REQUEST_BYTES, HANDSHAKE_TIMEOUT, MAX_MINIMUM_BLOCK_BYTES,
     MAX_SERVER_MESSAGE_CHARS, SECTOR_BYTES,
@@ -77,16 +78,46 @@ struct Negotiated {
 
 /// Runs the fixed-newstyle handshake on a connected stream and returns a client in the
 /// transmission phase.
+#[cfg(test)]
 pub(super) fn handshake(
-    mut stream: Stream,
+    stream: Stream,
     uri: &str,
     export_name: &str,
     request_timeout: Duration,
 ) -> io::Result<Client> {
+    handshake_with_tls(stream, uri, export_name, request_timeout, None)
+}
+
+/// [`handshake`], starting TLS first when `tls` is given (an `nbds` URI): STARTTLS is the first
+/// option, so nothing else is said in the clear.
+pub(super) fn handshake_with_tls(
+    mut stream: Stream,
+    uri: &str,
+    export_name: &str,
+    request_timeout: Duration,
+    tls: Option<TlsTarget<'_>>,
+) -> io::Result<Client> {
     stream
         .set_timeouts(Some(HANDSHAKE_TIMEOUT.min(request_timeout)))
         .map_err(|e| prefix_error(uri, e))?;
-    let negotiated = negotiate(&mut stream, uri, export_name).inspect_err(|_| {
+    let client_flags = greet(&mut stream, uri).inspect_err(|_| {
+        let _ = stream.shutdown(Shutdown::Both);
+    })?;
+    if let Some(target) = &tls {
+        if !client_flags.fixed_newstyle {
+            let _ = stream.shutdown(Shutdown::Both);
+            return Err(handshake_error(
+                uri,
+                io::ErrorKind::Unsupported,
+                "the server does not speak fixed newstyle, so it cannot start TLS",
+            ));
+        }
+        option_starttls(&mut stream, uri).inspect_err(|_| {
+            let _ = stream.shutdown(Shutdown::Both);
+        })?;
+        stream = tls::connect(stream, uri, target)?;
+    }
+    let negotiated = negotiate(&mut stream, uri, export_name, client_flags).inspect_err(|_| {
         // Leave the server a clean end of stream rather than a half-finished handshake.
         let _ = stream.shutdown(Shutdown::Both);
     })?;
@@ -110,7 +141,8 @@ pub(super) fn handshake(
     })
 }
 
-fn negotiate(stream: &mut Stream, uri: &str, export_name: &str) -> io::Result<Negotiated> {
+/// Reads the greeting and answers with the client flags.
+fn greet(stream: &mut Stream, uri: &str) -> io::Result<ClientFlags> {
     let mut greeting = [0u8; GREETING_BYTES];
     read_handshake(stream, &mut greeting, uri, "the server greeting")?;
     if greeting[..8] != NBDMAGIC.to_be_bytes() {
@@ -136,7 +168,51 @@ fn negotiate(stream: &mut Stream, uri: &str, export_name: &str) -> io::Result<Ne
         no_zeroes: handshake_flags & FLAG_NO_ZEROES != 0,
     };
     write_handshake(stream, &client_flags.to_wire().to_be_bytes(), uri)?;
-    if fixed_newstyle {
+    Ok(client_flags)
+}
+
+/// `NBD_OPT_STARTTLS`: the server must acknowledge it before the TLS handshake.
+fn option_starttls(stream: &mut Stream, uri: &str) -> io::Result<()> {
+    send_option(stream, uri, OPT_STARTTLS, &[])?;
+    let mut header_bytes = [0u8; OPTION_REPLY_HEADER_BYTES];
+    read_handshake(
+        stream,
+        &mut header_bytes,
+        uri,
+        "the reply to NBD_OPT_STARTTLS",
+    )?;
+    let header = OptionReplyHeader::decode(&header_bytes)
+        .map_err(|e| handshake_error(uri, io::ErrorKind::InvalidData, &e.to_string()))?;
+    if header.length_bytes > DEFAULT_MAX_OPTION_BYTES || header.option != OPT_STARTTLS {
+        return Err(handshake_error(
+            uri,
+            io::ErrorKind::InvalidData,
+            "the server's reply to NBD_OPT_STARTTLS is malformed",
+        ));
+    }
+    let mut data = vec![0u8; header.length_bytes as usize];
+    read_handshake(stream, &mut data, uri, "the reply to NBD_OPT_STARTTLS")?;
+    if header.reply_type == REP_ACK {
+        return Ok(());
+    }
+    let message = one_line(&data);
+    Err(handshake_error(
+        uri,
+        io::ErrorKind::Unsupported,
+        &format!(
+            "the server does not offer TLS (nbds:// needs it; use nbd:// only on a trusted network){}{message}",
+            if message.is_empty() { "" } else { ": " }
+        ),
+    ))
+}
+
+fn negotiate(
+    stream: &mut Stream,
+    uri: &str,
+    export_name: &str,
+    client_flags: ClientFlags,
+) -> io::Result<Negotiated> {
+    if client_flags.fixed_newstyle {
         if let Some(negotiated) = option_go(stream, uri, export_name)? {
             return Ok(negotiated);
         }
@@ -349,7 +425,7 @@ fn option_error(uri: &str, export_name: &str, reply_type: u32, data: &[u8]) -> i
         ),
         REP_ERR_TLS_REQD => (
             io::ErrorKind::Unsupported,
-            "the server requires TLS, which logcache's NBD client does not support".to_owned(),
+            "the server requires TLS: use an nbds:// or nbds+unix:// URI with tls-certificates= or tls-psk-file=".to_owned(),
         ),
         REP_ERR_SHUTDOWN => (
             io::ErrorKind::ConnectionAborted,

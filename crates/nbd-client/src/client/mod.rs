@@ -22,6 +22,7 @@ mod handshake;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod tls;
 
 use std::io::{self, Write};
 use std::net::Shutdown;
@@ -32,7 +33,7 @@ use logcache_nbd::consts::CMD_FLAG_FUA;
 use logcache_nbd::request::{Command, Request};
 use logcache_nbd::uri::{NbdAddress, NbdUri};
 
-use self::handshake::handshake;
+use self::handshake::handshake_with_tls;
 pub use self::handshake::ExportInfo;
 use self::stream::{connect_tcp, Stream};
 
@@ -126,7 +127,14 @@ impl Client {
                 })?)
             }
         };
-        handshake(stream, uri.as_str(), &uri.export_name, request_timeout)
+        let tls = uri.tls.as_ref().map(|settings| tls::TlsTarget {
+            settings,
+            host: match &uri.address {
+                NbdAddress::Tcp { host, .. } => Some(host.as_str()),
+                NbdAddress::Unix { .. } => None,
+            },
+        });
+        handshake_with_tls(stream, uri.as_str(), &uri.export_name, request_timeout, tls)
     }
 
     /// Parses `uri` and connects; a convenience for callers holding a string.

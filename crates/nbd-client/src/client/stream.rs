@@ -6,6 +6,8 @@ use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+use openssl::ssl::SslStream;
+
 use super::HANDSHAKE_TIMEOUT;
 
 pub(super) fn connect_tcp(host: &str, port: u16) -> io::Result<TcpStream> {
@@ -24,10 +26,12 @@ pub(super) fn connect_tcp(host: &str, port: u16) -> io::Result<TcpStream> {
     }))
 }
 
-/// The two socket kinds, behind one Read/Write.
+/// The two socket kinds, and TLS over either, behind one Read/Write.
 pub(super) enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
+    /// After STARTTLS (`nbds` URIs).
+    Tls(Box<SslStream<Stream>>),
 }
 
 impl Stream {
@@ -41,6 +45,7 @@ impl Stream {
                 s.set_read_timeout(timeout)?;
                 s.set_write_timeout(timeout)
             }
+            Stream::Tls(s) => s.get_ref().set_timeouts(timeout),
         }
     }
 
@@ -48,6 +53,7 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s.shutdown(how),
             Stream::Unix(s) => s.shutdown(how),
+            Stream::Tls(s) => s.get_ref().shutdown(how),
         }
     }
 }
@@ -57,6 +63,7 @@ impl Read for Stream {
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
         }
     }
 }
@@ -66,6 +73,7 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
         }
     }
 
@@ -73,6 +81,7 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write_vectored(bufs),
             Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tls(s) => s.write_vectored(bufs),
         }
     }
 

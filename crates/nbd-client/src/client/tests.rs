@@ -627,9 +627,12 @@ fn connect_errors_name_the_uri() {
     let e = Client::connect_str(text).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::NotFound);
     assert!(e.to_string().starts_with(text), "{e}");
-    let e = Client::connect_str("nbds://host/x").unwrap_err();
+    let e = Client::connect_str("nbds+vsock://1/x").unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
     assert!(e.to_string().contains("TLS"), "{e}");
+    let missing = "nbds+unix:///x?socket=/nonexistent/s.sock&tls-psk-file=/nonexistent/k.psk";
+    let e = Client::connect_str(missing).unwrap_err();
+    assert!(e.to_string().starts_with(missing), "{e}");
 }
 
 #[test]

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::OnceLock;
 
+use logcache_nbd::psk::parse_psk_file;
 use openssl::asn1::Asn1Time;
 use openssl::error::ErrorStack;
 use openssl::ex_data::Index;
@@ -25,9 +26,6 @@ pub(crate) const SERVER_KEY_FILE: &str = "server-key.pem";
 /// PSK cipher suites for TLS 1.2 (TLS 1.3 uses its own suites with a PSK). RSA-PSK needs a
 /// certificate, which a PSK server does not have.
 const PSK_CIPHERS_TLS12: &str = "PSK:!RSAPSK:!aNULL:!eNULL:!3DES:!RC4";
-
-/// Longest PSK we accept (psktool makes 32 bytes by default; OpenSSL's own limit is 256).
-const MAX_PSK_BYTES: usize = 256;
 
 /// Per-connection note left by the PSK callback, read when a handshake fails so the log line
 /// can say which identity the client offered.
@@ -164,32 +162,8 @@ pub(crate) fn read_psk_file(file: &Path) -> Result<HashMap<String, Vec<u8>>, Ser
     let text = std::fs::read_to_string(file).map_err(|e| {
         ServerError::InvalidConfig(format!("--tls-psk: cannot read {}: {e}", file.display()))
     })?;
-    let mut keys = HashMap::new();
-    for (index, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let bad = |what: &str| {
-            ServerError::InvalidConfig(format!(
-                "--tls-psk {} line {}: {what}; each line must be USERNAME:HEXKEY as psktool writes it",
-                file.display(),
-                index + 1
-            ))
-        };
-        let Some((name, hex)) = line.split_once(':') else {
-            return Err(bad("no ':' between the user name and the key"));
-        };
-        if name.is_empty() {
-            return Err(bad("the user name is empty"));
-        }
-        let key =
-            decode_hex(hex).ok_or_else(|| bad("the key is not an even number of hex digits"))?;
-        if key.is_empty() || key.len() > MAX_PSK_BYTES {
-            return Err(bad("the key must be 1 to 256 bytes"));
-        }
-        keys.insert(name.to_owned(), key);
-    }
+    let keys = parse_psk_file(&text)
+        .map_err(|e| ServerError::InvalidConfig(format!("--tls-psk {} {e}", file.display())))?;
     if keys.is_empty() {
         return Err(ServerError::InvalidConfig(format!(
             "--tls-psk {}: the file holds no key; make one with `psktool -u USER -p {}`",
@@ -197,63 +171,26 @@ pub(crate) fn read_psk_file(file: &Path) -> Result<HashMap<String, Vec<u8>>, Ser
             file.display()
         )));
     }
-    Ok(keys)
-}
-
-pub(crate) fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
-        .collect()
+    Ok(keys.into_iter().collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
-        let path = std::env::temp_dir().join(format!("logcache-psk-{}-{name}", std::process::id()));
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-
     #[test]
-    fn reads_psktool_lines_and_names_the_bad_line() {
-        let good = temp_file("good", "alice:00ff10\n\nbob:0a0B\n");
-        let keys = read_psk_file(&good).unwrap();
-        assert_eq!(keys["alice"], vec![0x00, 0xff, 0x10]);
-        assert_eq!(keys["bob"], vec![0x0a, 0x0b]);
-        let bad = temp_file("bad", "alice:00ff\nbob:0g\n");
-        let message = read_psk_file(&bad).unwrap_err().to_string();
+    fn a_psk_file_error_names_the_file_and_line() {
+        let path = std::env::temp_dir().join(format!("logcache-psk-{}", std::process::id()));
+        std::fs::write(&path, "alice:00ff\nbob:0g\n").unwrap();
+        let message = read_psk_file(&path).unwrap_err().to_string();
         assert!(
-            message.contains("line 2") && message.contains("hex"),
+            message.contains("line 2") && message.contains("--tls-psk"),
             "{message}"
         );
-        let no_colon = temp_file("nocolon", "alice\n");
-        assert!(read_psk_file(&no_colon)
-            .unwrap_err()
-            .to_string()
-            .contains("':'"));
-        let empty = temp_file("empty", "\n");
-        assert!(read_psk_file(&empty)
-            .unwrap_err()
-            .to_string()
-            .contains("psktool"));
-        for path in [good, bad, no_colon, empty] {
-            std::fs::remove_file(path).unwrap();
-        }
-    }
-
-    #[test]
-    fn hex_decoding_rejects_odd_lengths_and_non_hex() {
-        assert_eq!(decode_hex("").unwrap(), Vec::<u8>::new());
-        assert_eq!(decode_hex("a1B2").unwrap(), vec![0xa1, 0xb2]);
-        assert!(decode_hex("abc").is_none());
-        assert!(decode_hex("zz").is_none());
-        assert!(decode_hex("é1").is_none());
+        std::fs::write(&path, "\n").unwrap();
+        let message = read_psk_file(&path).unwrap_err().to_string();
+        assert!(message.contains("psktool"), "{message}");
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
