@@ -9,8 +9,11 @@
 //! Targets: [`nbd_handshake`] and [`nbd_request`] (what a client sends the server),
 //! [`nbd_replies`] (what a server sends our NBD backing client), [`on_disk_metadata`] (the
 //! superblock, label and chunk decoders, with checksums fixed up so the fields behind them are
-//! reached), [`open_corrupted_cache`] (recovery of a real cache image with bytes changed), and
-//! [`rbd_diff`] (an `rbd diff v1` stream, as `logcache import-diff` reads it).
+//! reached), [`open_corrupted_cache`] (recovery of a real cache image with bytes changed),
+//! [`rbd_diff`] (an `rbd diff v1` stream, as `logcache import-diff` reads it), and
+//! [`tls_settings`] (an NBD URI with TLS parameters, and a psktool key file). Hostile TLS peers
+//! (handshakes cut short, garbage after STARTTLS) need a live server: they are in
+//! `crates/server/tests/hostile_clients.rs`.
 
 mod cache_image;
 
@@ -304,17 +307,37 @@ pub fn rbd_diff(data: &[u8]) {
     assert!(matches!(d.next_piece(), Ok(None)));
 }
 
+/// Text a user or a configuration hands the TLS code: an NBD URI (TLS parameters included) and
+/// a psktool key file. A URI that parses prints back as given and never carries both kinds of
+/// credentials; a key file that parses holds named keys of 1 to 256 bytes.
+pub fn tls_settings(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    if let Ok(uri) = logcache_nbd::uri::parse(&text) {
+        assert_eq!(uri.to_string(), text);
+        if let Some(tls) = &uri.tls {
+            assert!(tls.certificates.is_none() || tls.psk_file.is_none());
+        }
+    }
+    if let Ok(keys) = logcache_nbd::psk::parse_psk_file(&text) {
+        for (name, key) in keys {
+            assert!(!name.is_empty() && !name.contains(':'));
+            assert!((1..=logcache_nbd::psk::MAX_PSK_BYTES).contains(&key.len()));
+        }
+    }
+}
+
 /// Runs every target on `data`; the fuzz target `all` and the seeded tests use it.
 pub fn all(data: &[u8]) {
     let Some((&which, rest)) = data.split_first() else {
         return;
     };
-    match which % 6 {
+    match which % 7 {
         0 => nbd_handshake(rest),
         1 => nbd_request(rest),
         2 => nbd_replies(rest),
         3 => on_disk_metadata(rest),
         4 => rbd_diff(rest),
+        5 => tls_settings(rest),
         _ => {
             open_corrupted_cache(rest);
         }

@@ -301,6 +301,41 @@ fn rbd_diff_streams_decode_or_are_refused() {
     );
 }
 
+/// TLS URIs and psktool files built from their pieces, then mutated.
+#[test]
+fn tls_uris_and_key_files_parse_or_are_refused() {
+    campaign(
+        "tls_settings",
+        cases(20_000),
+        logcache_hostile::tls_settings,
+        |rng| {
+            const PIECES: [&str; 16] = [
+                "nbds://",
+                "nbds+unix://",
+                "nbd://",
+                "alice@",
+                "host",
+                ":10809",
+                "/export",
+                "?",
+                "&",
+                "socket=/s",
+                "tls-certificates=/pki",
+                "tls-psk-file=/k.psk",
+                "tls-username=bob",
+                "tls-verify-peer=false",
+                "%41",
+                "alice:00ff\n",
+            ];
+            let mut text = String::new();
+            for _ in 0..rng.below(10) {
+                text.push_str(PIECES[rng.below(PIECES.len() as u64) as usize]);
+            }
+            mutate(rng, text.into_bytes())
+        },
+    );
+}
+
 #[test]
 fn every_target_through_the_dispatcher() {
     campaign("all", cases(5_000), logcache_hostile::all, |rng| {
