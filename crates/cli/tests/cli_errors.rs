@@ -313,6 +313,11 @@ fn serve_on_a_non_loopback_address_needs_allow_remote() {
         "0.0.0.0:0",
         "--allow-remote",
     ]);
+    let log = served.stderr_with("without requiring TLS");
+    assert!(
+        log.contains("warning: serving NBD on 0.0.0.0:0 without requiring TLS"),
+        "{log}"
+    );
     assert!(served.stop().status.success());
 }
 

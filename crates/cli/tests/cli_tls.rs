@@ -412,6 +412,66 @@ fn psk_clients_are_served_and_wrong_keys_refused_with_a_log_line() {
     assert!(stopped.status.success(), "{}", stopped.stderr);
 }
 
+/// On a non-loopback address, credentials alone make TLS required (no --allow-remote needed),
+/// and a plain client is refused.
+#[test]
+fn a_non_loopback_address_with_credentials_requires_tls() {
+    let dir = TestDir::new("tls-remote");
+    let keys = dir.join("keys.psk");
+    assert_ok(
+        &run(tool("psktool").args(["-u", "alice", "-p", &keys.to_string_lossy()])),
+        "psktool",
+    );
+    let (cache, backing) = formatted_pair(&dir, CACHE_BYTES, BACKING_BYTES);
+    let keys = keys.to_string_lossy().into_owned();
+    let served = Served::start(&[
+        "--cache",
+        &cache,
+        "--backing",
+        &backing,
+        "--listen",
+        "0.0.0.0:0",
+        "--tls-psk",
+        &keys,
+    ]);
+    let port = port_of(&served);
+    assert!(
+        served.uris().iter().all(|u| u.starts_with("nbds")),
+        "{:?}",
+        served.uris()
+    );
+    let out = nbdinfo(&format!("nbd://127.0.0.1:{port}/"));
+    assert!(
+        !out.status.success(),
+        "a plain client was served on a non-loopback address"
+    );
+    let out = nbdinfo(&format!(
+        "nbds://alice@127.0.0.1:{port}/?tls-psk-file={keys}"
+    ));
+    assert_ok(&out, "nbdinfo with a PSK");
+    assert!(!served.stderr().contains("warning"), "{}", served.stderr());
+    // Asking for optional TLS there needs --allow-remote, as plain serving does.
+    fails_with(
+        1,
+        &[
+            "serve",
+            "--cache",
+            &cache,
+            "--backing",
+            &backing,
+            "--listen",
+            "0.0.0.0:0",
+            "--tls",
+            "on",
+            "--tls-psk",
+            &keys,
+        ],
+        &["--allow-remote"],
+    );
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+}
+
 #[test]
 fn tls_flags_are_checked_before_anything_opens() {
     let dir = TestDir::new("tls-flags");
