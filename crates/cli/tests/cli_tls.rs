@@ -152,6 +152,11 @@ fn qemu_io_object(object: &str, driver: &str, cmds: &[&str]) -> Output {
     run(&mut c)
 }
 
+/// `qemu-img info` through `--object tls-creds-*`.
+fn qemu_img_info_object(object: &str, driver: &str) -> Output {
+    run(tool("qemu-img").args(["info", "--object", object, "--image-opts", driver]))
+}
+
 fn assert_qemu_ok(out: &Output, what: &str) {
     let stdout = text(&out.stdout);
     assert!(
@@ -227,15 +232,12 @@ fn x509_clients_are_served_and_strangers_refused_with_a_log_line() {
         &["write -P 0xa5 0 1M", "read -P 0xa5 0 1M"],
     );
     assert_qemu_ok(&out, "qemu-io through TLS (X.509)");
-    let out = run(tool("qemu-img").args([
-        "info",
-        "--object",
+    let out = qemu_img_info_object(
         &x509,
-        "--image-opts",
         &format!(
             "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port={port},tls-creds=tls0"
         ),
-    ]));
+    );
     assert_ok(&out, "qemu-img info through TLS on TCP");
     assert!(
         text(&out.stdout).contains(&export_size()),
@@ -379,13 +381,7 @@ fn psk_clients_are_served_and_wrong_keys_refused_with_a_log_line() {
         &["write -P 0x3c 1M 1M", "read -P 0x3c 1M 1M"],
     );
     assert_qemu_ok(&out, "qemu-io through TLS (PSK)");
-    let out = run(tool("qemu-img").args([
-        "info",
-        "--object",
-        &psk,
-        "--image-opts",
-        &format!("driver=nbd,path={socket},tls-creds=tls0"),
-    ]));
+    let out = qemu_img_info_object(&psk, &format!("driver=nbd,path={socket},tls-creds=tls0"));
     assert_ok(&out, "qemu-img info through TLS (PSK)");
 
     // --listen on loopback with credentials and no --tls: TLS is offered, not required.
