@@ -502,3 +502,67 @@ fn write_through_survives_a_backing_restart_and_the_next_flush_says_what_may_be_
     );
     assert!(served.stop().status.success());
 }
+
+/// An NBD backing's own block status shows through logcache: nbdkit's memory disk is sparse,
+/// so `nbdinfo --map` of logcache's export is a hole except where data was written (dirty in
+/// the cache, then written back), as it is on nbdkit itself.
+#[test]
+fn nbd_backing_block_status_passes_through() {
+    let dir = TestDir::new("r-status");
+    let kit_sock = dir.join("kit.sock");
+    let _kit = Daemon::start(
+        tool("nbdkit")
+            .args(["-f", "-U"])
+            .arg(&kit_sock)
+            .args(["memory", &BACKING_BYTES.to_string()]),
+        &kit_sock,
+        &dir.join("nbdkit.log"),
+    );
+    let kit_uri = format!("nbd+unix:///?socket={}", kit_sock.display());
+    let cache = dir.s("cache.img");
+    format_against(&cache, &kit_uri);
+    let served = Served::start(&serve_args(&cache, &kit_uri));
+    let uri = served.unix_uri();
+    qemu_io_ok(&uri, &["write -P 0x6b 3M 1M", "flush"]);
+    let map = |uri: &str| -> Vec<(u64, u64, String)> {
+        let out = run(tool("nbdinfo").args(["--map", "--json", uri]));
+        assert_ok(&out, "nbdinfo --map");
+        let extents: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        extents
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["offset"].as_u64().unwrap(),
+                    e["length"].as_u64().unwrap(),
+                    e["description"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let expect_written_is_data = |extents: &[(u64, u64, String)]| {
+        let covering = |at: u64| {
+            extents
+                .iter()
+                .find(|(o, l, _)| *o <= at && at < o + l)
+                .unwrap_or_else(|| panic!("no extent covers {at}: {extents:?}"))
+                .2
+                .clone()
+        };
+        assert_eq!(covering(3 * MIB), "data", "{extents:?}");
+        assert_eq!(covering(4 * MIB - 1), "data", "{extents:?}");
+        assert_eq!(covering(0), "hole,zero", "{extents:?}");
+        assert_eq!(covering(100 * MIB), "hole,zero", "{extents:?}");
+    };
+    // Dirty in the cache: data, whatever the backing says.
+    expect_written_is_data(&map(&uri));
+    let ctl = served.control().to_string_lossy().into_owned();
+    assert_ok(&logcache(&["drain", "--control", &ctl]), "logcache drain");
+    // Written back: nbdkit itself says data there, and logcache passes that on.
+    expect_written_is_data(&map(&uri));
+    expect_written_is_data(&map(&kit_uri));
+    qemu_io_ok(&uri, &["read -P 0 0 3M", "read -P 0x6b 3M 1M"]);
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+}

@@ -10,7 +10,8 @@ use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use logcache_io::{BlockDevice, SECTOR_SIZE_BYTES};
+use logcache_io::{Allocation, BlockDevice, SECTOR_SIZE_BYTES};
+use logcache_nbd::consts::{STATE_HOLE, STATE_ZERO};
 use logcache_nbd::uri::NbdUri;
 use parking_lot::{Mutex, MutexGuard};
 
@@ -43,6 +44,9 @@ pub struct NbdDevice {
     reconnects: AtomicU64,
     /// How long the server may take to answer before a connection counts as broken.
     request_timeout: Duration,
+    /// A connection for block status only (it negotiates structured replies, which the data
+    /// connections do not), opened on first use and again after it breaks.
+    status: Mutex<Option<Client>>,
 }
 
 impl NbdDevice {
@@ -121,6 +125,7 @@ impl NbdDevice {
             next_connection: AtomicUsize::new(0),
             reconnects: AtomicU64::new(0),
             request_timeout,
+            status: Mutex::new(None),
         })
     }
 
@@ -259,6 +264,42 @@ impl BlockDevice for NbdDevice {
 
     fn describe(&self) -> String {
         self.uri.clone()
+    }
+
+    /// The server's own `base:allocation`, so a sparse remote export stays sparse through the
+    /// cache. Asked on a connection of its own, and only of a server that advertises
+    /// `CAN_MULTI_CONN`: then a write flushed on a data connection (as writeback does before a
+    /// block stops being dirty) shows in the status connection's answer, so a range is never
+    /// called a hole after data reached it. (A server without multi-conn may also refuse a
+    /// second connection.) A hole reads as zeros only with both `STATE_HOLE` and `STATE_ZERO`.
+    fn allocation(&self, offset: u64, len_bytes: u64) -> io::Result<(u64, Allocation)> {
+        debug_assert!(len_bytes > 0);
+        if !self.info.can_multi_conn() {
+            return Ok((len_bytes, Allocation::Data));
+        }
+        let mut status = self.status.lock();
+        if status.as_ref().is_none_or(Client::is_broken) {
+            let client = Client::connect_for_block_status(&self.parsed, self.request_timeout)?;
+            if client.size_bytes() != self.info.size_bytes {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}: the export changed size", self.uri),
+                ));
+            }
+            *status = Some(client);
+        }
+        let client = status.as_mut().expect("connected above");
+        Ok(match client.block_status(offset, len_bytes)? {
+            Some((length_bytes, flags)) => {
+                let length_bytes = length_bytes.min(len_bytes);
+                if flags & STATE_HOLE != 0 && flags & STATE_ZERO != 0 {
+                    (length_bytes, Allocation::ZeroHole)
+                } else {
+                    (length_bytes, Allocation::Data)
+                }
+            }
+            None => (len_bytes, Allocation::Data),
+        })
     }
 
     fn reconnects(&self) -> u64 {

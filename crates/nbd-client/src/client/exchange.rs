@@ -90,6 +90,10 @@ impl Client {
 
     /// Records why the connection is unusable, closes the socket so the server notices, and
     /// returns the error for the call that found out.
+    pub(super) fn fail(&mut self, kind: io::ErrorKind, reason: String) -> io::Error {
+        self.mark_broken(kind, reason)
+    }
+
     fn mark_broken(&mut self, kind: io::ErrorKind, reason: String) -> io::Error {
         let _ = self.stream.shutdown(Shutdown::Both);
         self.closed = true;
@@ -104,7 +108,7 @@ impl Client {
 
 /// Maps an NBD wire error to the local errno (the spec fixes the wire values, which happen to be
 /// Linux's; other platforms number some of them differently). Unknown values become EIO.
-fn local_errno(wire_error: u32) -> i32 {
+pub(super) fn local_errno(wire_error: u32) -> i32 {
     use logcache_nbd::consts as c;
     match wire_error {
         c::EPERM => libc::EPERM,

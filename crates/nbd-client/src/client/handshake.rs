@@ -11,10 +11,13 @@ use logcache_nbd::consts::{
     FLAG_CAN_MULTI_CONN, FLAG_FIXED_NEWSTYLE, FLAG_HAS_FLAGS, FLAG_NO_ZEROES, FLAG_READ_ONLY,
     FLAG_SEND_FLUSH, FLAG_SEND_FUA, FLAG_SEND_TRIM, GREETING_BYTES, INFO_BLOCK_SIZE, INFO_EXPORT,
     NBDMAGIC, OLDSTYLE_MAGIC, OPTION_REPLY_HEADER_BYTES, OPT_ABORT, OPT_EXPORT_NAME, OPT_GO,
-    OPT_STARTTLS, REP_ACK, REP_ERR_BLOCK_SIZE_REQD, REP_ERR_INVALID, REP_ERR_POLICY,
-    REP_ERR_SHUTDOWN, REP_ERR_TLS_REQD, REP_ERR_UNKNOWN, REP_ERR_UNSUP, REP_FLAG_ERROR, REP_INFO,
+    OPT_SET_META_CONTEXT, OPT_STARTTLS, OPT_STRUCTURED_REPLY, REP_ACK, REP_ERR_BLOCK_SIZE_REQD,
+    REP_ERR_INVALID, REP_ERR_POLICY, REP_ERR_SHUTDOWN, REP_ERR_TLS_REQD, REP_ERR_UNKNOWN,
+    REP_ERR_UNSUP, REP_FLAG_ERROR, REP_INFO, REP_META_CONTEXT,
 };
-use logcache_nbd::handshake::{decode_greeting, ClientFlags, InfoRequest, OptionHeader};
+use logcache_nbd::handshake::{
+    decode_greeting, ClientFlags, InfoRequest, MetaContextRequest, OptionHeader,
+};
 use logcache_nbd::option_reply::{
     decode_export_name_reply, BlockSizeConstraints, Info, OptionReplyHeader,
 };
@@ -25,6 +28,9 @@ use super::{
     prefix_error, Client, DEFAULT_MAX_REQUEST_BYTES, HANDSHAKE_TIMEOUT, MAX_MINIMUM_BLOCK_BYTES,
     MAX_SERVER_MESSAGE_CHARS, SECTOR_BYTES,
 };
+
+/// The one metadata context logcache asks an NBD backing for.
+const BASE_ALLOCATION: &str = "base:allocation";
 
 /// What the handshake established about the export.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +80,8 @@ struct Negotiated {
     size_bytes: u64,
     transmission_flags: u16,
     block_size: Option<BlockSizeConstraints>,
+    /// The id the server gave `base:allocation`, when block status was asked for and offered.
+    base_allocation_id: Option<u32>,
 }
 
 /// Runs the fixed-newstyle handshake on a connected stream and returns a client in the
@@ -85,7 +93,7 @@ pub(super) fn handshake(
     export_name: &str,
     request_timeout: Duration,
 ) -> io::Result<Client> {
-    handshake_with_tls(stream, uri, export_name, request_timeout, None)
+    handshake_with_tls(stream, uri, export_name, request_timeout, None, false)
 }
 
 /// [`handshake`], starting TLS first when `tls` is given (an `nbds` URI): STARTTLS is the first
@@ -96,6 +104,7 @@ pub(super) fn handshake_with_tls(
     export_name: &str,
     request_timeout: Duration,
     tls: Option<TlsTarget<'_>>,
+    block_status: bool,
 ) -> io::Result<Client> {
     stream
         .set_timeouts(Some(HANDSHAKE_TIMEOUT.min(request_timeout)))
@@ -117,10 +126,19 @@ pub(super) fn handshake_with_tls(
         })?;
         stream = tls::connect(stream, uri, target)?;
     }
-    let negotiated = negotiate(&mut stream, uri, export_name, client_flags).inspect_err(|_| {
-        // Leave the server a clean end of stream rather than a half-finished handshake.
-        let _ = stream.shutdown(Shutdown::Both);
-    })?;
+    let base_allocation_id = if block_status && client_flags.fixed_newstyle {
+        option_base_allocation(&mut stream, uri, export_name).inspect_err(|_| {
+            let _ = stream.shutdown(Shutdown::Both);
+        })?
+    } else {
+        None
+    };
+    let mut negotiated =
+        negotiate(&mut stream, uri, export_name, client_flags).inspect_err(|_| {
+            // Leave the server a clean end of stream rather than a half-finished handshake.
+            let _ = stream.shutdown(Shutdown::Both);
+        })?;
+    negotiated.base_allocation_id = base_allocation_id;
     // A server that stops answering (stopped, or a network that drops packets silently) must
     // not hang its caller forever: a request unanswered this long breaks the connection.
     stream
@@ -138,6 +156,7 @@ pub(super) fn handshake_with_tls(
         next_cookie: 1,
         broken: None,
         closed: false,
+        base_allocation_id: negotiated.base_allocation_id,
     })
 }
 
@@ -169,6 +188,69 @@ fn greet(stream: &mut Stream, uri: &str) -> io::Result<ClientFlags> {
     };
     write_handshake(stream, &client_flags.to_wire().to_be_bytes(), uri)?;
     Ok(client_flags)
+}
+
+/// Structured replies, then `NBD_OPT_SET_META_CONTEXT` for `base:allocation`: the context id,
+/// or `None` if the server offers neither (block status then says "data" for everything).
+fn option_base_allocation(
+    stream: &mut Stream,
+    uri: &str,
+    export_name: &str,
+) -> io::Result<Option<u32>> {
+    send_option(stream, uri, OPT_STRUCTURED_REPLY, &[])?;
+    let (header, _) = read_option_reply(stream, uri, OPT_STRUCTURED_REPLY)?;
+    if header.reply_type != REP_ACK {
+        return Ok(None);
+    }
+    let request = MetaContextRequest {
+        export_name: export_name.to_owned(),
+        queries: vec![BASE_ALLOCATION.to_owned()],
+    }
+    .encode()
+    .map_err(|e| handshake_error(uri, io::ErrorKind::InvalidInput, &e.to_string()))?;
+    send_option(stream, uri, OPT_SET_META_CONTEXT, &request)?;
+    let mut id = None;
+    loop {
+        let (header, data) = read_option_reply(stream, uri, OPT_SET_META_CONTEXT)?;
+        match header.reply_type {
+            REP_ACK => return Ok(id),
+            REP_META_CONTEXT if data.len() >= 4 && &data[4..] == BASE_ALLOCATION.as_bytes() => {
+                id = Some(u32::from_be_bytes([data[0], data[1], data[2], data[3]]));
+            }
+            REP_META_CONTEXT => {}
+            // An error (the server knows no contexts): block status is not available.
+            _ if header.is_error() => return Ok(None),
+            other => {
+                return Err(handshake_error(
+                    uri,
+                    io::ErrorKind::InvalidData,
+                    &format!("unexpected reply {other:#x} to NBD_OPT_SET_META_CONTEXT"),
+                ))
+            }
+        }
+    }
+}
+
+/// One option reply to `option`: its header and data (bounded by the option size cap).
+fn read_option_reply(
+    stream: &mut Stream,
+    uri: &str,
+    option: u32,
+) -> io::Result<(OptionReplyHeader, Vec<u8>)> {
+    let mut header_bytes = [0u8; OPTION_REPLY_HEADER_BYTES];
+    read_handshake(stream, &mut header_bytes, uri, "an option reply")?;
+    let header = OptionReplyHeader::decode(&header_bytes)
+        .map_err(|e| handshake_error(uri, io::ErrorKind::InvalidData, &e.to_string()))?;
+    if header.length_bytes > DEFAULT_MAX_OPTION_BYTES || header.option != option {
+        return Err(handshake_error(
+            uri,
+            io::ErrorKind::InvalidData,
+            "the server's option reply is malformed",
+        ));
+    }
+    let mut data = vec![0u8; header.length_bytes as usize];
+    read_handshake(stream, &mut data, uri, "an option reply")?;
+    Ok((header, data))
 }
 
 /// `NBD_OPT_STARTTLS`: the server must acknowledge it before the TLS handshake.
@@ -292,6 +374,7 @@ fn option_go(stream: &mut Stream, uri: &str, export_name: &str) -> io::Result<Op
                     size_bytes,
                     transmission_flags,
                     block_size,
+                    base_allocation_id: None,
                 }));
             }
             REP_ERR_UNSUP => return Ok(None),
@@ -347,6 +430,7 @@ fn option_export_name(
         size_bytes,
         transmission_flags,
         block_size: None,
+        base_allocation_id: None,
     })
 }
 

@@ -19,6 +19,7 @@
 
 mod exchange;
 mod handshake;
+mod status;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -71,6 +72,9 @@ pub struct Client {
     broken: Option<String>,
     /// `NBD_CMD_DISC` was sent (or the stream was shut down), so drop has nothing left to do.
     closed: bool,
+    /// Set on a connection opened by [`Client::connect_for_block_status`] when the server
+    /// offers `base:allocation`: the id its block status chunks carry.
+    base_allocation_id: Option<u32>,
 }
 
 impl std::fmt::Debug for Client {
@@ -94,6 +98,20 @@ impl Client {
     /// [`Client::connect`] with another limit on how long the server may take to answer a
     /// request; the handshake gets the shorter of this and its own 30 s.
     pub fn connect_with_timeout(uri: &NbdUri, request_timeout: Duration) -> io::Result<Client> {
+        Self::connect_inner(uri, request_timeout, false)
+    }
+
+    /// A connection for [`Client::block_status`] only: it negotiates structured replies and
+    /// `base:allocation` (when the server offers them), which the data calls do not expect.
+    pub fn connect_for_block_status(uri: &NbdUri, request_timeout: Duration) -> io::Result<Client> {
+        Self::connect_inner(uri, request_timeout, true)
+    }
+
+    fn connect_inner(
+        uri: &NbdUri,
+        request_timeout: Duration,
+        block_status: bool,
+    ) -> io::Result<Client> {
         if request_timeout.is_zero() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -134,7 +152,14 @@ impl Client {
                 NbdAddress::Unix { .. } => None,
             },
         });
-        handshake_with_tls(stream, uri.as_str(), &uri.export_name, request_timeout, tls)
+        handshake_with_tls(
+            stream,
+            uri.as_str(),
+            &uri.export_name,
+            request_timeout,
+            tls,
+            block_status,
+        )
     }
 
     /// Parses `uri` and connects; a convenience for callers holding a string.
