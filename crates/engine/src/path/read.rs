@@ -1,18 +1,81 @@
 //! The read path: the newest copy of each sector, from RAM, the cache device or the backing
-//! device. Runs of blocks missing from the cache become one backing-device read.
+//! device.
+//!
+//! A request is served a window of up to `WINDOW_BLOCKS` blocks at a time. Under one hold of
+//! the state lock the window's blocks are looked up: RAM copies are copied out at once, blocks
+//! on the cache device are pinned and planned, and blocks the cache lacks join miss runs.
+//! With the lock released, blocks adjacent on the cache device (and in the request) are read
+//! with one device IO per run, each block's CRC checked, then the miss runs are read from the
+//! backing device (one IO per run) and the sectors partial blocks never held. The window
+//! bounds both the lock hold (its RAM copies) and the run scratch buffer.
+
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result};
 use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
-use crate::geometry::sector_mask;
+use crate::geometry::{sector_mask, CacheBlock};
 use crate::inner::{check_usable, Inner};
+use crate::io::aligned::{is_aligned, AlignedBuf};
 use crate::promote;
 use crate::state::{Location, State};
-use crate::verify::read_verified;
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 const SECTOR: usize = SECTOR_SIZE_BYTES as usize;
+/// Blocks looked up per lock hold, and the longest cache-device run read as one IO (1 MiB).
+pub(crate) const WINDOW_BLOCKS: usize = 256;
+
+/// A block of the window whose newest copy is on the cache device, pinned until read.
+#[derive(Clone, Copy, Debug)]
+struct Planned {
+    lba: u64,
+    c: CacheBlock,
+    crc: u32,
+    /// Where the wanted bytes go in the request's buffer, and where they start in the block.
+    dst_start: usize,
+    in_block: usize,
+    len: usize,
+    /// Sectors the cache block holds (the rest come from the backing device).
+    valid: u8,
+}
+
+/// A block of the window (from RAM or the cache device) with sectors the cache never held.
+#[derive(Clone, Copy, Debug)]
+struct Partial {
+    lba: u64,
+    dst_start: usize,
+    in_block: usize,
+    len: usize,
+    missing: u8,
+}
+
+/// Per-thread scratch of the read path, allocated once per thread (no allocation per request).
+#[derive(Default)]
+struct Scratch {
+    planned: Vec<Planned>,
+    partials: Vec<Partial>,
+    /// Byte ranges of the request's buffer to read from the backing device.
+    misses: Vec<(usize, usize)>,
+    /// Aligned buffer for a run whose destination cannot take the device read directly.
+    run: Option<AlignedBuf>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
 
 pub fn read(inner: &Inner, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+    // Taken out of the thread-local (and put back) so nothing stays borrowed across the IO.
+    let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    let result = read_windows(inner, offset_bytes, buf, &mut scratch);
+    scratch.planned.clear();
+    scratch.partials.clear();
+    scratch.misses.clear();
+    SCRATCH.with(|s| *s.borrow_mut() = scratch);
+    result
+}
+
+fn read_windows(inner: &Inner, offset_bytes: u64, buf: &mut [u8], s: &mut Scratch) -> Result<()> {
     let mut ctx = ReadCtx {
         offset_bytes,
         len_bytes: buf.len() as u64,
@@ -20,40 +83,303 @@ pub fn read(inner: &Inner, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         guard: 0,
     };
     let mut done = 0usize;
-    // A pending run of bytes that no cache block covers: [miss_start, done) of `buf`.
+    // A pending run of bytes that no cache block covers: [miss_start, done) of `buf`. It may
+    // continue into the next window.
     let mut miss_start: Option<usize> = None;
+    let mut first = true;
     while done < buf.len() {
-        let pos = offset_bytes + done as u64;
-        let lba = pos / BLOCK_SIZE_BYTES;
-        let in_block = (pos % BLOCK_SIZE_BYTES) as usize;
-        let len = (BLOCK - in_block).min(buf.len() - done);
-        // The request is counted under the first block's lock hold, not with a lock of its own.
-        let first = done == 0;
-        let dst = &mut buf[done..done + len];
-        match read_block(inner, lba, in_block / SECTOR, dst, first, &mut ctx)? {
-            BlockRead::NotCached => {
-                miss_start.get_or_insert(done);
+        s.planned.clear();
+        s.partials.clear();
+        s.misses.clear();
+        let window_start = done;
+        {
+            let mut st = inner.state.lock();
+            check_usable(&st)?;
+            if first {
+                // The request is counted under its first lock hold, not with one of its own.
+                first = false;
+                st.counters.reads += 1;
+                st.counters.read_bytes += ctx.len_bytes;
+                ctx.guard = st.promotion.guard();
+                ctx.promote = promote::decide(inner, &mut st, ctx.offset_bytes, ctx.len_bytes);
             }
-            BlockRead::Done => {
-                if let Some(start) = miss_start.take() {
-                    read_miss(
-                        inner,
-                        &ctx,
-                        offset_bytes + start as u64,
-                        &mut buf[start..done],
-                    )?;
+            let mut blocks = 0usize;
+            while done < buf.len() && blocks < WINDOW_BLOCKS {
+                let pos = offset_bytes + done as u64;
+                let in_block = (pos % BLOCK_SIZE_BYTES) as usize;
+                let len = (BLOCK - in_block).min(buf.len() - done);
+                let cached = lookup_block(
+                    inner,
+                    &mut st,
+                    pos / BLOCK_SIZE_BYTES,
+                    in_block,
+                    &mut buf[done..done + len],
+                    done,
+                    s,
+                );
+                if cached {
+                    if let Some(start) = miss_start.take() {
+                        s.misses.push((start, done));
+                    }
+                } else {
+                    miss_start.get_or_insert(done);
                 }
+                done += len;
+                blocks += 1;
+            }
+            debug_assert!(done > window_start);
+        }
+        // Every planned block is pinned: `read_planned` unpins each, whatever happens.
+        let planned = read_planned(inner, offset_bytes, buf, s);
+        planned?;
+        if done == buf.len() {
+            if let Some(start) = miss_start.take() {
+                s.misses.push((start, done));
             }
         }
-        done += len;
+        for i in 0..s.misses.len() {
+            let (start, end) = s.misses[i];
+            read_miss(
+                inner,
+                &ctx,
+                offset_bytes + start as u64,
+                &mut buf[start..end],
+            )?;
+        }
+        for p in &s.partials {
+            read_missing_sectors(inner, p, &mut buf[p.dst_start..p.dst_start + p.len])?;
+        }
     }
-    if let Some(start) = miss_start {
-        read_miss(inner, &ctx, offset_bytes + start as u64, &mut buf[start..])?;
+    debug_assert!(miss_start.is_none());
+    Ok(())
+}
+
+/// Looks up one block under the state lock; `false` if the cache does not hold it. A RAM copy
+/// is copied into `dst` now; a cache-device copy is pinned and planned. Counts the block as a
+/// hit (every wanted sector in the cache) or a miss.
+fn lookup_block(
+    inner: &Inner,
+    st: &mut State,
+    lba: u64,
+    in_block: usize,
+    dst: &mut [u8],
+    dst_start: usize,
+    s: &mut Scratch,
+) -> bool {
+    let want = sector_mask(in_block / SECTOR, dst.len() / SECTOR);
+    let full = want == FULL_MASK;
+    let Some(c) = st.blocks.lookup(lba) else {
+        count_read(st, false, full);
+        return false;
+    };
+    let valid = st.blocks.valid(c);
+    count_read(st, want & !valid == 0, full);
+    match st.locate(c) {
+        Location::OpenChunk { buffer } | Location::Ram { buffer } => {
+            let off = st.offset_in_buffer(c) + in_block;
+            // SAFETY: data blocks in RAM are read under the state lock.
+            dst.copy_from_slice(unsafe { inner.buffers.slice(buffer, off, dst.len()) });
+            st.counters.read_hits_ram += 1;
+        }
+        Location::Disk => {
+            debug_assert_eq!(st.blocks.lba_of(c), Some(lba));
+            let (slot, _) = inner.geo.split(c);
+            // Pinned under the lock, so the segment cannot be reclaimed before the read.
+            inner.pins[slot as usize].fetch_add(1, Ordering::AcqRel);
+            s.planned.push(Planned {
+                lba,
+                c,
+                crc: st.blocks.crc(c),
+                dst_start,
+                in_block,
+                len: dst.len(),
+                valid,
+            });
+            return true;
+        }
+    }
+    let missing = want & !valid;
+    if missing != 0 {
+        s.partials.push(Partial {
+            lba,
+            dst_start,
+            in_block,
+            len: dst.len(),
+            missing,
+        });
+    }
+    true
+}
+
+/// Reads the planned blocks, one device IO per run of blocks adjacent both on the cache device
+/// and in the request, and checks each block's CRC. Unpins every planned block.
+fn read_planned(inner: &Inner, offset_bytes: u64, buf: &mut [u8], s: &mut Scratch) -> Result<()> {
+    let mut result = Ok(());
+    let mut i = 0;
+    while i < s.planned.len() {
+        let mut end = i + 1;
+        while end < s.planned.len() && adjacent(inner, &s.planned[end - 1], &s.planned[end]) {
+            end += 1;
+        }
+        if result.is_ok() {
+            result = read_run(inner, offset_bytes, buf, s, i, end);
+        }
+        for p in &s.planned[i..end] {
+            let (slot, _) = inner.geo.split(p.c);
+            let pins_before = inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
+            assert!(pins_before > 0, "segment pin count underflow");
+        }
+        i = end;
+    }
+    result
+}
+
+/// Whether `b` follows `a` both in the request and on the cache device.
+fn adjacent(inner: &Inner, a: &Planned, b: &Planned) -> bool {
+    b.lba == a.lba + 1
+        && inner.geo.block_offset(b.c) == inner.geo.block_offset(a.c) + BLOCK_SIZE_BYTES
+}
+
+/// Reads planned blocks `[from, to)` (one run) with one IO: straight into the request's buffer
+/// when the run is whole, aligned blocks, else through the aligned scratch. A block that fails
+/// (the IO, or its CRC) is handled as `block_failed` says.
+fn read_run(
+    inner: &Inner,
+    offset_bytes: u64,
+    buf: &mut [u8],
+    s: &mut Scratch,
+    from: usize,
+    to: usize,
+) -> Result<()> {
+    let count = to - from;
+    debug_assert!(count > 0 && count <= WINDOW_BLOCKS);
+    let run = &s.planned[from..to];
+    let first = run[0];
+    let last = run[count - 1];
+    let device_offset = inner.geo.block_offset(first.c);
+    let run_bytes = count * BLOCK;
+    let whole = first.in_block == 0 && last.len == BLOCK;
+    let direct = whole && is_aligned(&buf[first.dst_start..]);
+    let io = if direct {
+        let dst = &mut buf[first.dst_start..first.dst_start + run_bytes];
+        inner.cache.read_at(dst, device_offset)
+    } else {
+        let scratch = s
+            .run
+            .get_or_insert_with(|| AlignedBuf::new(WINDOW_BLOCKS * BLOCK));
+        inner
+            .cache
+            .read_at(&mut scratch[..run_bytes], device_offset)
+    };
+    if let Err(e) = io {
+        if count == 1 {
+            let err = Error::io(
+                format!("reading cache block {} (lba {})", first.c, first.lba),
+                e,
+            );
+            return block_failed(inner, offset_bytes, buf, &first, err);
+        }
+        // Which blocks are bad is unknown: read them one by one, each with its own outcome.
+        for i in 0..count {
+            let p = s.planned[from + i];
+            read_one(inner, offset_bytes, buf, &p)?;
+        }
+        return Ok(());
+    }
+    for i in 0..count {
+        let p = s.planned[from + i];
+        let (block, dst): (&[u8], &mut [u8]) = if direct {
+            let at = p.dst_start;
+            (&buf[at..at + BLOCK], &mut [])
+        } else {
+            let scratch = s.run.as_ref().expect("the run was read into the scratch");
+            (
+                &scratch[i * BLOCK..(i + 1) * BLOCK],
+                &mut buf[p.dst_start..p.dst_start + p.len],
+            )
+        };
+        if !inner.geo.block_verifies(p.lba, block, p.crc) {
+            block_failed(inner, offset_bytes, buf, &p, corrupt(&p))?;
+            continue;
+        }
+        if !direct {
+            dst.copy_from_slice(&block[p.in_block..p.in_block + p.len]);
+        }
+        missing_sectors_of(inner, buf, &p)?;
     }
     Ok(())
 }
 
-/// What a read request decided once, on its first block.
+/// Reads one planned block on its own (after its run's IO failed) and checks its CRC.
+fn read_one(inner: &Inner, offset_bytes: u64, buf: &mut [u8], p: &Planned) -> Result<()> {
+    let res = crate::verify::SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        inner
+            .cache
+            .read_at(&mut s, inner.geo.block_offset(p.c))
+            .map_err(|e| Error::io(format!("reading cache block {} (lba {})", p.c, p.lba), e))?;
+        if !inner.geo.block_verifies(p.lba, &s, p.crc) {
+            return Err(corrupt(p));
+        }
+        buf[p.dst_start..p.dst_start + p.len].copy_from_slice(&s[p.in_block..p.in_block + p.len]);
+        Ok(())
+    });
+    match res {
+        Ok(()) => missing_sectors_of(inner, buf, p),
+        Err(err) => block_failed(inner, offset_bytes, buf, p, err),
+    }
+}
+
+fn corrupt(p: &Planned) -> Error {
+    Error::Corruption(format!(
+        "cache block {} (backing block {}) fails its checksum",
+        p.c, p.lba
+    ))
+}
+
+/// A planned block could not be read or failed its CRC; the error is counted. A clean copy is
+/// only a copy: the backing device holds the same data, so the bad copy is dropped (a corrupt
+/// one must not be served again) and the block read from there. A dirty block is the only
+/// copy: the error goes to the client.
+fn block_failed(
+    inner: &Inner,
+    offset_bytes: u64,
+    buf: &mut [u8],
+    p: &Planned,
+    err: Error,
+) -> Result<()> {
+    let mut st = inner.state.lock();
+    match &err {
+        Error::Corruption(_) => st.counters.checksum_errors += 1,
+        _ => st.counters.io_errors += 1,
+    }
+    if st.blocks.lookup(p.lba) == Some(p.c) && st.blocks.dirty(p.c) == 0 {
+        st.evict(p.c);
+        drop(st);
+        let dst = &mut buf[p.dst_start..p.dst_start + p.len];
+        return read_backing(inner, offset_bytes + p.dst_start as u64, dst);
+    }
+    Err(err)
+}
+
+/// After a planned block's cache bytes are in place: the sectors it never held.
+fn missing_sectors_of(inner: &Inner, buf: &mut [u8], p: &Planned) -> Result<()> {
+    let want = sector_mask(p.in_block / SECTOR, p.len / SECTOR);
+    let missing = want & !p.valid;
+    if missing == 0 {
+        return Ok(());
+    }
+    let partial = Partial {
+        lba: p.lba,
+        dst_start: p.dst_start,
+        in_block: p.in_block,
+        len: p.len,
+        missing,
+    };
+    read_missing_sectors(inner, &partial, &mut buf[p.dst_start..p.dst_start + p.len])
+}
+
+/// What a read request decided once, on its first window.
 struct ReadCtx {
     offset_bytes: u64,
     len_bytes: u64,
@@ -61,15 +387,6 @@ struct ReadCtx {
     promote: bool,
     /// `Promotion::guard` when the request started, before any backing-device read.
     guard: u64,
-}
-
-/// What `read_block` did with one block.
-enum BlockRead {
-    /// Not in the cache: the caller reads it from the backing device, merged with its
-    /// neighbours into one IO.
-    NotCached,
-    /// `dst` holds the block's newest data.
-    Done,
 }
 
 /// Reads a run of blocks the cache does not hold, then promotes its whole blocks.
@@ -94,85 +411,29 @@ fn read_backing(inner: &Inner, offset_bytes: u64, buf: &mut [u8]) -> Result<()> 
     })
 }
 
-/// Reads part of one block if it is cached, taking the state lock once. Counts the block as a
-/// hit (every wanted sector in the cache) or a miss, and on the request's `first` block the
-/// request itself (deciding then whether its misses are promoted).
-fn read_block(
-    inner: &Inner,
-    lba: u64,
-    first_sector: usize,
-    dst: &mut [u8],
-    first: bool,
-    ctx: &mut ReadCtx,
-) -> Result<BlockRead> {
-    let want = sector_mask(first_sector, dst.len() / SECTOR);
-    let in_block = first_sector * SECTOR;
-    let mut st = inner.state.lock();
-    check_usable(&st)?;
-    if first {
-        st.counters.reads += 1;
-        st.counters.read_bytes += ctx.len_bytes;
-        ctx.guard = st.promotion.guard();
-        ctx.promote = promote::decide(inner, &mut st, ctx.offset_bytes, ctx.len_bytes);
-    }
-    let full = want == FULL_MASK;
-    let Some(c) = st.blocks.lookup(lba) else {
-        count_read(&mut st, false, full);
-        return Ok(BlockRead::NotCached);
-    };
-    let hit = want & !st.blocks.valid(c) == 0;
-    count_read(&mut st, hit, full);
-    let valid = st.blocks.valid(c);
-    match st.locate(c) {
-        Location::OpenChunk { buffer } | Location::Ram { buffer } => {
-            let off = st.offset_in_buffer(c) + in_block;
-            // SAFETY: data blocks in RAM are read under the state lock.
-            dst.copy_from_slice(unsafe { inner.buffers.slice(buffer, off, dst.len()) });
-            st.counters.read_hits_ram += 1;
-        }
-        Location::Disk => {
-            let (guard, res) = read_verified(inner, st, lba, c, |block| {
-                dst.copy_from_slice(&block[in_block..in_block + dst.len()]);
-            });
-            st = guard;
-            if let Err(e) = res {
-                // A clean copy is only a copy: the backing device holds the same data. Drop
-                // the bad copy (a corrupt one must not be served again) and read from there.
-                // A dirty block is the only copy: the error goes to the client.
-                if st.blocks.lookup(lba) == Some(c) && st.blocks.dirty(c) == 0 {
-                    st.evict(c);
-                    return Ok(BlockRead::NotCached);
-                }
-                return Err(e);
-            }
-        }
-    }
-    drop(st);
-    let missing = want & !valid;
-    if missing == 0 {
-        return Ok(BlockRead::Done);
-    }
-    // Sectors the cache never held come from the backing device, one read per run.
-    debug_assert!(valid != FULL_MASK);
+/// Sectors of a cached block the cache never held come from the backing device, one read per
+/// run of them. `dst` is the block's wanted part, already holding the cached sectors.
+fn read_missing_sectors(inner: &Inner, p: &Partial, dst: &mut [u8]) -> Result<()> {
+    debug_assert_eq!(dst.len(), p.len);
     let mut s = 0usize;
     while s < 8 {
-        if missing & (1 << s) == 0 {
+        if p.missing & (1 << s) == 0 {
             s += 1;
             continue;
         }
         let run_start = s;
-        while s < 8 && missing & (1 << s) != 0 {
+        while s < 8 && p.missing & (1 << s) != 0 {
             s += 1;
         }
-        let from = run_start * SECTOR - in_block;
-        let to = s * SECTOR - in_block;
+        let from = run_start * SECTOR - p.in_block;
+        let to = s * SECTOR - p.in_block;
         read_backing(
             inner,
-            lba * BLOCK_SIZE_BYTES + (run_start * SECTOR) as u64,
+            p.lba * BLOCK_SIZE_BYTES + (run_start * SECTOR) as u64,
             &mut dst[from..to],
         )?;
     }
-    Ok(BlockRead::Done)
+    Ok(())
 }
 
 fn count_read(st: &mut State, hit: bool, full: bool) {

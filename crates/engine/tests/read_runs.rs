@@ -1,0 +1,205 @@
+//! The read path's runs: blocks adjacent on the cache device are read with one device IO, each
+//! block's CRC still checked; the newest copy still wins (RAM, cache device, backing device),
+//! sub-block valid masks still fetch the sectors the cache never held, and a device error in
+//! the middle of a multi-run read fails only what it must.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use logcache_engine::io::BlockDevice;
+use logcache_engine::{Engine, Error, OpenOptions};
+use logcache_testkit::fault::{FaultDevice, FaultKind, OpKind};
+
+const MIB: u64 = 1 << 20;
+const BLOCK: u64 = 4096;
+
+fn manual(ram: u64) -> OpenOptions {
+    OpenOptions {
+        ram_buffer_bytes: ram,
+        manual_flusher: true,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    }
+}
+
+fn block_of(b: u64) -> [u8; 4096] {
+    [b as u8 + 1; 4096]
+}
+
+/// The cache device offset of the one block holding `pattern`.
+fn cache_offset_of(pair: &SimPair, cache_bytes: u64, pattern: &[u8; 4096]) -> u64 {
+    let image = pair.cache.read_volatile(0, cache_bytes);
+    let pos = image
+        .chunks(4096)
+        .position(|c| c == pattern)
+        .expect("the block is on the cache device");
+    pos as u64 * BLOCK
+}
+
+/// A sequential read of data written sequentially and on the cache device takes a few device
+/// reads, not one per block, and returns exactly what was written.
+#[test]
+fn a_sequential_read_of_cached_data_is_a_few_large_device_reads() {
+    let cache_bytes = MIB + 16 * MIB;
+    let pair = SimPair::new(cache_bytes, 64 * MIB, MIB);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    let blocks = 128u64;
+    for b in 0..blocks {
+        e.write(b * BLOCK, &block_of(b), false).unwrap();
+    }
+    e.flush().unwrap();
+    e.close().unwrap();
+    // Reopened, every block's copy is on the cache device only.
+    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    let reads_before = pair.cache.read_count();
+    let mut out = vec![0u8; (blocks * BLOCK) as usize];
+    e.read(0, &mut out).unwrap();
+    let reads = pair.cache.read_count() - reads_before;
+    for b in 0..blocks {
+        let at = (b * BLOCK) as usize;
+        assert_eq!(out[at..at + 4096], block_of(b), "block {b}");
+    }
+    assert!(
+        reads <= 4,
+        "{reads} cache device reads for {blocks} adjacent blocks"
+    );
+    assert_eq!(e.stats().counters.read_hits, blocks);
+    // An unaligned read inside the run goes through the same runs.
+    let mut part = vec![0u8; 3 * 4096 + 512];
+    e.read(5 * BLOCK + 1024, &mut part).unwrap();
+    let mut model = Vec::new();
+    for b in 5..10 {
+        model.extend_from_slice(&block_of(b));
+    }
+    assert_eq!(part, model[1024..1024 + part.len()]);
+}
+
+/// One request over RAM copies, cache-device runs, sub-block copies and misses: each sector
+/// comes from where its newest copy is.
+#[test]
+fn a_read_over_every_kind_of_copy_returns_the_newest() {
+    let cache_bytes = MIB + 16 * MIB;
+    let pair = SimPair::new(cache_bytes, 64 * MIB, MIB);
+    // The backing device's own data, for the blocks and sectors the cache does not hold.
+    pair.backing
+        .write_raw(0, &vec![0xEE; (96 * BLOCK) as usize]);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    for b in 0..64 {
+        e.write(b * BLOCK, &block_of(b), false).unwrap();
+    }
+    e.flush().unwrap();
+    e.close().unwrap();
+    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    // RAM copies in the middle of the runs, a sub-block write past them, a hole of misses.
+    e.write(20 * BLOCK, &[0xA0; 4096], false).unwrap();
+    e.write(40 * BLOCK + 512, &[0xA1; 1024], false).unwrap();
+    e.write(70 * BLOCK + 3 * 512, &[0xA2; 512], false).unwrap();
+    let mut model = vec![0xEE; (96 * BLOCK) as usize];
+    for b in 0..64u64 {
+        model[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize].copy_from_slice(&block_of(b));
+    }
+    model[(20 * BLOCK) as usize..(21 * BLOCK) as usize].fill(0xA0);
+    model[(40 * BLOCK + 512) as usize..(40 * BLOCK + 1536) as usize].fill(0xA1);
+    model[(70 * BLOCK + 1536) as usize..(70 * BLOCK + 2048) as usize].fill(0xA2);
+    let mut out = vec![0u8; (96 * BLOCK) as usize];
+    e.read(0, &mut out).unwrap();
+    assert!(out == model, "the read differs from the model");
+    // The same with the block that RAM held now on the cache device too.
+    e.flush().unwrap();
+    e.close().unwrap();
+    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    out.fill(0);
+    e.read(0, &mut out).unwrap();
+    assert!(
+        out == model,
+        "the read after reopening differs from the model"
+    );
+}
+
+/// A device error on one block in the middle of a multi-run read: a dirty block (the only
+/// copy) fails the read with the IO error; a clean block is served from the backing device and
+/// its copy dropped; the other blocks of the failing run are read on their own and served.
+#[test]
+fn a_device_error_in_the_middle_of_a_multi_run_read() {
+    let cache_bytes = MIB + 16 * MIB;
+    let pair = SimPair::new(cache_bytes, 64 * MIB, MIB);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    // Blocks 0..32 clean (written back), 32..64 dirty; a hole of misses between the two runs.
+    for b in 0..32 {
+        e.write(b * BLOCK, &block_of(b), false).unwrap();
+    }
+    e.flush().unwrap();
+    e.drain(|_| {}).unwrap();
+    for b in 34..64 {
+        e.write(b * BLOCK, &block_of(b), false).unwrap();
+    }
+    e.flush().unwrap();
+    assert_eq!(e.stats().dirty_blocks, 30);
+    e.close().unwrap();
+    let mut model = vec![0u8; (64 * BLOCK) as usize];
+    for b in (0..32).chain(34..64) {
+        model[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize].copy_from_slice(&block_of(b));
+    }
+    let dirty_at = cache_offset_of(&pair, cache_bytes, &block_of(40));
+    let clean_at = cache_offset_of(&pair, cache_bytes, &block_of(10));
+
+    let fault = Arc::new(FaultDevice::new(pair.cache()));
+    let cache: Arc<dyn BlockDevice> = fault.clone();
+    let e = Engine::open(cache, pair.backing(), manual(4 * MIB)).unwrap();
+    let mut out = vec![0u8; (64 * BLOCK) as usize];
+
+    // The dirty block's copy cannot be read: the read fails, with the device's error.
+    fault.fail_range(OpKind::Read, dirty_at, BLOCK, FaultKind::Io);
+    let err = e.read(0, &mut out).unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    assert!(fault.injected(OpKind::Read) >= 1);
+    // The same read not touching the bad block works, as does everything after healing.
+    e.read(0, &mut out[..(40 * BLOCK) as usize]).unwrap();
+    assert!(out[..(40 * BLOCK) as usize] == model[..(40 * BLOCK) as usize]);
+    fault.heal();
+    e.read(0, &mut out).unwrap();
+    assert!(out == model, "the read after healing differs");
+
+    // The clean block's copy cannot be read: served from the backing device, copy dropped.
+    let evicted_before = e.stats().counters.blocks_evicted;
+    let errors_before = e.stats().counters.io_errors;
+    fault.fail_range(OpKind::Read, clean_at, BLOCK, FaultKind::Io);
+    out.fill(0);
+    e.read(0, &mut out).unwrap();
+    assert!(out == model, "a clean block's failure changed the data");
+    let c = e.stats().counters;
+    assert_eq!(
+        c.blocks_evicted,
+        evicted_before + 1,
+        "the bad copy is dropped"
+    );
+    assert_eq!(c.io_errors, errors_before + 1, "one block failed");
+    let injected = fault.injected(OpKind::Read);
+    out.fill(0);
+    e.read(0, &mut out).unwrap();
+    assert!(out == model);
+    assert_eq!(
+        fault.injected(OpKind::Read),
+        injected,
+        "the dropped copy is not read again"
+    );
+
+    // A corrupt clean block in a run: its CRC fails, the rest of the run is served.
+    e.close().unwrap();
+    let corrupt_at = cache_offset_of(&pair, cache_bytes, &block_of(12));
+    pair.cache.corrupt(corrupt_at + 9, 0x40);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    out.fill(0);
+    e.read(0, &mut out).unwrap();
+    assert!(out == model, "a corrupt clean block changed the data");
+    assert_eq!(e.stats().counters.checksum_errors, 1);
+    // A corrupt dirty block in a run: the read fails, never returns wrong data.
+    e.close().unwrap();
+    let corrupt_at = cache_offset_of(&pair, cache_bytes, &block_of(50));
+    pair.cache.corrupt(corrupt_at + 9, 0x40);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    let err = e.read(0, &mut out).unwrap_err();
+    assert!(matches!(err, Error::Corruption(_)), "{err}");
+}
