@@ -35,6 +35,10 @@ pub(crate) trait Export: Send + Sync {
     /// Whether requests may each take long enough that the client should have many in flight
     /// (a disk rather than a cache): then every command runs on the connection's workers.
     fn is_slow(&self) -> bool;
+    /// Whether a plain (non-FUA) write returns without device IO: it is copied into RAM and
+    /// logged later. False when writes go to the backing device first (write-through,
+    /// write-around), and then they run on the connection's workers.
+    fn writes_stay_in_ram(&self) -> bool;
 }
 
 impl Export for Engine {
@@ -72,9 +76,13 @@ impl Export for Engine {
         Engine::block_status(self, offset_bytes, length_bytes, max_extents, out)
     }
 
-    /// Reads and plain writes answer in about a microsecond (see `transmission`).
+    /// Plain writes answer in about a microsecond (see `transmission`).
     fn is_slow(&self) -> bool {
         false
+    }
+
+    fn writes_stay_in_ram(&self) -> bool {
+        Engine::mode(self) == "write-back"
     }
 }
 
@@ -133,6 +141,10 @@ impl Export for Arc<dyn BlockDevice> {
     /// Every request waits for the device; a disk only does its best with many queued.
     fn is_slow(&self) -> bool {
         true
+    }
+
+    fn writes_stay_in_ram(&self) -> bool {
+        false
     }
 }
 

@@ -21,13 +21,20 @@ pub const OUTPUT_FLUSH_BYTES: usize = 256 << 10;
 /// 32 MiB request does not pin 32 MiB per connection for its lifetime.
 pub const BUFFER_KEEP_BYTES: usize = 4 << 20;
 
-/// Worker threads per connection for slow commands (FLUSH, FUA writes, WRITE_ZEROES, TRIM).
-/// Concurrent flushes share one sync in the engine, so a few are enough to keep them overlapping.
-pub const MAX_WORKERS_PER_CONNECTION: usize = 4;
+/// Worker threads per connection serving the engine: every READ and every command that waits
+/// for a device runs on one, so this is how many IOs one connection can have at the devices at
+/// once. A cached read is one device read per run; 16 keeps a queue of 32 mostly in flight on a
+/// few cores without a thread per request (nbdkit's default pool is 16 too).
+pub const MAX_WORKERS_PER_CONNECTION: usize = 16;
 /// Worker threads per connection when the export is slow (a plain device) and every command
 /// runs on a worker: as many as fio's usual queue depth, so a disk that reorders its queue
 /// sees all of a client's requests at once.
 pub const MAX_WORKERS_PER_SLOW_CONNECTION: usize = 64;
+/// Requests one connection may have queued or running on its workers, and the payload and
+/// read-reply bytes they may hold together; past either the reader waits for room before it
+/// decodes more. One request larger than the byte budget still runs, alone.
+pub const MAX_IN_FLIGHT_JOBS_PER_CONNECTION: usize = 256;
+pub const MAX_IN_FLIGHT_BYTES_PER_CONNECTION: usize = 64 << 20;
 /// Recycled payload buffers per connection for writes handed to workers, and the largest
 /// buffer worth keeping there.
 pub const PAYLOAD_POOL_BUFFERS: usize = 8;

@@ -1,21 +1,23 @@
 //! The transmission phase of one connection: its thread is the reader.
 //!
 //! The reader pulls many requests per `recv` into a large input buffer and decodes them in
-//! place. READ and (non-FUA) WRITE run inline, since the engine answers them in about a
-//! microsecond: writes go to the engine straight from the input buffer, reads straight into the
-//! reply buffer. Replies accumulate in that buffer and go out in one `send` when the reader is
-//! about to wait for more input (or the batch is large), so a burst of requests costs one
-//! syscall each way instead of one per request. Slow commands (FLUSH, FUA writes, WRITE_ZEROES,
-//! TRIM) go to the connection's workers and reply on their own, possibly out of order. On a
-//! slow export (a plain device) READ and WRITE go to the workers too, so the device sees as
-//! many requests at once as the client sends.
+//! place. It does no device IO: READ, and every command that may wait for a device (FLUSH, FUA
+//! writes, WRITE_ZEROES, TRIM, writes in write-through and write-around modes; on a slow
+//! export, every WRITE) goes to the connection's workers, many at once, and each worker sends
+//! its reply when its command completes, out of order. Only plain write-back writes run inline:
+//! the engine copies them from the input buffer into its RAM segment in about a microsecond.
+//! Their replies, and the reader's other inline replies (errors, CACHE, BLOCK_STATUS),
+//! accumulate in a buffer and go out in one `send` when the reader is about to wait for more
+//! input (or the batch is large), so a burst costs one syscall each way.
 //!
 //! Ordering: plain writes run inline before the next request is even decoded, so every one
 //! received before a FLUSH is in the engine by the time the FLUSH is queued, and the engine's
 //! flush covers it. That includes every write already replied to, which is what the spec asks;
-//! FUA writes still on a worker have not been replied to, so they need not be covered. On a
-//! slow export a write is replied to only after the device returned it, so a FLUSH covers every
-//! write replied to before it was received, the same guarantee.
+//! a write still on a worker has not been replied to, so it need not be covered. A worker
+//! replies to a write only after the export returned it, so a FLUSH covers every write
+//! replied to before it was received, the same guarantee. A READ is queued after every write
+//! decoded before it is in the engine, or replied to, so it sees every write whose reply the
+//! client (any client) had before sending the READ.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -54,7 +56,6 @@ pub(crate) fn serve(connection: &Arc<Connection>) -> End {
         connection: connection.clone(),
         input: InputBuffer::new(INPUT_BUFFER_BYTES),
         replies: Vec::with_capacity(2 * OUTPUT_FLUSH_BYTES),
-        scratch: Vec::new(),
         large_payload: Vec::new(),
         workers: WorkerPool::new(connection.clone()),
         unpublished_requests: 0,
@@ -77,8 +78,6 @@ struct Reader {
     input: InputBuffer,
     /// Batched replies not yet sent.
     replies: Vec<u8>,
-    /// Covering-range buffer for unaligned reads.
-    scratch: Vec<u8>,
     /// Payloads too large for the input buffer.
     large_payload: Vec<u8>,
     workers: WorkerPool,
@@ -115,6 +114,16 @@ impl Reader {
             return Ok(Some(End::Violation));
         }
         let verdict = validate(&request, &self.connection);
+        // Bound what the workers hold: the reader waits (its batch sent first, as the client
+        // may wait for those replies) before it takes on more.
+        let cost_bytes = match request.command {
+            Command::Read | Command::Write => request.length_bytes as usize,
+            _ => 0,
+        };
+        if !self.workers.has_room(cost_bytes) {
+            self.flush_replies()?;
+            self.workers.wait_for_room(cost_bytes);
+        }
         let total_bytes = REQUEST_HEADER_BYTES + payload_bytes;
         if payload_bytes == 0 {
             self.input.consume(REQUEST_HEADER_BYTES);
@@ -127,15 +136,12 @@ impl Reader {
             let Reader {
                 input,
                 replies,
-                scratch,
                 workers,
                 connection,
                 ..
             } = self;
             let payload = &input.buffered()[REQUEST_HEADER_BYTES..total_bytes];
-            handle(
-                connection, replies, scratch, workers, request, verdict, payload,
-            );
+            handle(connection, replies, workers, request, verdict, payload);
             self.input.consume(total_bytes);
         } else {
             self.input.consume(REQUEST_HEADER_BYTES);
@@ -159,7 +165,6 @@ impl Reader {
         handle(
             &self.connection,
             &mut self.replies,
-            &mut self.scratch,
             &mut self.workers,
             request,
             verdict,
@@ -287,7 +292,6 @@ fn validate(request: &Request, connection: &Connection) -> Result<(), Rejection>
 fn handle(
     connection: &Arc<Connection>,
     replies: &mut Vec<u8>,
-    scratch: &mut Vec<u8>,
     workers: &mut WorkerPool,
     request: Request,
     verdict: Result<(), Rejection>,
@@ -307,13 +311,9 @@ fn handle(
         return;
     }
     let server = &connection.server;
-    let slow = server.export.is_slow();
+    let inline_writes = !server.export.is_slow() && server.export.writes_stay_in_ram();
     let result = match request.command {
-        Command::Read if !slow => {
-            answer::read(connection, replies, scratch, &request);
-            return;
-        }
-        Command::Write if !slow && !request.has_flag(CMD_FLAG_FUA) => ops::write(
+        Command::Write if inline_writes && !request.has_flag(CMD_FLAG_FUA) => ops::write(
             &*server.export,
             &server.unaligned_write_lock,
             request.offset_bytes,
@@ -332,8 +332,8 @@ fn handle(
             );
             return;
         }
-        // What may wait for the device (FUA waits for durability, which may take milliseconds;
-        // on a slow export, everything) goes to a worker.
+        // What may wait for a device goes to a worker: reads, FUA (it waits for durability),
+        // writes that go to the backing device first, and on a slow export everything.
         Command::Read | Command::Write | Command::Flush | Command::Trim | Command::WriteZeroes => {
             let payload =
                 (request.command == Command::Write).then(|| connection.copy_payload(payload));

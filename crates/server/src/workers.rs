@@ -1,11 +1,15 @@
-//! A small per-connection pool of threads for commands that may take long (FLUSH, FUA writes,
-//! WRITE_ZEROES, TRIM; on a slow export, READ and WRITE too), so the reader keeps serving fast
-//! requests meanwhile and replies go out in whatever order commands finish.
+//! A per-connection pool of threads for every command that does device IO or may wait: READ
+//! (always), FLUSH, FUA writes, WRITE_ZEROES, TRIM, writes that bypass the log (write-through,
+//! write-around), and on a slow export every WRITE too. The reader only decodes and hands
+//! them on, so many requests of one connection are in flight at the devices at once, and
+//! replies go out in whatever order commands finish (each worker sends its own).
 //!
 //! Threads start on demand, up to `MAX_WORKERS_PER_CONNECTION` (`MAX_WORKERS_PER_SLOW_CONNECTION`
-//! on a slow export, where every worker is one request in flight at the device), and stop when
-//! the connection ends. A pool per connection keeps one client's slow commands from delaying
-//! another's.
+//! on a slow export), and stop when the connection ends. A pool per connection keeps one
+//! client's slow commands from delaying another's. The work a connection has queued or running
+//! is bounded (`MAX_IN_FLIGHT_JOBS_PER_CONNECTION`, `MAX_IN_FLIGHT_BYTES_PER_CONNECTION`): past
+//! it the reader waits for room before it decodes more, so a client cannot make the server hold
+//! unbounded payloads or reply buffers.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -16,7 +20,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::connection::Connection;
 use crate::limits::{
-    BUFFER_KEEP_BYTES, MAX_WORKERS_PER_CONNECTION, MAX_WORKERS_PER_SLOW_CONNECTION,
+    BUFFER_KEEP_BYTES, MAX_IN_FLIGHT_BYTES_PER_CONNECTION, MAX_IN_FLIGHT_JOBS_PER_CONNECTION,
+    MAX_WORKERS_PER_CONNECTION, MAX_WORKERS_PER_SLOW_CONNECTION,
 };
 use crate::{answer, ops};
 
@@ -26,16 +31,43 @@ pub(crate) struct Job {
     pub payload: Option<Vec<u8>>,
 }
 
+impl Job {
+    /// The memory the job holds while queued or running: its payload, or its read's reply.
+    fn cost_bytes(&self) -> usize {
+        match self.request.command {
+            Command::Read | Command::Write => self.request.length_bytes as usize,
+            _ => 0,
+        }
+    }
+}
+
 struct Queue {
     jobs: VecDeque<Job>,
     /// Workers waiting for a job.
     idle_workers: usize,
+    /// Jobs submitted and not yet finished (reply sent), and the bytes they hold.
+    in_flight_jobs: usize,
+    in_flight_bytes: usize,
+    /// The reader is waiting for room (`wait_for_room`).
+    reader_waiting: bool,
     closed: bool,
+}
+
+impl Queue {
+    /// Whether a job of `cost_bytes` fits: always when nothing is in flight, so one request
+    /// larger than the budget still runs (alone).
+    fn has_room(&self, cost_bytes: usize) -> bool {
+        self.in_flight_jobs == 0
+            || (self.in_flight_jobs < MAX_IN_FLIGHT_JOBS_PER_CONNECTION
+                && self.in_flight_bytes + cost_bytes <= MAX_IN_FLIGHT_BYTES_PER_CONNECTION)
+    }
 }
 
 struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
+    /// Wakes the reader when a job finishes while it waits for room.
+    room: Condvar,
 }
 
 pub(crate) struct WorkerPool {
@@ -59,25 +91,51 @@ impl WorkerPool {
                 queue: Mutex::new(Queue {
                     jobs: VecDeque::new(),
                     idle_workers: 0,
+                    in_flight_jobs: 0,
+                    in_flight_bytes: 0,
+                    reader_waiting: false,
                     closed: false,
                 }),
                 wake: Condvar::new(),
+                room: Condvar::new(),
             }),
             threads: Vec::new(),
         }
+    }
+
+    /// Whether a request of `cost_bytes` (its payload or reply data) can be queued now.
+    pub(crate) fn has_room(&self, cost_bytes: usize) -> bool {
+        self.shared.queue.lock().has_room(cost_bytes)
+    }
+
+    /// Waits until a request of `cost_bytes` can be queued. Workers always make progress (each
+    /// finishes its job and sends its reply on its own), so this wait ends; if the client stops
+    /// reading replies, the sends fail once the connection is cut, and the jobs still finish.
+    pub(crate) fn wait_for_room(&self, cost_bytes: usize) {
+        let mut queue = self.shared.queue.lock();
+        while !queue.has_room(cost_bytes) {
+            queue.reader_waiting = true;
+            self.shared.room.wait(&mut queue);
+        }
+        queue.reader_waiting = false;
     }
 
     /// Queues a job; starts another worker if every existing one is busy and the pool has room.
     pub(crate) fn submit(&mut self, job: Job) {
         let mut queue = self.shared.queue.lock();
         debug_assert!(!queue.closed, "job submitted after finish");
+        queue.in_flight_jobs += 1;
+        queue.in_flight_bytes += job.cost_bytes();
         queue.jobs.push_back(job);
         let needs_worker = queue.jobs.len() > queue.idle_workers;
+        let wakes_idle = queue.idle_workers > 0;
         drop(queue);
         if needs_worker && self.threads.len() < self.max_threads && self.spawn() {
             return;
         }
-        self.shared.wake.notify_one();
+        if wakes_idle || self.threads.is_empty() {
+            self.shared.wake.notify_one();
+        }
     }
 
     fn spawn(&mut self) -> bool {
@@ -109,8 +167,25 @@ impl WorkerPool {
         let leftovers: Vec<Job> = self.shared.queue.lock().jobs.drain(..).collect();
         let mut buffers = Buffers::default();
         for job in leftovers {
+            let cost_bytes = job.cost_bytes();
             run(&self.connection, job, &mut buffers);
+            let mut queue = self.shared.queue.lock();
+            finished(&self.shared, &mut queue, cost_bytes);
         }
+    }
+}
+
+/// Accounts for a finished job (its reply sent) and wakes the reader if it waits for room.
+fn finished(shared: &Shared, queue: &mut Queue, cost_bytes: usize) {
+    assert!(queue.in_flight_jobs > 0, "a job finished twice");
+    queue.in_flight_jobs -= 1;
+    assert!(
+        queue.in_flight_bytes >= cost_bytes,
+        "in-flight bytes underflow"
+    );
+    queue.in_flight_bytes -= cost_bytes;
+    if queue.reader_waiting {
+        shared.room.notify_one();
     }
 }
 
@@ -121,8 +196,10 @@ fn work(shared: &Shared, connection: &Connection) {
     loop {
         if let Some(job) = queue.jobs.pop_front() {
             drop(queue);
+            let cost_bytes = job.cost_bytes();
             run(connection, job, &mut buffers);
             queue = shared.queue.lock();
+            finished(shared, &mut queue, cost_bytes);
         } else if queue.closed {
             return;
         } else {

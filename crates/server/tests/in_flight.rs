@@ -1,0 +1,305 @@
+//! Many requests of one connection in flight at once: replies out of order, a read waiting
+//! on a device holding back nothing behind it, overlapping requests and a flush among them,
+//! and a connection closed with IO in flight (nothing leaks, nothing is acknowledged that was
+//! not done). Devices are held at their door by testkit's gate (an emulation, for tests), so
+//! every assertion is about what happened, never how long it took.
+
+mod server_support;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use logcache_engine::io::memory::MemDevice;
+use logcache_engine::io::BlockDevice;
+use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
+use logcache_nbd::consts::{REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA};
+use logcache_nbd::request::{Command as NbdCommand, Request};
+use logcache_server::{Server, ServerConfig};
+use logcache_testkit::fault::OpKind;
+use logcache_testkit::gate::GateDevice;
+use server_support::*;
+
+const BLOCK: u64 = 4096;
+const HELD: Duration = Duration::from_secs(30);
+
+/// A server on an engine whose backing device sits behind a gate.
+struct Gated {
+    _dir: TestDir,
+    gate: Arc<GateDevice>,
+    engine: Engine,
+    server: Server,
+    socket: std::path::PathBuf,
+}
+
+impl Gated {
+    fn start(name: &str) -> Gated {
+        let dir = TestDir::new(name);
+        let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(CACHE_BYTES));
+        let backing_mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(BACKING_BYTES));
+        format_cache(&*cache, &*backing_mem, &FormatOptions::default()).expect("format");
+        // What the backing device holds before the cache sees it: a pattern per block.
+        backing_mem
+            .write_at(&pattern(99, (8 * MIB) as usize), 0)
+            .unwrap();
+        let gate = Arc::new(GateDevice::new(backing_mem));
+        let backing: Arc<dyn BlockDevice> = gate.clone();
+        let options = OpenOptions {
+            ram_buffer_bytes: 8 * MIB,
+            ..OpenOptions::default()
+        };
+        let engine = Engine::open(cache, backing, options).expect("open engine");
+        let server = Server::new(engine.clone(), ServerConfig::default());
+        let socket = dir.path.join("nbd.sock");
+        server.listen_unix(&socket).expect("listen");
+        Gated {
+            _dir: dir,
+            gate,
+            engine,
+            server,
+            socket,
+        }
+    }
+}
+
+impl Drop for Gated {
+    fn drop(&mut self) {
+        // Never leave a held IO behind a failing assertion: the shutdown would wait for it.
+        self.gate.release(OpKind::Read);
+        self.gate.release(OpKind::Write);
+        self.server.shutdown();
+    }
+}
+
+fn request(command: NbdCommand, cookie: u64, offset_bytes: u64, length_bytes: u32) -> Request {
+    Request {
+        flags: 0,
+        command,
+        cookie,
+        offset_bytes,
+        length_bytes,
+    }
+}
+
+/// One structured reply, whole: its cookie, whether it failed, and its data (for a READ).
+fn read_structured_reply(client: &mut RawClient) -> (u64, bool, Vec<u8>) {
+    let mut data = Vec::new();
+    loop {
+        let (header, payload) = client.read_chunk();
+        let failed = header.reply_type & 0x8000 != 0;
+        if header.reply_type == REPLY_TYPE_OFFSET_DATA {
+            data.extend_from_slice(&payload[8..]);
+        } else {
+            assert!(
+                header.reply_type == REPLY_TYPE_NONE || failed,
+                "unexpected chunk {header:?}"
+            );
+        }
+        if header.flags & 1 != 0 || failed {
+            return (header.cookie, failed, data);
+        }
+    }
+}
+
+/// Threads of this process whose name says they serve a connection.
+fn connection_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("nbd-conn-"))
+        .count()
+}
+
+/// A read waiting on the backing device (a miss) holds back none of the requests behind it:
+/// a write, a cached read and a flush sent after it are all answered while it still waits,
+/// and its own reply, when the device lets it through, carries the backing device's data.
+#[test]
+fn replies_come_out_of_order_and_a_held_read_holds_back_nothing() {
+    let gated = Gated::start("out-of-order");
+    let mut client = RawClient::go(&gated.socket, true, false);
+    let cached = pattern(1, BLOCK as usize);
+    client.send_request(&request(NbdCommand::Write, 1, 0, BLOCK as u32), &cached);
+    assert_eq!(read_structured_reply(&mut client), (1, false, Vec::new()));
+
+    gated.gate.hold(OpKind::Read);
+    // Block 100 is not cached: its read waits at the backing device's door.
+    client.send_request(
+        &request(NbdCommand::Read, 10, 100 * BLOCK, BLOCK as u32),
+        &[],
+    );
+    assert!(
+        gated.gate.wait_held(OpKind::Read, 1, HELD),
+        "the miss never reached the device"
+    );
+    let written = pattern(2, BLOCK as usize);
+    client.send_request(
+        &request(NbdCommand::Write, 11, BLOCK, BLOCK as u32),
+        &written,
+    );
+    client.send_request(&request(NbdCommand::Read, 12, 0, BLOCK as u32), &[]);
+    client.send_request(&request(NbdCommand::Flush, 13, 0, 0), &[]);
+    client.send_request(&request(NbdCommand::Read, 14, BLOCK, BLOCK as u32), &[]);
+    let mut replies = HashMap::new();
+    for _ in 0..4 {
+        let (cookie, failed, data) = read_structured_reply(&mut client);
+        assert!(!failed, "request {cookie} failed");
+        replies.insert(cookie, data);
+    }
+    assert_eq!(
+        replies
+            .keys()
+            .copied()
+            .collect::<std::collections::BTreeSet<_>>(),
+        [11, 12, 13, 14].into(),
+        "the requests behind the held read were not all answered first"
+    );
+    assert_eq!(replies[&12], cached);
+    assert_eq!(replies[&14], written, "a read after a write sees it");
+    assert_eq!(gated.gate.passed(OpKind::Read), 0, "the miss is still held");
+
+    gated.gate.release(OpKind::Read);
+    let (cookie, failed, data) = read_structured_reply(&mut client);
+    assert_eq!((cookie, failed), (10, false));
+    let backing = pattern(99, (8 * MIB) as usize);
+    assert_eq!(
+        data,
+        backing[(100 * BLOCK) as usize..(101 * BLOCK) as usize]
+    );
+    assert!(gated.gate.passed(OpKind::Read) >= 1);
+}
+
+/// A connection closed while reads wait at the device and a write-through write waits for the
+/// backing device: the write is never acknowledged before the device took it, the server
+/// finishes what it received and frees the connection (no thread, no count left), and the
+/// next client is served.
+#[test]
+fn a_connection_closed_with_io_in_flight_leaks_nothing_and_acknowledges_nothing_undone() {
+    let gated = Gated::start("close-in-flight");
+    gated
+        .engine
+        .set_tunable("cache_mode", "write-through")
+        .unwrap();
+    let mut client = RawClient::go(&gated.socket, false, false);
+    gated.gate.hold(OpKind::Read);
+    gated.gate.hold(OpKind::Write);
+    let data = pattern(3, BLOCK as usize);
+    // A write-through write: its reply may only come once the backing device has it.
+    client.send_request(
+        &request(NbdCommand::Write, 1, 200 * BLOCK, BLOCK as u32),
+        &data,
+    );
+    assert!(
+        gated.gate.wait_held(OpKind::Write, 1, HELD),
+        "the write never reached the device"
+    );
+    for i in 0..8u64 {
+        client.send_request(
+            &request(
+                NbdCommand::Read,
+                100 + i,
+                (300 + 16 * i) * BLOCK,
+                16 * BLOCK as u32,
+            ),
+            &[],
+        );
+    }
+    assert!(
+        gated.gate.wait_held(OpKind::Read, 8, HELD),
+        "the reads were not all in flight"
+    );
+    // A request behind them all: answered while the write is still held, so the write's reply
+    // (if the server sent it early) would have come before it.
+    client.send_request(&request(NbdCommand::Cache, 7, 0, BLOCK as u32), &[]);
+    let reply = client.read_simple_reply();
+    assert_eq!(
+        (reply.cookie, reply.error),
+        (7, 0),
+        "the held write was acknowledged"
+    );
+    assert_eq!(gated.gate.passed(OpKind::Write), 0);
+
+    // The client goes away with all of that in flight.
+    drop(client);
+    gated.gate.release(OpKind::Read);
+    gated.gate.release(OpKind::Write);
+    let deadline = Instant::now() + COMMAND_TIMEOUT;
+    while (gated.server.stats().connections_active > 0 || connection_threads() > 0)
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(gated.server.stats().connections_active, 0);
+    assert_eq!(connection_threads(), 0, "a connection's thread outlived it");
+    // The write was received, so it was done (write-through: on the backing device too).
+    let mut out = vec![0u8; BLOCK as usize];
+    gated.engine.read(200 * BLOCK, &mut out).unwrap();
+    assert_eq!(out, data);
+    // The server still serves.
+    let mut client = RawClient::go(&gated.socket, false, false);
+    client.send_request(
+        &request(NbdCommand::Read, 5, 200 * BLOCK, BLOCK as u32),
+        &[],
+    );
+    let reply = client.read_simple_reply();
+    assert_eq!((reply.cookie, reply.error), (5, 0));
+    assert_eq!(client.read_exact(BLOCK as usize), data);
+}
+
+/// A real client (libnbd) with hundreds of requests in flight on one connection: reads of
+/// cached data in many sizes, writes (some overlapping each other, some FUA), reads
+/// overlapping writes in flight, and flushes among them. Every request completes; data no
+/// request raced on reads back exactly; each raced block holds one of the values written.
+#[test]
+fn hundreds_of_requests_in_flight_with_overlaps_and_flushes() {
+    let fixture = Fixture::start("many-in-flight");
+    let script = r#"
+import random
+rng = random.Random(20)
+MIB = 1 << 20
+B = 4096
+# 24 MiB of known data, more than the engine's RAM buffers: most reads hit the cache device.
+base = bytearray(rng.getrandbits(8) for _ in range(256)) * (24 * MIB // 256)
+for off in range(0, 24 * MIB, 4 * MIB):
+    h.pwrite(bytes(base[off:off + 4 * MIB]), off)
+h.flush()
+model = bytearray(base)
+cookies = []
+reads = []
+raced = {}  # block -> set of values it may hold
+for i in range(600):
+    kind = rng.random()
+    if kind < 0.6:
+        size = rng.choice([512, B, 3 * B, 64 * 1024, MIB])
+        off = rng.randrange(0, 16 * MIB - size) // 512 * 512
+        buf = nbd.Buffer(size)
+        reads.append((off, size, buf))
+        cookies.append(h.aio_pread(buf, off))
+    elif kind < 0.95:
+        # Writes into the last 8 MiB, two blocks wide, so they overlap one another.
+        blk = 16 * MIB // B + rng.randrange(0, 64)
+        val = bytes([i % 251 + 1]) * (2 * B)
+        flags = nbd.CMD_FLAG_FUA if i % 7 == 0 else 0
+        for b in (blk, blk + 1):
+            raced.setdefault(b, {bytes(model[b * B:(b + 1) * B])}).add(val[:B])
+        cookies.append(h.aio_pwrite(val, blk * B, flags=flags))
+    else:
+        cookies.append(h.aio_flush())
+    if h.aio_in_flight() > 128:
+        h.poll(-1)
+while h.aio_in_flight() > 0:
+    h.poll(-1)
+for c in cookies:
+    assert h.aio_command_completed(c)
+for off, size, buf in reads:
+    assert buf.to_bytearray() == base[off:off + size], (off, size)
+final = h.pread(8 * MIB, 16 * MIB)
+for b in range(16 * MIB // B, 24 * MIB // B):
+    got = bytes(final[(b - 16 * MIB // B) * B:(b - 16 * MIB // B + 1) * B])
+    if b in raced:
+        assert got in raced[b], b
+    else:
+        assert got == bytes(base[b * B:(b + 1) * B]), b
+"#;
+    nbdsh(&fixture.uri(), &[], script).expect_success("nbdsh many in flight");
+    assert!(fixture.server.stats().requests >= 600);
+}
