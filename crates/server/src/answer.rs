@@ -1,5 +1,5 @@
-//! Replies the reader and the workers build alike: a READ answered straight into the reply
-//! buffer, and the reply to any other command's result (success, or the engine's error as an
+//! Replies the reader and the workers build: a READ answered straight into the worker's reply
+//! buffer, the reply to any other command's result (success, or the engine's error as an
 //! NBD errno with its message), and BLOCK_STATUS: one chunk per selected metadata context.
 
 use logcache_nbd::consts::CMD_FLAG_REQ_ONE;
@@ -11,36 +11,58 @@ use crate::limits::MAX_BLOCK_STATUS_EXTENTS;
 use crate::meta::{MetaContext, BASE_ALLOCATION_ZERO_HOLE};
 use crate::{errno, ops, reply};
 
-/// READ: the reply header, then the data read straight into the reply buffer behind it (the
-/// reader's batch, or a worker's reply).
-pub(crate) fn read(
+/// READ on a worker: the reply built in `out` (a buffer the worker keeps) so that the data
+/// starts on a 4 KiB boundary, which lets the engine read the cache device straight into it
+/// (O_DIRECT, no bounce) and the reply go out from there: no copy of the data in between.
+/// `out` only grows (it is never zero-filled again); returns the reply, a slice of it.
+pub(crate) fn read_aligned<'a>(
     connection: &Connection,
-    replies: &mut Vec<u8>,
+    out: &'a mut Vec<u8>,
+    header: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
     request: &Request,
-) {
+) -> &'a [u8] {
     let structured = connection.session.structured;
     let length_bytes = request.length_bytes as usize;
-    let reply_start = replies.len();
+    header.clear();
     reply::push_read_header(
-        replies,
+        header,
         structured,
         request.cookie,
         request.offset_bytes,
         request.length_bytes,
     );
-    let data_start = replies.len();
-    replies.resize(data_start + length_bytes, 0);
+    let total_bytes = DATA_ALIGN_BYTES + header.len() + length_bytes;
+    if out.len() < total_bytes {
+        out.resize(total_bytes, 0);
+    }
+    let misalignment = (out.as_ptr() as usize + header.len()) % DATA_ALIGN_BYTES;
+    let start = (DATA_ALIGN_BYTES - misalignment) % DATA_ALIGN_BYTES;
+    let data_start = start + header.len();
+    debug_assert_eq!((out.as_ptr() as usize + data_start) % DATA_ALIGN_BYTES, 0);
+    out[start..data_start].copy_from_slice(header);
+    let data = &mut out[data_start..data_start + length_bytes];
     if let Err(error) = ops::read(
         &*connection.server.export,
         request.offset_bytes,
-        &mut replies[data_start..],
+        data,
         scratch,
     ) {
-        replies.truncate(reply_start);
-        push_result(replies, structured, request.cookie, Err(error));
+        header.clear();
+        push_result(header, structured, request.cookie, Err(error));
+        return header_as_reply(out, header);
     }
+    &out[start..data_start + length_bytes]
 }
+
+/// An error reply built in `header`, returned as the reply slice (copied into `out`).
+fn header_as_reply<'a>(out: &'a mut Vec<u8>, header: &[u8]) -> &'a [u8] {
+    out[..header.len()].copy_from_slice(header);
+    &out[..header.len()]
+}
+
+/// The alignment O_DIRECT needs of the memory a device reads into.
+const DATA_ALIGN_BYTES: usize = 4096;
 
 /// Appends the reply to a command that returned `result`.
 pub(crate) fn push_result(

@@ -210,10 +210,12 @@ fn work(shared: &Shared, connection: &Connection) {
     }
 }
 
-/// A worker's reusable buffers: its reply, and the covering range of an unaligned read.
+/// A worker's reusable buffers: its read replies, other replies (and read reply headers), and
+/// the covering range of an unaligned read.
 #[derive(Default)]
 struct Buffers {
     out: Vec<u8>,
+    header: Vec<u8>,
     scratch: Vec<u8>,
 }
 
@@ -221,15 +223,24 @@ struct Buffers {
 fn run(connection: &Connection, job: Job, buffers: &mut Buffers) {
     let request = job.request;
     let out = &mut buffers.out;
-    out.clear();
-    if request.command == Command::Read {
-        answer::read(connection, out, &mut buffers.scratch, &request);
-    } else {
-        let result = execute(connection, &request, job.payload.as_deref());
-        answer::push_result(out, connection.session.structured, request.cookie, result);
-    }
     // A failed send already cut the connection; the reader notices and ends it.
-    let _ = connection.sink.send(out);
+    if request.command == Command::Read {
+        let reply = answer::read_aligned(
+            connection,
+            out,
+            &mut buffers.header,
+            &mut buffers.scratch,
+            &request,
+        );
+        let _ = connection.sink.send(reply);
+    } else {
+        // Built apart from `out`, which keeps its length for the next read (no zero-filling).
+        let reply = &mut buffers.header;
+        reply.clear();
+        let result = execute(connection, &request, job.payload.as_deref());
+        answer::push_result(reply, connection.session.structured, request.cookie, result);
+        let _ = connection.sink.send(reply);
+    }
     if out.capacity() > BUFFER_KEEP_BYTES {
         *out = Vec::new();
     }
