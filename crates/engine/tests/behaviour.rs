@@ -16,15 +16,6 @@ use logcache_testkit::rng::Rng;
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
 
-fn manual(ram: u64) -> OpenOptions {
-    OpenOptions {
-        ram_buffer_bytes: ram,
-        manual_flusher: true,
-        seal_interval_ms: Some(0),
-        ..OpenOptions::default()
-    }
-}
-
 /// A flush after each small write costs a chunk, not a segment: 100 write+flush pairs on
 /// 1 MiB segments fit in one or two segments. A flush with nothing new does no IO.
 #[test]

@@ -9,20 +9,11 @@ use std::sync::Arc;
 
 use common::*;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{Engine, Error, OpenOptions};
+use logcache_engine::{Engine, Error};
 use logcache_testkit::fault::{FaultDevice, FaultKind, OpKind};
 
 const MIB: u64 = 1 << 20;
 const BLOCK: u64 = 4096;
-
-fn manual(ram: u64) -> OpenOptions {
-    OpenOptions {
-        ram_buffer_bytes: ram,
-        manual_flusher: true,
-        seal_interval_ms: Some(0),
-        ..OpenOptions::default()
-    }
-}
 
 fn block_of(b: u64) -> [u8; 4096] {
     [b as u8 + 1; 4096]

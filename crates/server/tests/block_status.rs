@@ -9,15 +9,15 @@ use std::sync::Arc;
 use logcache_engine::io::file::{create_sparse, FileDevice, FileOptions};
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, FormatOptions};
 use logcache_nbd::consts::{
     CMD_FLAG_REQ_ONE, EINVAL, REPLY_TYPE_BLOCK_STATUS, REPLY_TYPE_ERROR, REPLY_TYPE_OFFSET_DATA,
     STATE_HOLE, STATE_ZERO,
 };
 use logcache_nbd::reply::{decode_block_status_payload, ErrorPayload};
 use logcache_nbd::request::{Command as NbdCommand, Request};
-use logcache_server::{Server, ServerConfig};
-use server_support::{nbdsh, run, unix_uri, RawClient, TestDir, MIB};
+use logcache_server::Server;
+use server_support::{nbdsh, run, serve_engine, unix_uri, RawClient, TestDir, MIB};
 
 const ZERO_HOLE: u32 = STATE_HOLE | STATE_ZERO;
 
@@ -40,14 +40,7 @@ impl SparseFixture {
         prepare(&*backing);
         let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(128 * MIB));
         format_cache(&*cache, &*backing, &FormatOptions::default()).expect("format");
-        let options = OpenOptions {
-            ram_buffer_bytes: 8 * MIB,
-            ..OpenOptions::default()
-        };
-        let engine = Engine::open(cache, backing, options).expect("open engine");
-        let server = Server::new(engine.clone(), ServerConfig::default());
-        let socket = dir.path.join("nbd.sock");
-        server.listen_unix(&socket).expect("listen");
+        let (engine, server, socket) = serve_engine(&dir, cache, backing);
         SparseFixture {
             _dir: dir,
             engine,

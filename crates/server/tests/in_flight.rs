@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, FormatOptions};
 use logcache_nbd::consts::{REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA};
 use logcache_nbd::request::{Command as NbdCommand, Request};
-use logcache_server::{Server, ServerConfig};
+use logcache_server::Server;
 use logcache_testkit::fault::OpKind;
 use logcache_testkit::gate::GateDevice;
 use server_support::*;
@@ -43,15 +43,7 @@ impl Gated {
             .write_at(&pattern(99, (8 * MIB) as usize), 0)
             .unwrap();
         let gate = Arc::new(GateDevice::new(backing_mem));
-        let backing: Arc<dyn BlockDevice> = gate.clone();
-        let options = OpenOptions {
-            ram_buffer_bytes: 8 * MIB,
-            ..OpenOptions::default()
-        };
-        let engine = Engine::open(cache, backing, options).expect("open engine");
-        let server = Server::new(engine.clone(), ServerConfig::default());
-        let socket = dir.path.join("nbd.sock");
-        server.listen_unix(&socket).expect("listen");
+        let (engine, server, socket) = serve_engine(&dir, cache, gate.clone());
         Gated {
             _dir: dir,
             gate,

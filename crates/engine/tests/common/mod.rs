@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format_cache, FormatOptions};
+use logcache_engine::{format_cache, FormatOptions, OpenOptions};
 use logcache_testkit::rng::{seed_from_env, Rng};
 use logcache_testkit::sim::SimDevice;
 
@@ -62,6 +62,17 @@ pub fn for_each_seed(name: &str, count: u64, case: impl Fn(u64)) {
             );
             std::panic::resume_unwind(e);
         }
+    }
+}
+
+/// Open options for a deterministic engine: background work inline (manual mode), no periodic
+/// seal, `ram` bytes of RAM buffers.
+pub fn manual(ram: u64) -> OpenOptions {
+    OpenOptions {
+        ram_buffer_bytes: ram,
+        manual_flusher: true,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
     }
 }
 

@@ -86,6 +86,24 @@ impl Devices {
     }
 }
 
+/// Opens an engine on formatted `cache` and `backing` (8 MiB of RAM buffers) and serves it on
+/// `nbd.sock` in `dir`.
+pub fn serve_engine(
+    dir: &TestDir,
+    cache: Arc<dyn BlockDevice>,
+    backing: Arc<dyn BlockDevice>,
+) -> (Engine, Server, PathBuf) {
+    let options = OpenOptions {
+        ram_buffer_bytes: 8 * MIB,
+        ..OpenOptions::default()
+    };
+    let engine = Engine::open(cache, backing, options).expect("open engine");
+    let server = Server::new(engine.clone(), ServerConfig::default());
+    let socket = dir.path.join("nbd.sock");
+    server.listen_unix(&socket).expect("listen");
+    (engine, server, socket)
+}
+
 /// A server on a fresh engine, listening on `socket` in its own directory.
 pub struct Fixture {
     pub dir: TestDir,
