@@ -56,7 +56,7 @@ pub(crate) fn read_aligned<'a>(
 }
 
 /// An error reply built in `header`, returned as the reply slice (copied into `out`).
-fn header_as_reply<'a>(out: &'a mut Vec<u8>, header: &[u8]) -> &'a [u8] {
+fn header_as_reply<'a>(out: &'a mut [u8], header: &[u8]) -> &'a [u8] {
     out[..header.len()].copy_from_slice(header);
     &out[..header.len()]
 }
