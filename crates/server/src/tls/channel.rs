@@ -52,6 +52,7 @@ struct Buffers {
 
 impl Read for Buffers {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        assert!(self.inbound_start <= self.inbound.len());
         let available = &self.inbound[self.inbound_start..];
         if available.is_empty() {
             return if self.peer_closed {
@@ -238,9 +239,14 @@ impl TlsChannel {
             }
             // Swap buffers rather than copy: both keep their capacity, so steady state allocates
             // nothing.
+            assert!(
+                sealed.is_empty(),
+                "ciphertext left unsent by an earlier sender"
+            );
             std::mem::swap(&mut state.get_mut().outbound, &mut *sealed);
         }
         let result = socket.send_all(&sealed);
+        // Sent or not, it is gone: after a failed send the connection is cut (see `sink`).
         sealed.clear();
         result
     }
