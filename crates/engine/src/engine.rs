@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::drive::{self, DrainProgress};
 use crate::error::{Error, Result};
 use crate::format::{BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
 use crate::geometry::Geometry;
@@ -31,7 +32,7 @@ use crate::state::buffers::SegmentBuffers;
 use crate::stats::Stats;
 use crate::status::{self, Extent};
 use crate::tunables::{self, TunableValue, Tunables};
-use crate::writeback::{self, DrainProgress};
+use crate::writeback;
 
 /// Default total size of the RAM segment buffers (the seed's 64 MiB).
 pub const RAM_BUFFER_DEFAULT_BYTES: u64 = 64 << 20;
@@ -174,31 +175,7 @@ impl Engine {
                 st.open_segment(false);
             }
         }
-        let mut threads = Vec::new();
-        if inner.drive.threads() {
-            let i = inner.clone();
-            threads.push(
-                std::thread::Builder::new()
-                    .name("logcache-flusher".into())
-                    .spawn(move || inner::run_background(&i, "flusher", flusher::run))
-                    .map_err(|e| Error::io("starting the flusher thread", e))?,
-            );
-            let i = inner.clone();
-            let wb = std::thread::Builder::new()
-                .name("logcache-writeback".into())
-                .spawn(move || inner::run_background(&i, "writeback", writeback::run));
-            match wb {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    inner.state.lock().health.begin_close();
-                    inner.flusher_wake.notify_all();
-                    for t in threads {
-                        let _ = t.join();
-                    }
-                    return Err(Error::io("starting the writeback thread", e));
-                }
-            }
-        }
+        let threads = drive::start_threads(&inner)?;
         Ok(Engine {
             inner,
             threads: Arc::new(Mutex::new(threads)),
@@ -239,7 +216,7 @@ impl Engine {
 
     /// The log, and the backing device if writes bypassed the log since its last sync.
     fn make_durable(&self) -> Result<()> {
-        flusher::wait_durable(&self.inner)?;
+        drive::wait_durable(&self.inner)?;
         bypass::sync_backing(&self.inner)
     }
 
@@ -305,10 +282,7 @@ impl Engine {
 
     /// Manual mode: runs flusher rounds until the queue is empty. A no-op otherwise.
     pub fn run_flusher(&self) -> Result<()> {
-        if self.inner.drive.inline() {
-            flusher::drain_inline(&self.inner, false)?;
-        }
-        Ok(())
+        drive::run_flusher(&self.inner)
     }
 
     /// Seals the open chunk if its oldest write is older than the seal interval (the flusher
@@ -334,7 +308,7 @@ impl Engine {
         }
         // Relocation may queue chunks of its own while we wait; repeat until nothing is left.
         let res = loop {
-            if let Err(e) = flusher::wait_durable_closing(&self.inner) {
+            if let Err(e) = drive::wait_durable_closing(&self.inner) {
                 break Err(e);
             }
             let st = self.inner.state.lock();
@@ -389,7 +363,7 @@ impl Engine {
     /// too, so under a steady write load this returns when writeback has caught up.
     pub fn drain(&self, progress: impl FnMut(DrainProgress)) -> Result<()> {
         self.check_usable()?;
-        writeback::drain(&self.inner, progress)
+        drive::drain(&self.inner, progress)
     }
 
     /// Manual mode (tests): one writeback batch of up to `max_blocks` durable dirty blocks,
@@ -435,7 +409,7 @@ impl Engine {
         {
             // Leaving write-back: new writes already go the new way; write back what is dirty.
             self.inner.writeback_wake.notify_all();
-            writeback::drain(&self.inner, |_| {})?;
+            drive::drain(&self.inner, |_| {})?;
         }
         Ok(())
     }

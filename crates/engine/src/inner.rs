@@ -55,27 +55,13 @@ impl Inner {
     pub fn seal_interval_ms(&self) -> u64 {
         self.tunables.get(tunables::SEAL_INTERVAL_MS)
     }
-
-    /// The current time, or `None` in manual mode (see `Drive`).
-    pub fn clock(&self) -> Option<Instant> {
-        (!self.drive.manual).then(Instant::now)
-    }
-
-    /// Backing writes a writeback batch keeps in flight: one in manual mode, so a seeded run
-    /// replays the same backing-device IO sequence.
-    pub fn writeback_io_depth(&self) -> usize {
-        if self.drive.manual {
-            1
-        } else {
-            self.tunables.get(tunables::WRITEBACK_IO_DEPTH) as usize
-        }
-    }
 }
 
 /// How background work runs: on the flusher and writeback threads, or (manual mode,
 /// `OpenOptions::manual_flusher`) inline on the callers' threads, one IO at a time and reading
-/// no clock, so a seeded simulation replays exactly. The one place that knows the mode; the
-/// code elsewhere asks what to do.
+/// no clock, so a seeded simulation replays exactly. The one reader of the flag: the values
+/// that differ by mode are its methods, and the steps that differ by mode are `drive.rs`'s,
+/// the only module that asks `threads` / `inline`.
 #[derive(Clone, Copy, Debug)]
 pub struct Drive {
     manual: bool,
@@ -94,6 +80,21 @@ impl Drive {
     /// Whether callers that need the flusher's or writeback's work do it themselves.
     pub fn inline(&self) -> bool {
         self.manual
+    }
+
+    /// The current time, or `None` in manual mode.
+    pub fn clock(&self) -> Option<Instant> {
+        (!self.manual).then(Instant::now)
+    }
+
+    /// Backing writes a writeback batch keeps in flight: one in manual mode, so a seeded run
+    /// replays the same backing-device IO sequence.
+    pub fn writeback_io_depth(&self, tunables: &Tunables) -> usize {
+        if self.manual {
+            1
+        } else {
+            tunables.get(tunables::WRITEBACK_IO_DEPTH) as usize
+        }
     }
 }
 

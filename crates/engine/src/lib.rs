@@ -10,6 +10,7 @@
 //! `format`, `io`, `geometry`, `tunables`, `stats`, `index` → `state` → `inner`, `verify` →
 //! `reclaim` → `log` → `writeback` → `promote`, `path`, `status` → `open`, `inspect` → `engine`.
 
+mod drive;
 pub mod engine;
 pub mod error;
 pub mod format;
@@ -33,9 +34,9 @@ mod writeback;
 /// `logcache_engine::io::...` keep naming it.
 pub use logcache_io as io;
 
+pub use drive::DrainProgress;
 pub use engine::{Engine, OpenOptions};
 pub use error::{Error, Result};
 pub use open::create::{format_cache, FormatOptions};
 pub use stats::{Counters, RecoveryReport, Stats};
 pub use status::Extent;
-pub use writeback::DrainProgress;

@@ -28,7 +28,7 @@ pub fn decide(inner: &Inner, st: &mut State, offset_bytes: u64, len_bytes: u64) 
         st.counters.promotions_sequential_skipped += 1;
         return false;
     }
-    let congested = st.promotion.congested(inner.clock());
+    let congested = st.promotion.congested(inner.drive.clock());
     if congested {
         st.counters.promotions_congested_skipped += 1;
         return false;

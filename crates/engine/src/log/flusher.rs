@@ -9,7 +9,7 @@ use parking_lot::MutexGuard;
 
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE_BYTES;
-use crate::inner::{check_usable, fail, mark_failed, Inner};
+use crate::inner::{fail, mark_failed, Inner};
 use crate::reclaim;
 use crate::state::{self, SealedChunk, State};
 
@@ -274,54 +274,56 @@ fn write_chunks(inner: &Inner, batch: &[SealedChunk], synced_seq: u64) -> Result
     Ok(())
 }
 
-/// Returns once every write acknowledged before the call is durable (flush and FUA).
-pub fn wait_durable(inner: &Inner) -> Result<()> {
-    {
-        let st = inner.state.lock();
-        check_usable(&st)?;
-    }
-    wait_durable_closing(inner)
-}
-
-/// As `wait_durable`, but also while closing (the close path's final flush).
-pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
-    let mut st = inner.state.lock();
+/// Seals the open chunk and asks for a sync covering every chunk sealed so far: returns the
+/// sequence to wait for, or `None` when it is durable already. `drive` then waits for the
+/// flusher thread (`wait_synced`) or runs its rounds (`sync_inline`).
+pub fn want_durable(inner: &Inner, st: &mut State) -> Result<Option<u64>> {
     st.health.check_failed()?;
     st.seal(&inner.buffers);
     let target = st.seqs.last_sealed();
     if st.seqs.synced() >= target {
-        return Ok(());
+        return Ok(None);
     }
     st.seqs.want_sync(target);
-    if inner.drive.inline() {
-        drop(st);
-        let _serial = inner.flusher_lock.lock();
-        loop {
-            let st = inner.state.lock();
-            st.health.check_failed()?;
-            if st.seqs.synced() >= target {
-                return Ok(());
-            }
-            let (st, progressed) = step(inner, st)?;
-            if let Some(m) = st.bypass.sync_error() {
-                return Err(Error::io("a flush", std::io::Error::other(m.to_string())));
-            }
-            assert!(
-                progressed,
-                "a flush target {target} the flusher cannot reach"
-            );
-        }
-    }
+    Ok(Some(target))
+}
+
+/// Waits for the flusher thread to sync chunks up to `target`.
+pub fn wait_synced(inner: &Inner, mut st: MutexGuard<'_, State>, target: u64) -> Result<()> {
     inner.flusher_wake.notify_one();
     while st.seqs.synced() < target {
         st.health.check_failed()?;
-        if let Some(m) = st.bypass.sync_error() {
-            // The target waits behind chunks that need the backing device synced first.
-            return Err(Error::io("a flush", std::io::Error::other(m.to_string())));
-        }
+        check_sync_error(&st)?;
         inner.progress.wait(&mut st);
     }
     Ok(())
+}
+
+/// Manual mode: runs flusher rounds on this thread until chunks up to `target` are synced.
+pub fn sync_inline(inner: &Inner, target: u64) -> Result<()> {
+    let _serial = inner.flusher_lock.lock();
+    loop {
+        let st = inner.state.lock();
+        st.health.check_failed()?;
+        if st.seqs.synced() >= target {
+            return Ok(());
+        }
+        let (st, progressed) = step(inner, st)?;
+        check_sync_error(&st)?;
+        assert!(
+            progressed,
+            "a flush target {target} the flusher cannot reach"
+        );
+    }
+}
+
+/// A flush fails while the target waits behind chunks that need the backing device synced
+/// first and that sync fails.
+fn check_sync_error(st: &State) -> Result<()> {
+    match st.bypass.sync_error() {
+        Some(m) => Err(Error::io("a flush", std::io::Error::other(m.to_string()))),
+        None => Ok(()),
+    }
 }
 
 /// Manual mode: runs flusher rounds until nothing is queued (or, with `for_room`, until writers

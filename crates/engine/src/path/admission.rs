@@ -11,12 +11,8 @@
 
 use parking_lot::MutexGuard;
 
-use crate::error::{Error, Result};
 use crate::inner::Inner;
-use crate::log::flusher;
 use crate::state::State;
-use crate::tunables;
-use crate::writeback;
 
 /// A writer's place in the queue for room, from its first wait to the end of its request.
 #[derive(Debug, Default)]
@@ -74,40 +70,4 @@ impl Turn {
             inner.room_turn.slot(next).notify_all();
         }
     }
-}
-
-/// A writer found no room in the log or no free RAM buffer: wait for the flusher (or, in
-/// manual mode, do its work here).
-pub fn wait_for_room<'a>(
-    inner: &'a Inner,
-    mut st: MutexGuard<'a, State>,
-) -> Result<MutexGuard<'a, State>> {
-    st.counters.write_waits += 1;
-    if inner.drive.inline() {
-        drop(st);
-        let mut progressed = flusher::drain_inline(inner, true)?;
-        if !progressed {
-            // The log is full of dirty blocks: make it durable, write back, then reclaim.
-            flusher::wait_durable(inner)?;
-            let batch = inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize;
-            if writeback::step(inner, batch)? > 0 {
-                flusher::drain_inline(inner, true)?;
-                progressed = true;
-            }
-        }
-        let st = inner.state.lock();
-        if !progressed && !st.ring.open().active {
-            return Err(Error::NoSpace(
-                "the log is full of live data and nothing can be reclaimed".into(),
-            ));
-        }
-        return Ok(st);
-    }
-    st.room.space_waiters().enter();
-    inner.flusher_wake.notify_one();
-    // A log full of dirty blocks needs writeback to make room.
-    inner.writeback_wake.notify_one();
-    inner.progress.wait(&mut st);
-    st.room.space_waiters().leave();
-    Ok(st)
 }

@@ -14,13 +14,13 @@
 
 use parking_lot::MutexGuard;
 
-use super::admission::wait_for_room;
 use super::write;
+use crate::drive::wait_durable;
+use crate::drive::wait_for_room;
 use crate::error::{Error, Result};
 use crate::format::chunk::{Entry, KIND_DROP, KIND_ZERO};
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::inner::{check_usable, mark_failed, Inner};
-use crate::log::flusher::wait_durable;
 use crate::state::State;
 
 /// Zeros for the partial blocks at the ends of a zeroed range.

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use parking_lot::MutexGuard;
 
-use super::admission::{self, Turn};
+use super::admission::Turn;
 use crate::error::Result;
 use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
 use crate::geometry::sector_mask;
@@ -115,7 +115,7 @@ fn write_block(
         let sealed_before = st.counters.chunks_sealed;
         let Some(nc) = st.reserve_block(&inner.buffers, Instant::now(), false) else {
             turn.hold(&mut st);
-            st = admission::wait_for_room(inner, st)?;
+            st = crate::drive::wait_for_room(inner, st)?;
             continue;
         };
         if st.counters.chunks_sealed != sealed_before {

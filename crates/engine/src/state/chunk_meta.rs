@@ -3,6 +3,13 @@
 //! knows), `finish` completes it on the flusher (data CRCs computed from the data blocks,
 //! `synced_seq`, the header CRC), and `data_crcs` hands the CRCs back for reads from the cache
 //! device. The bytes themselves are `format::chunk`'s.
+//!
+//! Why this is in `state/` and not `log/`: sealing happens inside `State`, under the lock, and
+//! is called from `State::reserve_block` and `State::add_range` when the open chunk's entries
+//! are full (a writer's reservation seals in the same lock hold). `log/` sits above `state/`
+//! (the flusher locks `State`), so a chunk writer in `log/` would make `state` import `log`: a
+//! cycle. The flusher's half (`finish`, `data_crcs`) stays here beside `encode` so the chunk's
+//! metadata has one home.
 
 use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA};
 use crate::format::BLOCK_SIZE_BYTES;

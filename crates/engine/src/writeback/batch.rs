@@ -235,7 +235,7 @@ fn copy_out(inner: &Inner, bufs: &mut WritebackBuffers) -> Result<(Vec<usize>, u
         }
     }
     plan_ios(inner, bufs, &bad);
-    let depth = inner.writeback_io_depth();
+    let depth = inner.drive.writeback_io_depth(&inner.tunables);
     let reconnects = inner.backing.reconnects();
     let bytes = write_ios(inner, &bufs.data, &bufs.ios, depth)?;
     inner

@@ -6,10 +6,10 @@
 //! The writeback thread's loop lives here; `policy` decides how fast, `batch` copies one batch
 //! (collect, read and verify, write sorted, sync, mark clean), `drain` persists the writeback
 //! position (every chunk before the oldest segment still holding dirty blocks is clean, so
-//! recovery replays it as clean) and drains on request, `inflight` keeps several backing
+//! recovery replays it as clean), `inflight` keeps several backing
 //! writes in flight.
 
-mod batch;
+pub mod batch;
 mod drain;
 pub mod inflight;
 mod policy;
@@ -21,7 +21,7 @@ use self::policy::{next_batch_plan, Pacer, Plan};
 use crate::inner::Inner;
 use crate::tunables;
 
-pub use self::drain::{drain, step, writeback_position, DrainProgress};
+pub use self::drain::{persist_position, step, writeback_position};
 
 /// How often an idle writeback thread looks at the dirty level.
 const POLL: Duration = Duration::from_millis(100);
