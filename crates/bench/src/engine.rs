@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use logcache_engine::io::file::{create_sparse, FileDevice, FileOptions};
+use logcache_engine::io::file::create_sparse;
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
 use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
@@ -102,10 +102,9 @@ fn run_one(args: &EngineBenchArgs, threads: usize) -> anyhow::Result<RunResult> 
         Some(path) => {
             create_sparse(path, args.cache_mib << 20)
                 .with_context(|| format!("creating {}", path.display()))?;
-            Arc::new(
-                FileDevice::open(path, FileOptions::default())
-                    .with_context(|| format!("opening {}", path.display()))?,
-            )
+            Arc::new(logcache_backing::open_file(path, || {
+                format!("opening {}", path.display())
+            })?)
         }
         None => Arc::new(MemDevice::new_prefaulted(args.cache_mib << 20)),
     };

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use logcache_engine::io::file::{create_sparse, FileDevice, FileOptions};
+use logcache_engine::io::file::create_sparse;
 use logcache_engine::io::{BlockDevice, SECTOR_SIZE_BYTES};
 use logcache_server::{Server, ServerConfig};
 use logcache_testkit::hdd::{HddDevice, HddParams};
@@ -114,9 +114,9 @@ pub fn run(args: &SimHddArgs) -> Result<()> {
     let _lock = lock_exclusive(path, |holder| {
         format!("{} is in use by {holder}; stop it first", path.display())
     })?;
-    let file = Arc::new(
-        FileDevice::open(path, FileOptions::default()).context("opening the disk's file")?,
-    );
+    let file = Arc::new(logcache_backing::open_file(path, || {
+        "opening the disk's file".into()
+    })?);
     if file.size_bytes() != args.size {
         bail!(
             "{} is {} bytes, more than --size {}; sim-hdd never shortens a file: give --size {} or another file",

@@ -1,5 +1,5 @@
-//! Opening the cache and backing devices named on the command line, and the lock that keeps a
-//! cache from being served twice.
+//! The cache and backing devices named on the command line (opened by `logcache_backing`), and
+//! the locks that keep a device from being served twice.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -7,29 +7,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use logcache_engine::io::file::{FileDevice, FileOptions};
+use logcache_backing::DEFAULT_REQUEST_TIMEOUT;
 use logcache_engine::io::BlockDevice;
 use logcache_nbd::uri::is_nbd_uri;
-use logcache_nbd_client::{NbdDevice, DEFAULT_REQUEST_TIMEOUT};
-use logcache_rbd::{is_rbd_spec, RbdDevice};
 
 use crate::guard::{lock_holder, try_flock};
 
-/// Connections the NBD backing client opens when the server allows several.
-const NBD_BACKING_CONNECTIONS: usize = 4;
-
 /// Opens the cache device (a file or block device) for reading and writing.
 pub fn open_cache(path: &Path) -> Result<Arc<dyn BlockDevice>> {
-    if !path.exists() {
-        bail!(
-            "cache {} does not exist; create it (e.g. truncate -s 1G {}) and run logcache format",
-            path.display(),
-            path.display()
-        );
-    }
-    let dev = FileDevice::open(path, FileOptions::default())
-        .with_context(|| format!("opening cache {}", path.display()))?;
-    Ok(Arc::new(dev))
+    Ok(logcache_backing::open_cache(path)?)
 }
 
 /// Opens a backing SPEC: an NBD URI, an RBD image (`rbd:POOL/IMAGE[?conf=PATH&id=USER]`) or a
@@ -44,28 +30,7 @@ pub fn open_backing_with_timeout(
     spec: &str,
     request_timeout: Duration,
 ) -> Result<Arc<dyn BlockDevice>> {
-    if is_nbd_uri(spec) {
-        let dev = NbdDevice::open_with_timeout(spec, NBD_BACKING_CONNECTIONS, request_timeout)
-            .with_context(|| format!("connecting to backing device {spec}"))?;
-        return Ok(Arc::new(dev));
-    }
-    if is_rbd_spec(spec) {
-        // The error names the image and says what to do.
-        return Ok(Arc::new(RbdDevice::open(spec, request_timeout)?));
-    }
-    if spec.contains("://") {
-        bail!("backing device {spec:?} is neither a path nor an nbd:// or nbd+unix:// URI");
-    }
-    let path = PathBuf::from(spec);
-    if !path.exists() {
-        bail!(
-            "backing device {} does not exist; give a file, a block device, an NBD URI or rbd:POOL/IMAGE",
-            path.display()
-        );
-    }
-    let dev = FileDevice::open(&path, FileOptions::default())
-        .with_context(|| format!("opening backing device {}", path.display()))?;
-    Ok(Arc::new(dev))
+    Ok(logcache_backing::open_backing(spec, request_timeout)?)
 }
 
 /// An exclusive advisory lock on the cache file, held while the process lives: a second

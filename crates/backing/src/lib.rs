@@ -1,0 +1,94 @@
+//! Opening a device by the name a command line gives it: the cache (a file or block device)
+//! and the backing SPEC (an NBD URI, an RBD image `rbd:POOL/IMAGE[?conf=PATH&id=USER]`, or a
+//! file or block device path). The `logcache` binary and `logcache-bench` both open devices
+//! here; the locks that keep a device from being served twice stay with the CLI.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use logcache_io::file::{FileDevice, FileOptions};
+use logcache_io::BlockDevice;
+use logcache_nbd::uri::is_nbd_uri;
+use logcache_nbd_client::NbdDevice;
+use logcache_rbd::{is_rbd_spec, RbdDevice};
+
+pub use logcache_nbd_client::DEFAULT_REQUEST_TIMEOUT;
+
+/// Connections the NBD backing client opens when the server allows several.
+const NBD_BACKING_CONNECTIONS: usize = 4;
+
+/// Why a device could not be opened; each says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(
+        "cache {0} does not exist; create it (e.g. truncate -s 1G {0}) and run logcache format"
+    )]
+    CacheMissing(String),
+    #[error(
+        "backing device {0} does not exist; give a file, a block device, an NBD URI or rbd:POOL/IMAGE"
+    )]
+    BackingMissing(String),
+    #[error("backing device {0:?} is neither a path nor an nbd:// or nbd+unix:// URI")]
+    UnknownScheme(String),
+    /// Opening or connecting failed; `what` names the device, `source` says why.
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    /// An RBD image's own error names the image and says what to do.
+    #[error(transparent)]
+    Rbd(io::Error),
+}
+
+/// Opens a file or block device for reading and writing; `what` names it in the error
+/// ("opening cache /dev/sdb").
+pub fn open_file(path: &Path, what: impl FnOnce() -> String) -> Result<FileDevice, OpenError> {
+    FileDevice::open(path, FileOptions::default()).map_err(|source| OpenError::Io {
+        what: what(),
+        source,
+    })
+}
+
+/// Opens the cache device (a file or block device) for reading and writing.
+pub fn open_cache(path: &Path) -> Result<Arc<dyn BlockDevice>, OpenError> {
+    if !path.exists() {
+        return Err(OpenError::CacheMissing(path.display().to_string()));
+    }
+    let dev = open_file(path, || format!("opening cache {}", path.display()))?;
+    Ok(Arc::new(dev))
+}
+
+/// Opens a backing SPEC; an NBD backing server (or a Ceph cluster) may take `request_timeout`
+/// to answer a request.
+pub fn open_backing(
+    spec: &str,
+    request_timeout: Duration,
+) -> Result<Arc<dyn BlockDevice>, OpenError> {
+    if is_nbd_uri(spec) {
+        let dev = NbdDevice::open_with_timeout(spec, NBD_BACKING_CONNECTIONS, request_timeout)
+            .map_err(|source| OpenError::Io {
+                what: format!("connecting to backing device {spec}"),
+                source,
+            })?;
+        return Ok(Arc::new(dev));
+    }
+    if is_rbd_spec(spec) {
+        let dev = RbdDevice::open(spec, request_timeout).map_err(OpenError::Rbd)?;
+        return Ok(Arc::new(dev));
+    }
+    if spec.contains("://") {
+        return Err(OpenError::UnknownScheme(spec.to_string()));
+    }
+    let path = PathBuf::from(spec);
+    if !path.exists() {
+        return Err(OpenError::BackingMissing(path.display().to_string()));
+    }
+    let dev = open_file(&path, || {
+        format!("opening backing device {}", path.display())
+    })?;
+    Ok(Arc::new(dev))
+}
