@@ -102,7 +102,7 @@ impl Served {
             .engine
             .tunables()
             .into_iter()
-            .map(|t| (t.name.to_string(), tunable_json(&t.value)))
+            .map(|t| (t.spec.name.to_string(), tunable_json(&t.value)))
             .collect();
         let mut extra = vec![
             ("mode".to_string(), Value::String(s.mode.to_string())),
@@ -163,9 +163,9 @@ impl Served {
                 .tunables()
                 .into_iter()
                 .map(|t| {
-                    json!({"name": t.name, "value": tunable_json(&t.value),
+                    json!({"name": t.spec.name, "value": tunable_json(&t.value),
                            "default": tunable_json(&t.default),
-                           "range": t.range, "online": t.online, "help": t.help})
+                           "range": t.range, "online": t.spec.online, "help": t.spec.help})
                 })
                 .collect(),
         )

@@ -217,3 +217,17 @@ pub struct Stats {
     pub segments_on_disk: u64,
     pub segments_free: u64,
 }
+
+/// Counts one access in a (hit | miss) × (full | partial) table and in the hit / miss totals:
+/// `table` is [hits full, hits partial, misses full, misses partial], `totals` [hits, misses].
+pub fn count_access(hit: bool, full: bool, table: [&mut u64; 4], totals: [&mut u64; 2]) {
+    let [hits_full, hits_partial, misses_full, misses_partial] = table;
+    *match (hit, full) {
+        (true, true) => hits_full,
+        (true, false) => hits_partial,
+        (false, true) => misses_full,
+        (false, false) => misses_partial,
+    } += 1;
+    let [hits, misses] = totals;
+    *if hit { hits } else { misses } += 1;
+}

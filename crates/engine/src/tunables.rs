@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::format::superblock::PersistedTunables;
 
 /// What values a tunable takes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     /// An integer in `min..=max`, in `unit`.
     Number {
@@ -23,7 +23,7 @@ pub enum Kind {
     Choice(&'static [&'static str]),
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TunableSpec {
     pub name: &'static str,
     /// Slot in the superblock's tunables area.
@@ -168,13 +168,12 @@ impl TunableSpec {
 /// A tunable as an operator sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TunableValue {
-    pub name: &'static str,
+    /// Name, online flag, help and the rest of the registry's entry.
+    pub spec: TunableSpec,
     pub value: String,
     pub default: String,
     /// "0..=3600000 ms" or "write-back|write-through|write-around".
     pub range: String,
-    pub online: bool,
-    pub help: &'static str,
 }
 
 /// The current values, one atomic per tunable.
@@ -221,15 +220,13 @@ impl Tunables {
             .iter()
             .enumerate()
             .map(|(i, s)| TunableValue {
-                name: s.name,
+                spec: *s,
                 value: render(s, self.get(i)),
                 default: render(s, s.default),
                 range: match s.kind {
                     Kind::Number { min, max, unit } => format!("{min}..={max} {unit}"),
                     Kind::Choice(names) => names.join("|"),
                 },
-                online: s.online,
-                help: s.help,
             })
             .collect()
     }

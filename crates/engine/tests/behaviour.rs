@@ -344,7 +344,7 @@ fn tunables_are_checked_and_persisted() {
     let get = |name: &str| {
         e.tunables()
             .into_iter()
-            .find(|t| t.name == name)
+            .find(|t| t.spec.name == name)
             .unwrap()
             .value
     };

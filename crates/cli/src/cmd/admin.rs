@@ -47,7 +47,7 @@ pub fn tunables_help() -> String {
     for t in current.list() {
         out.push_str(&format!(
             "  {}: {}, default {}; {}\n",
-            t.name, t.range, t.default, t.help
+            t.spec.name, t.range, t.default, t.spec.help
         ));
     }
     out

@@ -221,11 +221,11 @@ fn tunables_report(sb: &Superblock, findings: &mut Vec<Finding>) -> Vec<TunableR
                 findings.push(warning(format!(
                     "the superblock stores {raw} for tunable {}, which is out of range; an open \
                      uses {} instead",
-                    v.name, v.value
+                    v.spec.name, v.value
                 )));
             }
             TunableReport {
-                name: v.name,
+                name: v.spec.name,
                 value: v.value,
                 default: v.default,
                 persisted: stored.is_some(),

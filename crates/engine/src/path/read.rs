@@ -438,15 +438,15 @@ fn read_missing_sectors(inner: &Inner, p: &Partial, dst: &mut [u8]) -> Result<()
 
 fn count_read(st: &mut State, hit: bool, full: bool) {
     let c = &mut st.counters;
-    match (hit, full) {
-        (true, true) => c.read_hits_full += 1,
-        (true, false) => c.read_hits_partial += 1,
-        (false, true) => c.read_misses_full += 1,
-        (false, false) => c.read_misses_partial += 1,
-    }
-    if hit {
-        c.read_hits += 1;
-    } else {
-        c.read_misses += 1;
-    }
+    crate::stats::count_access(
+        hit,
+        full,
+        [
+            &mut c.read_hits_full,
+            &mut c.read_hits_partial,
+            &mut c.read_misses_full,
+            &mut c.read_misses_partial,
+        ],
+        [&mut c.read_hits, &mut c.read_misses],
+    );
 }

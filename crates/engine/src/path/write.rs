@@ -175,17 +175,17 @@ fn count_write(st: &mut State, hit: bool, mask: u8) {
     if !full {
         c.write_partial += 1;
     }
-    match (hit, full) {
-        (true, true) => c.write_hits_full += 1,
-        (true, false) => c.write_hits_partial += 1,
-        (false, true) => c.write_misses_full += 1,
-        (false, false) => c.write_misses_partial += 1,
-    }
-    if hit {
-        c.write_hits += 1;
-    } else {
-        c.write_misses += 1;
-    }
+    crate::stats::count_access(
+        hit,
+        full,
+        [
+            &mut c.write_hits_full,
+            &mut c.write_hits_partial,
+            &mut c.write_misses_full,
+            &mut c.write_misses_partial,
+        ],
+        [&mut c.write_hits, &mut c.write_misses],
+    );
 }
 
 /// Reads the on-disk copy `c` of `lba` into this thread's scratch buffer (see

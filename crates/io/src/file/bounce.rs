@@ -34,17 +34,14 @@ impl FileDevice {
         let end = offset + buf.len() as u64;
         let (span_start, span_end) = self.aligned_span(offset, buf.len() as u64);
         with_bounce(span_end - span_start, |bounce| {
-            let mut chunk_start = span_start;
-            while chunk_start < span_end {
-                let chunk_len = (span_end - chunk_start).min(BOUNCE_CHUNK_BYTES);
-                let chunk = &mut bounce[..chunk_len as usize];
+            for (chunk_start, chunk_end) in bounce_chunks(span_start, span_end) {
+                let chunk = &mut bounce[..(chunk_end - chunk_start) as usize];
                 self.pread_exact(chunk, chunk_start)?;
                 let lo = offset.max(chunk_start);
-                let hi = end.min(chunk_start + chunk_len);
+                let hi = end.min(chunk_end);
                 buf[(lo - offset) as usize..(hi - offset) as usize].copy_from_slice(
                     &chunk[(lo - chunk_start) as usize..(hi - chunk_start) as usize],
                 );
-                chunk_start += chunk_len;
             }
             Ok(())
         })
@@ -56,10 +53,8 @@ impl FileDevice {
         let end = offset + buf.len() as u64;
         let (span_start, span_end) = self.aligned_span(offset, buf.len() as u64);
         with_bounce(span_end - span_start, |bounce| {
-            let mut chunk_start = span_start;
-            while chunk_start < span_end {
-                let chunk_len = (span_end - chunk_start).min(BOUNCE_CHUNK_BYTES);
-                let chunk_end = chunk_start + chunk_len;
+            for (chunk_start, chunk_end) in bounce_chunks(span_start, span_end) {
+                let chunk_len = chunk_end - chunk_start;
                 let chunk = &mut bounce[..chunk_len as usize];
                 let lo = offset.max(chunk_start);
                 let hi = end.min(chunk_end);
@@ -75,11 +70,17 @@ impl FileDevice {
                 chunk[(lo - chunk_start) as usize..(hi - chunk_start) as usize]
                     .copy_from_slice(&buf[(lo - offset) as usize..(hi - offset) as usize]);
                 self.file.write_all_at(chunk, chunk_start)?;
-                chunk_start = chunk_end;
             }
             Ok(())
         })
     }
+}
+
+/// The aligned span cut into bounce-buffer-sized pieces, as (start, end) byte offsets.
+fn bounce_chunks(span_start: u64, span_end: u64) -> impl Iterator<Item = (u64, u64)> {
+    (span_start..span_end)
+        .step_by(BOUNCE_CHUNK_BYTES as usize)
+        .map(move |start| (start, span_end.min(start + BOUNCE_CHUNK_BYTES)))
 }
 
 /// Runs `f` on this thread's bounce buffer, sized for `span_bytes` (at most one chunk).

@@ -201,19 +201,9 @@ impl Client {
     pub fn read_at(&mut self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
         self.check_usable()?;
         self.check_range(offset_bytes, buf.len() as u64)?;
-        let chunk_bytes = self.info.max_request_bytes as usize;
-        let mut piece_offset_bytes = offset_bytes;
-        for piece in buf.chunks_mut(chunk_bytes) {
-            let length_bytes = piece.len() as u32;
-            self.transact(
-                Command::Read,
-                0,
-                piece_offset_bytes,
-                length_bytes,
-                &[],
-                piece,
-            )?;
-            piece_offset_bytes += u64::from(length_bytes);
+        for (at, r) in pieces(offset_bytes, buf.len(), self.info.max_request_bytes) {
+            let length_bytes = r.len() as u32;
+            self.transact(Command::Read, 0, at, length_bytes, &[], &mut buf[r])?;
         }
         Ok(())
     }
@@ -227,19 +217,9 @@ impl Client {
         self.check_range(offset_bytes, buf.len() as u64)?;
         let native_fua = fua && self.info.can_fua();
         let flags = if native_fua { CMD_FLAG_FUA } else { 0 };
-        let chunk_bytes = self.info.max_request_bytes as usize;
-        let mut piece_offset_bytes = offset_bytes;
-        for piece in buf.chunks(chunk_bytes) {
-            let length_bytes = piece.len() as u32;
-            self.transact(
-                Command::Write,
-                flags,
-                piece_offset_bytes,
-                length_bytes,
-                piece,
-                &mut [],
-            )?;
-            piece_offset_bytes += u64::from(length_bytes);
+        for (at, r) in pieces(offset_bytes, buf.len(), self.info.max_request_bytes) {
+            let length_bytes = r.len() as u32;
+            self.transact(Command::Write, flags, at, length_bytes, &buf[r], &mut [])?;
         }
         if fua && !native_fua && !buf.is_empty() {
             self.flush()?;
@@ -377,4 +357,21 @@ impl Drop for Client {
 /// Puts the URI in front of an error's text (the kind is kept).
 fn prefix_error(uri: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{uri}: {e}"))
+}
+
+/// Splits `len_bytes` at `offset_bytes` into requests of at most `max_request_bytes`: each as
+/// (its offset on the export, its range in the caller's buffer).
+fn pieces(
+    offset_bytes: u64,
+    len_bytes: usize,
+    max_request_bytes: u32,
+) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> {
+    let step = max_request_bytes as usize;
+    assert!(step > 0, "a server's request limit is positive");
+    (0..len_bytes).step_by(step).map(move |start| {
+        (
+            offset_bytes + start as u64,
+            start..len_bytes.min(start + step),
+        )
+    })
 }
