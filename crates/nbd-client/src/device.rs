@@ -262,6 +262,18 @@ impl BlockDevice for NbdDevice {
         self.with_connection(|client| client.trim(offset, len_bytes))
     }
 
+    /// `NBD_CMD_WRITE_ZEROES` when the server advertises it; otherwise zero blocks are written.
+    fn write_zeroes(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
+        self.check_range(offset, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        if !self.info.can_write_zeroes() || self.info.is_read_only() {
+            return logcache_io::write_zero_blocks(self, offset, len_bytes);
+        }
+        self.with_connection(|client| client.write_zeroes(offset, len_bytes))
+    }
+
     fn describe(&self) -> String {
         self.uri.clone()
     }

@@ -285,6 +285,16 @@ fn exercise(dev: &NbdDevice) {
     );
     dev.flush().expect("flush after trim");
 
+    // Write zeroes inside case 5 (sent as NBD_CMD_WRITE_ZEROES where the server has it, split
+    // when over its maximum): zeros there, the pattern on both sides.
+    let (z_offset, z_len) = (9 * MIB + 4096, 65536 + 4096);
+    dev.write_zeroes(z_offset, z_len).expect("write zeroes");
+    let mut all = vec![0u8; 128 * 1024];
+    dev.read_at(&mut all, 9 * MIB).unwrap();
+    let mut want = pattern(128 * 1024, 5);
+    want[4096..4096 + z_len as usize].fill(0);
+    assert_same(&all, &want, "after write zeroes");
+
     let mut buf = [0u8; 512];
     for e in [
         dev.read_at(&mut buf, 100).unwrap_err(),
@@ -292,6 +302,7 @@ fn exercise(dev: &NbdDevice) {
         dev.read_at(&mut buf, size_bytes).unwrap_err(),
         dev.write_at(&buf, size_bytes - 256).unwrap_err(),
         dev.discard(u64::MAX - 511, 512).unwrap_err(),
+        dev.write_zeroes(size_bytes, 512).unwrap_err(),
     ] {
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
     }
@@ -310,7 +321,7 @@ fn nbdkit_memory_over_a_unix_socket() {
     // nbdkit's memory plugin advertises multi-conn, so the whole pool is opened.
     assert!(dev.info().can_multi_conn());
     assert_eq!(dev.connection_count(), 4);
-    assert!(dev.info().can_flush() && dev.info().can_trim());
+    assert!(dev.info().can_flush() && dev.info().can_trim() && dev.info().can_write_zeroes());
     exercise(&dev);
 }
 
@@ -442,6 +453,15 @@ fn read_only_export_refuses_writes() {
     dev.discard(0, 4096).unwrap();
     dev.flush().unwrap();
     assert!(!dev.has_failed());
+}
+
+#[test]
+fn without_write_zeroes_zero_blocks_are_written() {
+    let dir = TempDir::new("nozero");
+    let (_server, uri) = nbdkit_unix(&dir, &["--filter=nozero", "memory", "64M", "zeromode=none"]);
+    let dev = NbdDevice::open(&uri, 1).unwrap();
+    assert!(!dev.info().can_write_zeroes());
+    exercise(&dev);
 }
 
 #[test]

@@ -253,13 +253,40 @@ impl Client {
                 format!("{}: the server does not support trim", self.uri),
             ));
         }
+        self.send_range(Command::Trim, offset_bytes, len_bytes)
+    }
+
+    /// Makes the range read as zeros (`NBD_CMD_WRITE_ZEROES`, holes allowed), split like
+    /// writes. Fails with `Unsupported` if the server does not advertise it (the caller writes
+    /// zero blocks instead).
+    pub fn write_zeroes(&mut self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
+        self.check_usable()?;
+        self.check_writable()?;
+        self.check_range(offset_bytes, len_bytes)?;
+        if !self.info.can_write_zeroes() {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{}: the server does not support write zeroes", self.uri),
+            ));
+        }
+        self.send_range(Command::WriteZeroes, offset_bytes, len_bytes)
+    }
+
+    /// A payload-free command over a range, in pieces of at most `max_request_bytes` (servers
+    /// may refuse longer ones).
+    fn send_range(
+        &mut self,
+        command: Command,
+        offset_bytes: u64,
+        len_bytes: u64,
+    ) -> io::Result<()> {
         let chunk_bytes = u64::from(self.info.max_request_bytes);
         let end_bytes = offset_bytes + len_bytes;
         let mut piece_offset_bytes = offset_bytes;
         while piece_offset_bytes < end_bytes {
             let length_bytes = (end_bytes - piece_offset_bytes).min(chunk_bytes);
             self.transact(
-                Command::Trim,
+                command,
                 0,
                 piece_offset_bytes,
                 length_bytes as u32,
