@@ -9,6 +9,7 @@ pub mod defaults;
 pub mod devices;
 pub mod exit;
 pub mod guard;
+pub mod import_diff;
 pub mod metrics;
 pub mod offline;
 pub mod owner;

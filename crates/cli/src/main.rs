@@ -36,6 +36,9 @@ enum Command {
     Check(cmd::inspect::CheckArgs),
     /// Print a cache's segment metadata for humans.
     Dump(cmd::inspect::DumpArgs),
+    /// Apply an rbd diff v1 stream (rbd export-diff's format) to a file, block device, NBD
+    /// export or RBD image of the same size, then flush it.
+    ImportDiff(cmd::diff::ImportDiffArgs),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +64,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Dump(a) => cmd::inspect::dump(&a),
+        Command::ImportDiff(a) => cmd::diff::import(&a),
     };
     finish(result, "logcache")
 }

@@ -69,6 +69,9 @@ impl<R: Read> Decoder<R> {
         if n == magic.len() && &magic == MAGIC_V2 {
             return Err(DiffError::Version2);
         }
+        if n == 0 {
+            return Err(DiffError::Empty);
+        }
         if n < magic.len() && magic[..n] == MAGIC_V1[..n] {
             return Err(d.truncated("the header"));
         }
@@ -408,7 +411,7 @@ mod tests {
             err(b"hello world, this is long"),
             DiffError::NotADiff { .. }
         ));
-        assert!(matches!(err(b""), DiffError::Truncated { at_byte: 0, .. }));
+        assert!(matches!(err(b""), DiffError::Empty));
         assert!(matches!(
             err(b"rbd di"),
             DiffError::Truncated { at_byte: 6, .. }
@@ -431,7 +434,7 @@ mod tests {
         tail.push(b'e');
         let full = stream(&tail);
         decode_all(&full).unwrap();
-        for cut in 0..full.len() {
+        for cut in 1..full.len() {
             let e = err(&full[..cut]);
             match e {
                 DiffError::Truncated { at_byte, .. } => assert_eq!(at_byte, cut as u64),

@@ -8,6 +8,8 @@ use std::io;
 pub enum DiffError {
     #[error("reading the diff stream: {0}")]
     Read(#[source] io::Error),
+    #[error("the stream is empty: not even a header")]
+    Empty,
     #[error("not an rbd diff v1 stream: it starts with {found:?}, not \"rbd diff v1\\n\"")]
     NotADiff { found: String },
     #[error(
