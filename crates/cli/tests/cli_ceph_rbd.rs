@@ -7,7 +7,11 @@
 //!   in-memory model; then a drain, after which the image alone (`rbd export`) equals the model;
 //! - SIGKILL cycles: flushed data survives each kill, unflushed data reads as one of the values
 //!   written; after the last cycle a drain, and again the image alone equals the model;
-//! - the exclusive lock: a second logcache on the same image is refused with one clear line.
+//! - the exclusive lock: a second logcache on the same image is refused with one clear line;
+//! - `rbd diff v1` interop, both ways: `rbd export-diff --from-snap` applied by `logcache
+//!   import-diff` to a file exported at the first snapshot equals `rbd export` of the second;
+//!   a stream from logcache's encoder (random writes and zero ranges, some not sector-aligned)
+//!   applied by `rbd import-diff` to an image equals the model, and creates the `t` snapshot.
 //!
 //! Skipped, with one message, only when the Ceph packages are not installed (scripts/setup.sh
 //! installs them: ceph-mon ceph-osd ceph-common librbd-dev).
@@ -105,6 +109,17 @@ impl Cluster {
         format!("rbd:rbd/{name}?conf={}", self.conf)
     }
 
+    /// Creates image `name` of `bytes` and returns its backing SPEC.
+    fn small_image(&self, name: &str, bytes: u64) -> String {
+        self.rbd(&[
+            "create",
+            "--size",
+            &format!("{}M", bytes / MIB),
+            &format!("rbd/{name}"),
+        ]);
+        format!("rbd:rbd/{name}?conf={}", self.conf)
+    }
+
     /// The OSD daemon's pid, from its pid file.
     fn osd_pid(&self) -> libc::pid_t {
         let file = self.dir.join("run/ceph-osd.0.pid");
@@ -116,16 +131,21 @@ impl Cluster {
 
     /// The image's bytes, read by `rbd export` (bypassing logcache).
     fn export(&self, name: &str, dir: &TestDir) -> Vec<u8> {
-        let file = dir.join(format!("{name}.export"));
+        let data = std::fs::read(self.export_file(name, dir)).unwrap();
+        assert_eq!(data.len() as u64, IMAGE_BYTES);
+        data
+    }
+
+    /// `rbd export` of `what` (an image or IMAGE@SNAP) to a file in `dir`; returns its path.
+    fn export_file(&self, what: &str, dir: &TestDir) -> PathBuf {
+        let file = dir.join(format!("{}.export", what.replace('@', "-at-")));
         self.rbd(&[
             "export",
             "--no-progress",
-            &format!("rbd/{name}"),
+            &format!("rbd/{what}"),
             &file.to_string_lossy(),
         ]);
-        let data = std::fs::read(&file).unwrap();
-        assert_eq!(data.len() as u64, IMAGE_BYTES);
-        data
+        file
     }
 }
 
@@ -439,5 +459,186 @@ fn a_stopped_osd_fails_writeback_until_it_answers_then_a_new_session_finishes_it
         &image[8 * MIB as usize..8 * MIB as usize + data.len()],
         &data,
         "the image after a drain",
+    );
+}
+
+/// The bytes of the `rbd diff v1` tests' images: small, a few RBD objects (4 MiB each).
+const DIFF_IMAGE_BYTES: u64 = 16 * MIB;
+
+/// Random writes (and, with `trims`, a whole-object discard, a partial discard and a
+/// write-zeroes) straight to an RBD image through librbd, mirrored in `model`.
+fn change_image(spec: &str, model: &mut [u8], rng: &mut Rng, trims: bool) {
+    use logcache_engine::io::BlockDevice as _;
+    let dev = logcache_rbd::RbdDevice::open(spec, std::time::Duration::from_secs(60)).unwrap();
+    for _ in 0..24 {
+        let (offset, len) = random_range(rng, DIFF_IMAGE_BYTES);
+        let data = rng.bytes(len);
+        dev.write_at(&data, offset).unwrap();
+        model[offset as usize..offset as usize + len].copy_from_slice(&data);
+    }
+    if trims {
+        // Object 2 whole, then part of object 1, then write-zeroes across objects 0 and 1.
+        let zeroed = [
+            (8 * MIB, 4 * MIB),
+            (4 * MIB + 64 * 1024, 512 * 1024),
+            (3 * MIB, 2 * MIB),
+        ];
+        for (i, &(offset, len)) in zeroed.iter().enumerate() {
+            if i < 2 {
+                dev.discard(offset, len).unwrap();
+            } else {
+                dev.write_zeroes(offset, len).unwrap();
+            }
+            model[offset as usize..(offset + len) as usize].fill(0);
+        }
+    }
+    dev.flush().unwrap();
+}
+
+#[test]
+fn rbd_export_diff_applied_by_logcache_import_diff_equals_the_image() {
+    let Some(cluster) = cluster() else { return };
+    let _gate = osd_shared();
+    let dir = TestDir::new("rbd-export-diff");
+    let spec = cluster.small_image("dsrc", DIFF_IMAGE_BYTES);
+    let mut model = vec![0u8; DIFF_IMAGE_BYTES as usize];
+    let mut rng = Rng::new(2101);
+    change_image(&spec, &mut model, &mut rng, false);
+    cluster.rbd(&["snap", "create", "rbd/dsrc@one"]);
+    let copy = cluster.export_file("dsrc@one", &dir);
+    assert_same(
+        &std::fs::read(&copy).unwrap(),
+        &model,
+        "rbd export at snapshot one",
+    );
+    let at_one = model.clone();
+    change_image(&spec, &mut model, &mut rng, true);
+    cluster.rbd(&["snap", "create", "rbd/dsrc@two"]);
+    assert!(at_one != model, "the second round changed nothing");
+
+    // One pipe, as a user would run it.
+    let out = run(Command::new("/bin/bash").args([
+        "-c",
+        &format!(
+            "set -o pipefail; rbd -c {} export-diff --no-progress --from-snap one rbd/dsrc@two - \
+             | {BIN} import-diff - {} --from one",
+            cluster.conf,
+            copy.display()
+        ),
+    ]));
+    assert_ok(&out, "rbd export-diff | logcache import-diff");
+    let said = text(&out.stdout);
+    assert!(said.contains("(from 'one' to 'two')"), "{said}");
+    let now = cluster.export_file("dsrc@two", &dir);
+    let now = std::fs::read(&now).unwrap();
+    assert_same(&now, &model, "rbd export at snapshot two");
+    assert_same(
+        &std::fs::read(&copy).unwrap(),
+        &now,
+        "the copy after import-diff, against rbd export at snapshot two",
+    );
+
+    // The same stream without --from, or onto a target of another size, is refused.
+    let diff = dir.join("one-two.diff");
+    cluster.rbd(&[
+        "export-diff",
+        "--no-progress",
+        "--from-snap",
+        "one",
+        "rbd/dsrc@two",
+        &diff.to_string_lossy(),
+    ]);
+    // Ceph's stream holds both kinds of record, so both were applied above.
+    let bytes = std::fs::read(&diff).unwrap();
+    let mut decoder = logcache_diff::Decoder::new(&bytes[..]).unwrap();
+    let (mut data_pieces, mut zero_bytes) = (0, 0);
+    while let Some(piece) = decoder.next_piece().unwrap() {
+        match piece {
+            logcache_diff::Piece::Data { .. } => data_pieces += 1,
+            logcache_diff::Piece::Zero { length_bytes, .. } => zero_bytes += length_bytes,
+        }
+    }
+    eprintln!("rbd export-diff: {data_pieces} data pieces, {zero_bytes} bytes of zero ranges");
+    assert!(
+        data_pieces > 0 && zero_bytes >= 4 * MIB,
+        "{data_pieces} {zero_bytes}"
+    );
+    fails_with(
+        1,
+        &[
+            "import-diff",
+            &diff.to_string_lossy(),
+            &copy.to_string_lossy(),
+        ],
+        &["changes since 'one'", "--from 'one'"],
+    );
+    let other = dir.join("other.img");
+    sparse(&other, DIFF_IMAGE_BYTES * 2);
+    fails_with(
+        1,
+        &[
+            "import-diff",
+            &diff.to_string_lossy(),
+            &other.to_string_lossy(),
+            "--from",
+            "one",
+        ],
+        &["a disk of 16777216 bytes", "33554432 bytes"],
+    );
+}
+
+#[test]
+fn logcache_diff_stream_applied_by_rbd_import_diff_equals_the_model() {
+    let Some(cluster) = cluster() else { return };
+    let _gate = osd_shared();
+    let dir = TestDir::new("rbd-import-diff");
+    let spec = cluster.small_image("ddst", DIFF_IMAGE_BYTES);
+    let mut model = vec![0u8; DIFF_IMAGE_BYTES as usize];
+    let mut rng = Rng::new(2102);
+    change_image(&spec, &mut model, &mut rng, false);
+    cluster.rbd(&["snap", "create", "rbd/ddst@base"]);
+
+    // The model's next state as logcache's encoder writes it: sorted, disjoint records, writes
+    // and zero ranges, a third of them starting or ending inside a sector.
+    let header = logcache_diff::Header {
+        from_snap: Some(b"base".to_vec()),
+        to_snap: Some(b"next".to_vec()),
+        size_bytes: DIFF_IMAGE_BYTES,
+    };
+    let mut e = logcache_diff::Encoder::new(Vec::new(), &header).unwrap();
+    let mut at = 0u64;
+    while at < DIFF_IMAGE_BYTES {
+        let mut len = 512 * (1 + rng.below(256));
+        if rng.below(3) == 0 {
+            len += 1 + rng.below(511);
+        }
+        let len = len.min(DIFF_IMAGE_BYTES - at);
+        let range = at as usize..(at + len) as usize;
+        if rng.below(3) == 0 {
+            e.zero(at, len).unwrap();
+            model[range].fill(0);
+        } else {
+            let data = rng.bytes(len as usize);
+            e.data(at, &data).unwrap();
+            model[range].copy_from_slice(&data);
+        }
+        at += len + rng.below(2 * MIB / 3);
+    }
+    assert!(e.records() > 10, "{} records", e.records());
+    let diff = dir.join("model.diff");
+    std::fs::write(&diff, e.finish().unwrap()).unwrap();
+
+    cluster.rbd(&[
+        "import-diff",
+        "--no-progress",
+        &diff.to_string_lossy(),
+        "rbd/ddst",
+    ]);
+    let now = std::fs::read(cluster.export_file("ddst", &dir)).unwrap();
+    assert_same(&now, &model, "the image after rbd import-diff");
+    let snaps = cluster.rbd(&["snap", "ls", "rbd/ddst"]);
+    assert!(
+        snaps.contains("next"),
+        "rbd import-diff made no snapshot 'next':\n{snaps}"
     );
 }
