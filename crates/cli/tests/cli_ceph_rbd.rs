@@ -17,6 +17,7 @@
 //! installs them: ceph-mon ceph-osd ceph-common librbd-dev).
 
 mod common;
+mod diff_model;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ use std::process::Command;
 use std::sync::{OnceLock, RwLock, RwLockReadGuard};
 
 use common::*;
+use diff_model::random_record;
 use logcache_nbd_client::Client;
 
 const IMAGE_BYTES: u64 = 128 * MIB;
@@ -613,15 +615,7 @@ fn logcache_diff_stream_applied_by_rbd_import_diff_equals_the_model() {
             len += 1 + rng.below(511);
         }
         let len = len.min(DIFF_IMAGE_BYTES - at);
-        let range = at as usize..(at + len) as usize;
-        if rng.below(3) == 0 {
-            e.zero(at, len).unwrap();
-            model[range].fill(0);
-        } else {
-            let data = rng.bytes(len as usize);
-            e.data(at, &data).unwrap();
-            model[range].copy_from_slice(&data);
-        }
+        random_record(&mut e, &mut model, &mut rng, at, len);
         at += len + rng.below(2 * MIB / 3);
     }
     assert!(e.records() > 10, "{} records", e.records());

@@ -8,11 +8,13 @@
 //! - each refusal is one line, and nothing is written when the stream's header does not fit.
 
 mod common;
+mod diff_model;
 
 use std::path::Path;
 use std::process::Command;
 
 use common::*;
+use diff_model::random_record;
 use logcache_diff::{Encoder, Header};
 use logcache_nbd_client::Client;
 
@@ -40,15 +42,7 @@ fn random_stream(model: &mut [u8], rng: &mut Rng, from: Option<&str>, to: Option
             continue;
         }
         let len = (1 + rng.below(70_000)).min(size_bytes - at);
-        let range = at as usize..(at + len) as usize;
-        if rng.below(3) == 0 {
-            e.zero(at, len).unwrap();
-            model[range].fill(0);
-        } else {
-            let data = rng.bytes(len as usize);
-            e.data(at, &data).unwrap();
-            model[range].copy_from_slice(&data);
-        }
+        random_record(&mut e, model, rng, at, len);
         at += len + rng.below(200_000);
     }
     e.finish().unwrap()
