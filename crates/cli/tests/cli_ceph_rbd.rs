@@ -470,8 +470,7 @@ const DIFF_IMAGE_BYTES: u64 = 16 * MIB;
 /// Random writes (and, with `trims`, a whole-object discard, a partial discard and a
 /// write-zeroes) straight to an RBD image through librbd, mirrored in `model`.
 fn change_image(spec: &str, model: &mut [u8], rng: &mut Rng, trims: bool) {
-    use logcache_engine::io::BlockDevice as _;
-    let dev = logcache_rbd::RbdDevice::open(spec, std::time::Duration::from_secs(60)).unwrap();
+    let dev = logcache_backing::open_backing(spec, std::time::Duration::from_secs(60)).unwrap();
     for _ in 0..24 {
         let (offset, len) = random_range(rng, DIFF_IMAGE_BYTES);
         let data = rng.bytes(len);
