@@ -13,13 +13,30 @@ use common::*;
 
 #[test]
 fn help_describes_every_flag_and_set_lists_the_tunables() {
-    for cmd in ["format", "serve", "status", "set", "drain", "check", "dump"] {
+    for cmd in [
+        "format",
+        "serve",
+        "status",
+        "set",
+        "drain",
+        "check",
+        "dump",
+        "import-diff",
+    ] {
         let help = logcache_ok(&[cmd, "--help"]);
-        for line in help.lines() {
+        let lines: Vec<&str> = help.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
             let flag = line.trim_start();
             if flag.starts_with("--") && !flag.starts_with("--help") {
-                // "  --flag <VALUE>  Description": a description after the flag's spelling.
-                let described = flag.split("  ").filter(|p| !p.trim().is_empty()).count() > 1;
+                // "  --flag <VALUE>  Description": a description after the flag's spelling, or
+                // on the next line when clap lays the help out long (a value with documented
+                // possible values makes it do so for the whole command).
+                let same_line = flag.split("  ").filter(|p| !p.trim().is_empty()).count() > 1;
+                let next_line = lines.get(i + 1).is_some_and(|next| {
+                    let text = next.trim_start();
+                    !text.is_empty() && !text.starts_with('-') && next.len() > text.len()
+                });
+                let described = same_line || next_line;
                 assert!(
                     described,
                     "logcache {cmd} --help: {flag:?} has no description"
