@@ -311,9 +311,14 @@ fn handle(
         return;
     }
     let server = &connection.server;
-    let inline_writes = !server.export.is_slow() && server.export.writes_stay_in_ram();
+    // Asked only of a plain write (the cache mode is read each time: it may change online).
+    let inline_write = || {
+        !request.has_flag(CMD_FLAG_FUA)
+            && !server.export.is_slow()
+            && server.export.writes_stay_in_ram()
+    };
     let result = match request.command {
-        Command::Write if inline_writes && !request.has_flag(CMD_FLAG_FUA) => ops::write(
+        Command::Write if inline_write() => ops::write(
             &*server.export,
             &server.unaligned_write_lock,
             request.offset_bytes,
