@@ -600,3 +600,84 @@ fn nbd_backing_through_tls_to_nbdkit() {
         &["TLS handshake"],
     );
 }
+
+/// The lines of the ```sh block that follows `marker` in README.md, up to the first line that
+/// starts with `stop` (continuation lines joined).
+fn readme_lines(marker: &str, stop: &str) -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let at = readme
+        .find(marker)
+        .unwrap_or_else(|| panic!("README has no {marker:?}"));
+    let rest = &readme[at..];
+    let start = rest.find("```sh\n").unwrap() + "```sh\n".len();
+    let end = start + rest[start..].find("```").unwrap();
+    let joined = rest[start..end].replace("\\\n", " ");
+    joined
+        .lines()
+        .take_while(|line| !line.starts_with(stop))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The README's TLS setup, run as written: its certtool lines make a CA and a server
+/// certificate that `serve --tls-certificates pki/server` loads and nbdinfo, given
+/// `pki/client`, trusts; its psktool line makes a key file both ends read.
+#[test]
+fn the_readme_tls_setup_works_as_written() {
+    let dir = TestDir::new("tls-readme");
+    let setup = readme_lines("TLS with a test CA", "logcache serve");
+    assert!(setup.iter().any(|l| l.contains("certtool")), "{setup:?}");
+    let psk = readme_lines("Or a pre-shared key", "logcache serve");
+    assert!(psk.iter().any(|l| l.starts_with("psktool")), "{psk:?}");
+    // One shell, as a user types them (the lines `cd` into pki/ and back).
+    let script = setup
+        .iter()
+        .chain(&psk)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("\n");
+    let out = run(std::process::Command::new("/bin/sh")
+        .args(["-ec", &script])
+        .current_dir(dir.path()));
+    assert_ok(&out, &script);
+    let (cache, backing) = formatted_pair(&dir, CACHE_BYTES, BACKING_BYTES);
+    let socket = dir.s("nbd.sock");
+    let server_dir = dir.s("pki/server");
+    let served = Served::start(&[
+        "--cache",
+        &cache,
+        "--backing",
+        &backing,
+        "--socket",
+        &socket,
+        "--tls-certificates",
+        &server_dir,
+        "--tls",
+        "require",
+    ]);
+    let out = nbdinfo(&format!(
+        "nbds+unix:///?socket={socket}&tls-certificates={}",
+        dir.s("pki/client")
+    ));
+    assert_ok(&out, "nbdinfo with the README's CA");
+    drop(served);
+    let served = Served::start(&[
+        "--cache",
+        &cache,
+        "--backing",
+        &backing,
+        "--socket",
+        &socket,
+        "--tls-psk",
+        &dir.s("keys.psk"),
+        "--tls",
+        "require",
+    ]);
+    let out = nbdinfo(&format!(
+        "nbds+unix://alice@/?socket={socket}&tls-psk-file={}",
+        dir.s("keys.psk")
+    ));
+    assert_ok(&out, "nbdinfo with the README's key file");
+    drop(served);
+}
