@@ -47,11 +47,11 @@ fn dirty_blocks(served: &Served) -> u64 {
     served.status()["dirty_blocks"].as_u64().unwrap()
 }
 
-#[test]
-fn nbdkit_memory_backing() {
-    let dir = TestDir::new("r-nbdkit");
+/// nbdkit's memory disk on a Unix socket, a cache formatted against it: (nbdkit, its URI,
+/// the cache path).
+fn nbdkit_memory_formatted(dir: &TestDir) -> (Daemon, String, String) {
     let kit_sock = dir.join("kit.sock");
-    let _kit = Daemon::start(
+    let kit = Daemon::start(
         tool("nbdkit")
             .args(["-f", "-U"])
             .arg(&kit_sock)
@@ -62,6 +62,13 @@ fn nbdkit_memory_backing() {
     let kit_uri = format!("nbd+unix:///?socket={}", kit_sock.display());
     let cache = dir.s("cache.img");
     format_against(&cache, &kit_uri);
+    (kit, kit_uri, cache)
+}
+
+#[test]
+fn nbdkit_memory_backing() {
+    let dir = TestDir::new("r-nbdkit");
+    let (_kit, kit_uri, cache) = nbdkit_memory_formatted(&dir);
 
     let served = Served::start(&serve_args(&cache, &kit_uri));
     let uri = served.unix_uri();
@@ -509,18 +516,7 @@ fn write_through_survives_a_backing_restart_and_the_next_flush_says_what_may_be_
 #[test]
 fn nbd_backing_block_status_passes_through() {
     let dir = TestDir::new("r-status");
-    let kit_sock = dir.join("kit.sock");
-    let _kit = Daemon::start(
-        tool("nbdkit")
-            .args(["-f", "-U"])
-            .arg(&kit_sock)
-            .args(["memory", &BACKING_BYTES.to_string()]),
-        &kit_sock,
-        &dir.join("nbdkit.log"),
-    );
-    let kit_uri = format!("nbd+unix:///?socket={}", kit_sock.display());
-    let cache = dir.s("cache.img");
-    format_against(&cache, &kit_uri);
+    let (_kit, kit_uri, cache) = nbdkit_memory_formatted(&dir);
     let served = Served::start(&serve_args(&cache, &kit_uri));
     let uri = served.unix_uri();
     qemu_io_ok(&uri, &["write -P 0x6b 3M 1M", "flush"]);

@@ -643,41 +643,41 @@ fn the_readme_tls_setup_works_as_written() {
     assert_ok(&out, &script);
     let (cache, backing) = formatted_pair(&dir, CACHE_BYTES, BACKING_BYTES);
     let socket = dir.s("nbd.sock");
-    let server_dir = dir.s("pki/server");
-    let served = Served::start(&[
-        "--cache",
-        &cache,
-        "--backing",
-        &backing,
-        "--socket",
-        &socket,
-        "--tls-certificates",
-        &server_dir,
-        "--tls",
-        "require",
-    ]);
-    let out = nbdinfo(&format!(
-        "nbds+unix:///?socket={socket}&tls-certificates={}",
-        dir.s("pki/client")
-    ));
-    assert_ok(&out, "nbdinfo with the README's CA");
-    drop(served);
-    let served = Served::start(&[
-        "--cache",
-        &cache,
-        "--backing",
-        &backing,
-        "--socket",
-        &socket,
-        "--tls-psk",
-        &dir.s("keys.psk"),
-        "--tls",
-        "require",
-    ]);
-    let out = nbdinfo(&format!(
-        "nbds+unix://alice@/?socket={socket}&tls-psk-file={}",
-        dir.s("keys.psk")
-    ));
-    assert_ok(&out, "nbdinfo with the README's key file");
-    drop(served);
+    let cases = [
+        (
+            "--tls-certificates",
+            "pki/server",
+            "",
+            "tls-certificates",
+            "pki/client",
+        ),
+        (
+            "--tls-psk",
+            "keys.psk",
+            "alice@",
+            "tls-psk-file",
+            "keys.psk",
+        ),
+    ];
+    for (flag, server_side, user, parameter, client_side) in cases {
+        let server_side = dir.s(server_side);
+        let served = Served::start(&[
+            "--cache",
+            &cache,
+            "--backing",
+            &backing,
+            "--socket",
+            &socket,
+            flag,
+            &server_side,
+            "--tls",
+            "require",
+        ]);
+        let out = nbdinfo(&format!(
+            "nbds+unix://{user}/?socket={socket}&{parameter}={}",
+            dir.s(client_side)
+        ));
+        assert_ok(&out, &format!("nbdinfo with the README's {flag} setup"));
+        drop(served);
+    }
 }
