@@ -11,7 +11,11 @@
 //!     `writeback_sorted = false` (log order, one IO per block);
 //! (c) the same with sorted writeback (the default: batches sorted by address, runs merged);
 //! (d) a paced writer (4 KiB random writes at a fixed rate over a small region) during a sorted
-//!     drain of the data, then the same writer on the same engine with no writeback running.
+//!     drain of the data, then the same writer on the same engine with no writeback running;
+//! (e) with `--order-flush-kib`: the price of `writeback_order = consistent` — the dirty set
+//!     written with a client flush after every N KiB (0: none), drained in `consistent` order
+//!     (one flush epoch at a time, a backing sync between epochs) and in `sorted` order (merged
+//!     across flushes), alternated.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -86,6 +90,20 @@ pub struct DrainBenchArgs {
     /// disk). Small, so that draining its blocks afterwards is cheap.
     #[arg(long, default_value_t = 4)]
     writer_span_mib: u64,
+    /// (e): flush intervals to price `writeback_order`, KiB of writes between client flushes,
+    /// comma-separated (0: no flush until the end); empty skips (e).
+    #[arg(long, value_delimiter = ',')]
+    order_flush_kib: Vec<u64>,
+    /// (e): rounds of consistent/sorted pairs per flush interval.
+    #[arg(long, default_value_t = 1)]
+    order_rounds: u32,
+}
+
+/// One (e) measurement: a flush interval, drained both ways.
+struct OrderPrice {
+    flush_kib: u64,
+    consistent: Vec<Pass>,
+    sorted: Vec<Pass>,
 }
 
 /// A timed pass over the dirty set.
@@ -228,6 +246,45 @@ pub fn run(args: &DrainBenchArgs) -> anyhow::Result<()> {
             );
         }
     }
+    let mut prices = Vec::new();
+    for &kib in &args.order_flush_kib {
+        anyhow::ensure!(
+            kib == 0 || kib % 4 == 0,
+            "--order-flush-kib takes multiples of 4 KiB (0: no flushes)"
+        );
+        let flush_blocks = (kib > 0).then_some(kib / 4);
+        let mut price = OrderPrice {
+            flush_kib: kib,
+            consistent: Vec::new(),
+            sorted: Vec::new(),
+        };
+        for _ in 0..args.order_rounds.max(1) {
+            price.consistent.push(
+                bench
+                    .drain_order("consistent", flush_blocks)
+                    .context("(e) consistent drain")?,
+            );
+            price.sorted.push(
+                bench
+                    .drain_order("sorted", flush_blocks)
+                    .context("(e) sorted drain")?,
+            );
+        }
+        if !args.json {
+            let what = if kib == 0 {
+                "no flushes".to_string()
+            } else {
+                format!("a flush every {kib} KiB")
+            };
+            let (c, s) = (mean_seconds(&price.consistent), mean_seconds(&price.sorted));
+            println!(
+                "(e) {what}: drain consistent {c:.2} s, sorted {s:.2} s: consistent takes {:.2}x as long ({} rounds)",
+                c / s,
+                price.consistent.len()
+            );
+        }
+        prices.push(price);
+    }
     if args.json {
         let pass = |p: &Pass| {
             serde_json::json!({
@@ -259,6 +316,20 @@ pub fn run(args: &DrainBenchArgs) -> anyhow::Result<()> {
             "speedup_sorted_vs_unsorted": speedup,
             "speedup_sorted_vs_direct": vs_direct,
         });
+        if !prices.is_empty() {
+            v["writeback_order_price"] = prices
+                .iter()
+                .map(|p| {
+                    serde_json::json!({
+                        "flush_every_kib": p.flush_kib,
+                        "consistent": p.consistent.iter().map(pass).collect::<Vec<_>>(),
+                        "sorted": p.sorted.iter().map(pass).collect::<Vec<_>>(),
+                        "consistent_over_sorted":
+                            mean_seconds(&p.consistent) / mean_seconds(&p.sorted),
+                    })
+                })
+                .collect();
+        }
         if let Some(w) = &writer {
             let lat = |l: &Latency| {
                 serde_json::json!({
@@ -281,6 +352,10 @@ pub fn run(args: &DrainBenchArgs) -> anyhow::Result<()> {
         println!("{v}");
     }
     Ok(())
+}
+
+fn mean_seconds(passes: &[Pass]) -> f64 {
+    passes.iter().map(|p| p.seconds).sum::<f64>() / passes.len().max(1) as f64
 }
 
 fn print_pass(args: &DrainBenchArgs, name: &str, p: &Pass) {
@@ -368,6 +443,17 @@ impl Bench<'_> {
 
     /// Formats and opens a cache with writeback held off, and writes the dirty set through it.
     fn rig(&self, sorted: bool) -> anyhow::Result<Rig> {
+        self.rig_with(sorted, "consistent", None)
+    }
+
+    /// As `rig`, in `writeback_order` `order`, with a client flush after every `flush_blocks`
+    /// writes.
+    fn rig_with(
+        &self,
+        sorted: bool,
+        order: &str,
+        flush_blocks: Option<u64>,
+    ) -> anyhow::Result<Rig> {
         let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(CACHE_BYTES));
         let mem = Arc::new(MemDevice::new(self.backing_bytes));
         // Formatting writes the label; it is setup, so it goes around the emulated disk.
@@ -392,12 +478,18 @@ impl Bench<'_> {
         engine
             .set_tunable("writeback_io_depth", &self.io_depth.to_string())
             .context("--io-depth")?;
+        engine
+            .set_tunable("writeback_order", order)
+            .context("writeback_order")?;
         let mut data = self.data();
-        for &lba in &self.lbas {
+        for (i, &lba) in self.lbas.iter().enumerate() {
             stamp(&mut data, lba);
             engine
                 .write(lba * BLOCK_BYTES, &data, false)
                 .with_context(|| format!("writing block {lba}"))?;
+            if flush_blocks.is_some_and(|n| (i as u64 + 1) % n == 0) {
+                engine.flush().context("flushing the cache")?;
+            }
         }
         engine.flush().context("flushing the cache")?;
         let s = engine.stats();
@@ -411,7 +503,15 @@ impl Bench<'_> {
     }
 
     fn drain(&self, sorted: bool) -> anyhow::Result<Pass> {
-        let rig = self.rig(sorted)?;
+        self.timed_drain(self.rig(sorted)?)
+    }
+
+    /// (e): the dirty set written with flushes, drained in `order`.
+    fn drain_order(&self, order: &str, flush_blocks: Option<u64>) -> anyhow::Result<Pass> {
+        self.timed_drain(self.rig_with(true, order, flush_blocks)?)
+    }
+
+    fn timed_drain(&self, rig: Rig) -> anyhow::Result<Pass> {
         let before = rig.hdd.stats();
         let started = Instant::now();
         rig.engine.drain(|_| {}).context("draining")?;

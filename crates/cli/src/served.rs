@@ -71,6 +71,19 @@ impl Served {
             },
         );
         gauge("uptime_s", self.started.elapsed().as_secs_f64());
+        // How stale the backing device alone is (what a lost cache would cost).
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let as_of_ms = s.backing_consistent_as_of_unix_ms;
+        if let Some(ms) = as_of_ms {
+            gauge("backing_consistent_as_of_seconds", ms as f64 / 1000.0);
+            gauge(
+                "writeback_lag_seconds",
+                now_ms.saturating_sub(ms) as f64 / 1000.0,
+            );
+        }
+        gauge("writeback_lag_bytes", s.writeback_lag_bytes as f64);
         for (name, v) in s.counters.fields() {
             m.push(Metric {
                 name: name.to_string(),
@@ -104,8 +117,21 @@ impl Served {
             .into_iter()
             .map(|t| (t.spec.name.to_string(), tunable_json(&t.value)))
             .collect();
+        let (as_of, lag_s) = match as_of_ms {
+            Some(ms) => (
+                Value::String(utc_text(ms / 1000)),
+                json!(now_ms.saturating_sub(ms) as f64 / 1000.0),
+            ),
+            None => (Value::Null, Value::Null),
+        };
         let mut extra = vec![
             ("mode".to_string(), Value::String(s.mode.to_string())),
+            (
+                "writeback_order".to_string(),
+                Value::String(s.writeback_order.to_string()),
+            ),
+            ("backing_consistent_as_of".to_string(), as_of),
+            ("writeback_lag_seconds".to_string(), lag_s),
             ("cache".to_string(), Value::String(self.cache_name.clone())),
             (
                 "backing".to_string(),
@@ -193,5 +219,40 @@ fn tunable_json(text: &str) -> Value {
     match text.parse::<u64>() {
         Ok(n) => json!(n),
         Err(_) => Value::String(text.to_string()),
+    }
+}
+
+/// `2026-11-25T14:03:07Z` for a time in seconds since 1970 (UTC).
+pub fn utc_text(unix_s: u64) -> String {
+    let days = (unix_s / 86_400) as i64;
+    let secs = unix_s % 86_400;
+    // Days since 1970-01-01 to a civil date (proleptic Gregorian), by 400-year eras.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + (month <= 2) as i64;
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::utc_text;
+
+    #[test]
+    fn utc_text_matches_known_dates() {
+        assert_eq!(utc_text(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_text(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(utc_text(1_795_618_987), "2026-11-25T15:03:07Z");
+        assert_eq!(utc_text(4_107_542_399), "2100-02-28T23:59:59Z");
     }
 }

@@ -71,8 +71,29 @@ pub fn wait_durable(inner: &Inner) -> Result<()> {
 
 /// As `wait_durable`, but also while closing (the close path's final flush).
 pub fn wait_durable_closing(inner: &Inner) -> Result<()> {
+    durable(inner, false)
+}
+
+/// A client's flush point (FLUSH, or after a FUA write): as `wait_durable`, and the writes
+/// after it start a new flush epoch. Internal waits (room, drains, bypass IO) are no flush
+/// points: they would only split epochs and keep more overwritten copies for writeback.
+pub fn flush_point(inner: &Inner) -> Result<()> {
+    {
+        let st = inner.state.lock();
+        check_usable(&st)?;
+    }
+    durable(inner, true)
+}
+
+fn durable(inner: &Inner, is_flush_point: bool) -> Result<()> {
     let mut st = inner.state.lock();
-    let Some(target) = flusher::want_durable(inner, &mut st)? else {
+    let target = flusher::want_durable(inner, &mut st)?;
+    if is_flush_point {
+        // `want_durable` sealed the open chunk in this lock hold: every write that returned
+        // before this call is in a sealed chunk, and the next chunk starts a new flush epoch.
+        st.epochs.note_flush_point(std::time::SystemTime::now());
+    }
+    let Some(target) = target else {
         return Ok(());
     };
     if inner.drive.inline() {

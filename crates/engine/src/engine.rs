@@ -146,6 +146,7 @@ impl Engine {
             epoch,
             buffer_count,
             opts.promote_pause_after_relocation,
+            tunables.get(tunables::WRITEBACK_ORDER) == tunables::ORDER_CONSISTENT,
         );
         state.counters.superblock_writes += 1;
         let pins = (0..geo.segment_count).map(|_| AtomicU32::new(0)).collect();
@@ -216,7 +217,7 @@ impl Engine {
 
     /// The log, and the backing device if writes bypassed the log since its last sync.
     fn make_durable(&self) -> Result<()> {
-        drive::wait_durable(&self.inner)?;
+        drive::flush_point(&self.inner)?;
         bypass::sync_backing(&self.inner)
     }
 
@@ -400,7 +401,13 @@ impl Engine {
             // As for every superblock writer: the copy on the device may be torn now.
             return Err(inner::fail(&self.inner, self.inner.state.lock(), e));
         }
-        self.inner.state.lock().counters.superblock_writes += 1;
+        {
+            let mut st = self.inner.state.lock();
+            st.counters.superblock_writes += 1;
+            let consistent =
+                self.inner.tunables.get(tunables::WRITEBACK_ORDER) == tunables::ORDER_CONSISTENT;
+            st.epochs.set_consistent(consistent);
+        }
         // The flusher's sleep depends on the seal interval.
         self.inner.flusher_wake.notify_all();
         if index == tunables::CACHE_MODE
@@ -440,6 +447,15 @@ impl Engine {
             writeback_rate_blocks_per_s: st.writeback.rate_blocks_per_s(),
             writeback_seq: st.writeback.persisted_seq(),
             writeback_error: st.writeback.error().map(str::to_string),
+            writeback_order: tunables::ORDER_NAMES
+                [self.inner.tunables.get(tunables::WRITEBACK_ORDER) as usize],
+            backing_consistent_as_of_unix_ms: st
+                .backing_consistent_as_of(std::time::SystemTime::now())
+                .map(|t| {
+                    t.duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64)
+                }),
+            writeback_lag_bytes: st.blocks.dirty_blocks() * BLOCK_SIZE_BYTES,
             ram_buffers: self.inner.buffers.count(),
             ram_buffers_free: st.ring.free_buffer_count(),
             ram_buffer_bytes: self.inner.buffers.memory_bytes() as u64,

@@ -82,6 +82,11 @@ pub fn relocate_head<'a>(
             return Ok((st, true));
         }
     }
+    // In flush-epoch order a moved block would join a later epoch, and shadows have no index
+    // entry to move with: writers wait for writeback, which frees the head epoch first.
+    if st.ordered() {
+        return Ok((st, evicted));
+    }
     // Moving blocks only makes room if there is room to make: with dirty data near the ring's
     // capacity, relocation would cycle the same blocks forever; writers then wait for
     // writeback. Below the limit, each pass over the ring compacts it and frees the slack.

@@ -46,6 +46,9 @@ pub struct Counters {
     pub writeback_batches: u64,
     /// Clean blocks dropped to make room.
     pub blocks_evicted: u64,
+    /// Dirty copies kept after an overwrite from a later flush epoch, to be written back in
+    /// their own (`writeback_order = consistent`).
+    pub shadows_kept: u64,
     /// dm-writeboost's matrix, per 4 KiB block touched: read/write × hit/miss × the request
     /// covering the whole block or part of it.
     pub read_hits_full: u64,
@@ -116,6 +119,7 @@ impl Counters {
             ("writeback_bytes", self.writeback_bytes),
             ("writeback_batches", self.writeback_batches),
             ("blocks_evicted", self.blocks_evicted),
+            ("shadows_kept", self.shadows_kept),
             ("read_hits_full", self.read_hits_full),
             ("read_hits_partial", self.read_hits_partial),
             ("read_misses_full", self.read_misses_full),
@@ -198,6 +202,15 @@ pub struct Stats {
     pub writeback_rate_blocks_per_s: u64,
     pub writeback_seq: u64,
     pub writeback_error: Option<String>,
+    /// `writeback_order`: "consistent" or "sorted".
+    pub writeback_order: &'static str,
+    /// The backing device alone holds the disk as it was at this flush point (ms since 1970,
+    /// UTC): every write before it, none after it except a subset of the next epoch. `None`
+    /// when unknown: in sorted order with dirty data (the backing device may be torn), or the
+    /// oldest dirty data was recovered from an earlier session (flush times are not logged).
+    pub backing_consistent_as_of_unix_ms: Option<u64>,
+    /// Bytes of dirty data (whole 4 KiB blocks) the backing device is behind by.
+    pub writeback_lag_bytes: u64,
     pub ram_buffers: u32,
     pub ram_buffers_free: u32,
     pub ram_buffer_bytes: u64,

@@ -45,12 +45,18 @@ pub const CACHE_MODE: usize = 5;
 pub const READ_CACHE: usize = 6;
 pub const READ_SEQUENTIAL_CUTOFF_KIB: usize = 7;
 pub const WRITEBACK_IO_DEPTH: usize = 8;
+pub const WRITEBACK_ORDER: usize = 9;
 
 /// Values of `cache_mode`.
 pub const MODE_WRITE_BACK: u64 = 0;
 pub const MODE_WRITE_THROUGH: u64 = 1;
 pub const MODE_WRITE_AROUND: u64 = 2;
 pub const MODE_NAMES: &[&str] = &["write-back", "write-through", "write-around"];
+
+/// Values of `writeback_order`.
+pub const ORDER_CONSISTENT: u64 = 0;
+pub const ORDER_SORTED: u64 = 1;
+pub const ORDER_NAMES: &[&str] = &["consistent", "sorted"];
 
 pub static SPECS: &[TunableSpec] = &[
     TunableSpec {
@@ -152,6 +158,14 @@ pub static SPECS: &[TunableSpec] = &[
         default: 16,
         online: true,
         help: "writeback writes in flight to the backing device at once; a disk serves a queue in its own best order and never misses the next sector while it waits for us",
+    },
+    TunableSpec {
+        name: "writeback_order",
+        slot: 9,
+        kind: Kind::Choice(ORDER_NAMES),
+        default: ORDER_CONSISTENT,
+        online: true,
+        help: "consistent: write back one flush epoch at a time, so the backing device alone is always a past state of the disk (what a power cut could have left); sorted: merge dirty blocks across flushes for fewer seeks, and the backing device alone may be torn until a drain",
     },
 ];
 

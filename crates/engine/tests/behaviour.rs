@@ -175,6 +175,9 @@ fn read_misses_are_not_promoted_while_the_relocator_moves_dirty_blocks() {
             ..manual(2 * SEG_64K)
         };
         let e = Engine::open(pair.cache(), pair.backing(), opts).unwrap();
+        // The relocator moves dirty blocks only in sorted writeback order (in flush-epoch order
+        // writeback frees the head instead).
+        e.set_tunable("writeback_order", "sorted").unwrap();
         // Cold dirty blocks written once, then a small hot set rewritten over and over: the
         // ring wraps onto the cold blocks, which the relocator moves.
         let (cold, hot) = (160u64, 16u64);

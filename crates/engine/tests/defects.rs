@@ -64,6 +64,8 @@ fn a_relocator_read_error_fails_the_engine_instead_of_hanging() {
         ..OpenOptions::default()
     };
     let e = Engine::open(cache.clone(), backing, opts).unwrap();
+    // The relocator moves dirty blocks only in sorted writeback order.
+    e.set_tunable("writeback_order", "sorted").unwrap();
     let (cold, hot) = (160u64, 16u64);
     for b in 0..cold {
         e.write(b * 4096, &[b as u8; 4096], false).unwrap();

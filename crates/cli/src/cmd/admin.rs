@@ -167,6 +167,17 @@ fn render_status(s: &Value) -> String {
     if let Some(e) = s["writeback_error"].as_str() {
         line(format!("  WRITEBACK FAILING: {e}"));
     }
+    let behind = human(n("writeback_lag_bytes"));
+    line(match (s["backing_consistent_as_of"].as_str(), s["writeback_lag_seconds"].as_f64()) {
+        (Some(t), Some(lag)) => format!(
+            "  backing device alone: the disk as of {t} ({lag:.0} s and {behind} behind; writeback_order={})",
+            word("writeback_order")
+        ),
+        _ => format!(
+            "  backing device alone: not a consistent disk until writeback catches up ({behind} behind; writeback_order={})",
+            word("writeback_order")
+        ),
+    });
     line(format!(
         "  errors: {} io, {} checksum; NBD: {} connections ({} total), {} protocol errors",
         n("io_errors"),

@@ -16,7 +16,7 @@
 //! | 50 | 2 | meta_block_count
 //! | 52 | 2 | entry_count
 //! | 54 | 2 | data_block_count
-//! | 56 | 4 | flags (0)
+//! | 56 | 4 | flags (bit 0: FLUSH_BEFORE)
 //! | 60 | 4 | CRC32C (salted) of header with this field zero + all entries
 //! ```
 //!
@@ -58,6 +58,12 @@ impl From<ChunkError> for crate::error::Error {
     }
 }
 
+/// Header flag: a flush point (FLUSH, or a FUA write) came between the previous chunk and this
+/// one, so this chunk starts a flush epoch (format v2; v1 chunks carry no flags).
+pub const FLAG_FLUSH_BEFORE: u32 = 1;
+/// Every flag this code knows; a chunk with another set is refused as damaged.
+const FLAGS_KNOWN: u32 = FLAG_FLUSH_BEFORE;
+
 pub const CHUNK_MAGIC: u64 = u64::from_le_bytes(*b"LCCHUNK\x01");
 pub const HEADER_SIZE_BYTES: usize = 64;
 pub const ENTRY_SIZE_BYTES: usize = 16;
@@ -80,9 +86,16 @@ pub struct ChunkHeader {
     pub meta_block_count: u16,
     pub entry_count: u16,
     pub data_block_count: u16,
+    /// `FLAG_*` bits.
+    pub flags: u32,
 }
 
 impl ChunkHeader {
+    /// Whether a flush point precedes this chunk (it starts a flush epoch).
+    pub fn flush_before(&self) -> bool {
+        self.flags & FLAG_FLUSH_BEFORE != 0
+    }
+
     /// Blocks the chunk occupies in its segment.
     pub fn block_count(&self) -> u32 {
         self.meta_block_count as u32 + self.data_block_count as u32
@@ -174,6 +187,7 @@ pub fn put_header(meta: &mut [u8], format_id: u64, h: &ChunkHeader) {
     meta[50..52].copy_from_slice(&h.meta_block_count.to_le_bytes());
     meta[52..54].copy_from_slice(&h.entry_count.to_le_bytes());
     meta[54..56].copy_from_slice(&h.data_block_count.to_le_bytes());
+    put_u32(meta, 56, h.flags);
 }
 
 pub fn put_entry(meta: &mut [u8], index: usize, e: &Entry) {
@@ -246,6 +260,7 @@ pub fn decode_header(
         meta_block_count: u16_at(50),
         entry_count: u16_at(52),
         data_block_count: u16_at(54),
+        flags: get_u32(first, 56),
     };
     let meta = h.meta_block_count as u32;
     if meta == 0
@@ -253,6 +268,7 @@ pub fn decode_header(
         || h.data_block_count as u32 > h.entry_count as u32
         || h.start_block as u32 + h.block_count() > blocks_per_segment
         || h.synced_seq >= h.seq
+        || h.flags & !FLAGS_KNOWN != 0
     {
         return Err(ChunkError::BadHeader(format!("{h:?}")));
     }
@@ -331,6 +347,7 @@ mod tests {
             meta_block_count: 2,
             entry_count: 3,
             data_block_count: 3,
+            flags: FLAG_FLUSH_BEFORE,
         }
     }
 

@@ -151,9 +151,9 @@ impl Superblock {
             return Err(Error::Corruption("superblock checksum mismatch".into()));
         }
         let version = get_u32(b, 8);
-        if version != FORMAT_VERSION {
+        if !(FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&version) {
             return Err(Error::Corruption(format!(
-                "superblock has format version {version}; this build reads version {FORMAT_VERSION}"
+                "superblock has format version {version}; this build reads versions {FORMAT_VERSION_MIN} to {FORMAT_VERSION}"
             )));
         }
         let block = get_u32(b, 32) as u64;
@@ -367,5 +367,30 @@ mod tests {
         let zero = [0u8; 4096];
         assert!(choose([&zero, &torn]).is_err());
         assert!(choose([&zero, &zero]).unwrap().is_none());
+    }
+
+    /// Version 1 caches open (their chunks carry no flags: one flush epoch); an unknown
+    /// version is refused with a message naming the versions this build reads.
+    #[test]
+    fn version_1_is_read_and_later_versions_refused() {
+        let with_version = |v: u32| {
+            let mut b = sample().encode();
+            put_u32(&mut b, 8, v);
+            let crc = crc32c::crc32c(&b[..CRC_OFFSET]);
+            put_u32(&mut b, CRC_OFFSET, crc);
+            b
+        };
+        assert_eq!(
+            Superblock::decode(&with_version(1)).unwrap(),
+            Some(sample())
+        );
+        assert_eq!(get_u32(&sample().encode(), 8), FORMAT_VERSION);
+        let err = Superblock::decode(&with_version(FORMAT_VERSION + 1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("format version 3") && err.contains("1 to 2"),
+            "{err}"
+        );
     }
 }

@@ -300,9 +300,16 @@ fn check_log(
     // Replay as recovery would, into a map instead of the index: the newest data entry per
     // backing block wins; holes take a data block but change no mapping.
     let mut newest: HashMap<u64, Newest> = HashMap::new();
+    // Dirty copies a write of a later flush epoch replaced (recovery keeps them for writeback,
+    // as `Recovered::replay` does), by backing block.
+    let mut shadows: Vec<u64> = Vec::new();
+    let mut epoch_start = (0u64, 0u32);
     let mut replay_problem = None;
     'replay: for (p, es) in w.chain.iter().zip(&entries).take(kept) {
         let mut block = p.header.start_block as u32 + p.header.meta_block_count as u32;
+        if p.header.flush_before() {
+            epoch_start = (p.header.segment_id, p.header.start_block as u32);
+        }
         // As in recovery: a chunk's ranges come before its live data in time.
         for e in es.iter().filter(|e| e.is_range()) {
             if let Err(why) = recover::check_replayable(geo, &p.header, e) {
@@ -311,6 +318,7 @@ fn check_log(
             }
             let (lba, count) = (e.lba, e.range_blocks() as u64);
             newest.retain(|&l, _| l < lba || l - lba >= count);
+            shadows.retain(|&l| l < lba || l - lba >= count);
         }
         for e in es.iter().filter(|e| e.has_block()) {
             if let Err(why) = recover::check_replayable(geo, &p.header, e) {
@@ -319,11 +327,16 @@ fn check_log(
             }
             if e.kind == KIND_DATA {
                 let at = Newest {
+                    segment_id: p.header.segment_id,
                     slot: p.slot,
                     block_in_segment: block,
                     dirty: dirty(&p.header, e),
                 };
-                newest.insert(e.lba, at);
+                if let Some(old) = newest.insert(e.lba, at) {
+                    if old.dirty && (old.segment_id, old.block_in_segment) < epoch_start {
+                        shadows.push(e.lba);
+                    }
+                }
             }
             block += e.has_block() as u32;
         }
@@ -355,7 +368,7 @@ fn check_log(
         chunks_discarded: (w.chain.len() - kept) as u64,
         recoverable: end.damage.is_none() && replay_problem.is_none(),
         blocks_live: newest.len() as u64,
-        blocks_dirty: newest.values().filter(|n| n.dirty).count() as u64,
+        blocks_dirty: newest.values().filter(|n| n.dirty).count() as u64 + shadows.len() as u64,
         data_entries: count_kind(KIND_DATA),
         hole_entries: count_kind(KIND_HOLE),
         zero_entries: count_kind(KIND_ZERO),
@@ -418,6 +431,7 @@ fn check_log(
 
 /// Where the newest copy of a backing block lives, as replay would index it.
 struct Newest {
+    segment_id: u64,
     slot: u32,
     block_in_segment: u32,
     dirty: bool,

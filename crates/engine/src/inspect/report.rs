@@ -220,7 +220,8 @@ pub struct LogReport {
     /// Whether recovery would open the cache (it refuses when durable data is provably lost or
     /// an entry cannot be replayed).
     pub recoverable: bool,
-    /// Blocks recovery would index, and how many of them are dirty (not on the backing device).
+    /// Blocks recovery would index, and how many blocks are dirty (not on the backing device):
+    /// indexed ones plus copies of older flush epochs kept for writeback (shadows).
     pub blocks_live: u64,
     pub blocks_dirty: u64,
     /// Entries of each kind in the walked chunks.

@@ -3,6 +3,7 @@
 //! back blocks a re-applied zero range may have made wrong, and hand the result over as the
 //! engine's starting `State`.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -15,6 +16,7 @@ use crate::io::BlockDevice;
 use crate::state::blocks::Blocks;
 use crate::state::buffers::NO_BUFFER;
 use crate::state::bypass::Bypass;
+use crate::state::epochs::Epochs;
 use crate::state::health::Health;
 use crate::state::promotion::Promotion;
 use crate::state::room::Room;
@@ -49,6 +51,12 @@ pub struct Recovered {
     /// their "clean", so open writes them back (cache block, lba) before anything else.
     pub distrusted: Vec<(u32, u64)>,
     pub(super) blocks_per_segment: u32,
+    /// Chunks that start a flush epoch (`FLAG_FLUSH_BEFORE`): first cache block, segment id,
+    /// block in segment, sequence; in log order.
+    pub(super) epoch_starts: Vec<(u32, u64, u32, u64)>,
+    /// Dirty copies replaced by a write of a later flush epoch: writeback still owes them to
+    /// the backing device in their own epoch (cache block → backing block).
+    pub(super) shadows: HashMap<u32, u64>,
     pub report: RecoveryReport,
 }
 
@@ -80,6 +88,18 @@ impl Recovered {
             };
         }
         seg.last_sealed_seq = h.seq;
+        if h.flush_before() {
+            self.epoch_starts.push((
+                geo.cache_block(slot, h.start_block as u32),
+                h.segment_id,
+                h.start_block as u32,
+                h.seq,
+            ));
+        }
+        let epoch_start = self
+            .epoch_starts
+            .last()
+            .map_or((0, 0), |&(_, s, b, _)| (s, b));
         // Every replayed chunk is durable once open syncs the new epoch.
         seg.synced_blocks =
             h.start_block as u32 + h.meta_block_count as u32 + h.data_block_count as u32;
@@ -112,7 +132,17 @@ impl Recovered {
                     let c = geo.cache_block(slot, blk);
                     blk += 1;
                     if let Some(prev) = self.index.insert(e.lba, c) {
-                        self.drop_block(prev);
+                        // A dirty copy of an older flush epoch is still owed to the backing
+                        // device in its epoch (as `State::retire` keeps it while serving).
+                        let prev_pos = (
+                            self.segments[self.index_geo_slot(prev)].id,
+                            prev % self.blocks_per_segment,
+                        );
+                        if self.dirty_mask[prev as usize] != 0 && prev_pos < epoch_start {
+                            self.shadows.insert(prev, e.lba);
+                        } else {
+                            self.drop_block(prev);
+                        }
                     }
                     let dirty_mask = if written_back {
                         0
@@ -202,8 +232,22 @@ impl Recovered {
         (c / self.blocks_per_segment) as usize
     }
 
-    /// Drops every cached copy of blocks `lba..lba + count`.
+    /// Drops every cached copy of blocks `lba..lba + count`, shadows included: the range is
+    /// newer than them, and a shadow written back after the range reached the backing device
+    /// would undo it there.
     fn drop_range(&mut self, lba: u64, count: u64) {
+        if !self.shadows.is_empty() {
+            let gone: Vec<u32> = self
+                .shadows
+                .iter()
+                .filter(|&(_, &l)| l >= lba && l - lba < count)
+                .map(|(&c, _)| c)
+                .collect();
+            for c in gone {
+                self.shadows.remove(&c);
+                self.drop_block(c);
+            }
+        }
         if count <= self.index.block_count() as u64 {
             for l in lba..lba + count {
                 if let Some(c) = self.index.remove(l) {
@@ -228,7 +272,12 @@ impl Recovered {
         epoch: u64,
         buffer_count: u32,
         promote_pause: Duration,
+        consistent: bool,
     ) -> State {
+        let mut epochs = Epochs::new(geo.cache_block_count(), consistent);
+        for &(c, segment_id, block, seq) in &self.epoch_starts {
+            epochs.mark_start(c, segment_id, block, seq, None);
+        }
         let ring = Ring::recovered(
             &geo,
             self.segments,
@@ -246,12 +295,14 @@ impl Recovered {
                 self.valid_mask,
                 self.data_crc,
                 self.dirty_blocks,
+                self.shadows,
             ),
             ring,
             seqs: Seqs::new(self.last_seq, epoch),
             health: Health::default(),
             room: Room::default(),
             writeback: WritebackState::new(self.writeback_seq.min(self.last_seq)),
+            epochs,
             promotion: Promotion::new(promote_pause),
             bypass: Bypass::default(),
             streams: Default::default(),

@@ -22,6 +22,8 @@ use crate::format::chunk::{Entry, KIND_DROP, KIND_ZERO};
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::inner::{check_usable, mark_failed, Inner};
 use crate::state::State;
+use crate::{tunables, writeback};
+use std::time::Duration;
 
 /// Zeros for the partial blocks at the ends of a zeroed range.
 static ZERO_BLOCK: [u8; BLOCK_SIZE_BYTES as usize] = [0; BLOCK_SIZE_BYTES as usize];
@@ -34,10 +36,15 @@ fn blocks_of(offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
     )
 }
 
-/// Whether any block of the range has a dirty cached copy.
+/// Whether the write must go the write-back way: a block of the range has a dirty cached copy,
+/// or (in flush-epoch order) anything is dirty, since data reaching the backing device now
+/// would overtake older epochs still in the cache.
 fn any_dirty(st: &State, first: u64, end: u64) -> bool {
     if st.blocks.dirty_blocks() == 0 {
         return false;
+    }
+    if st.ordered() {
+        return true;
     }
     (first..end).any(|lba| {
         st.blocks
@@ -47,17 +54,19 @@ fn any_dirty(st: &State, first: u64, end: u64) -> bool {
 }
 
 /// Logs range entries of `kind` over blocks `[lba, end)` and drops their cached copies, as far
-/// as the log has room. Returns the first block not logged yet (`end` when done) and the
-/// sequences of the chunks holding the first and the last entry (0 if none was logged).
+/// as the log has room. Returns the first block not logged yet (`end` when done), the
+/// sequences of the chunks holding the first and the last entry (0 if none was logged), and
+/// where the first of those chunks is (segment id, first block).
 fn log_range_some(
     st: &mut State,
     inner: &Inner,
     kind: u8,
     mut lba: u64,
     end: u64,
-) -> (u64, u64, u64) {
+) -> (u64, u64, u64, (u64, u32)) {
     let mut seq = 0;
     let mut last_seq = 0;
+    let mut pos = (0, 0);
     while lba < end {
         let count = (end - lba).min(u32::MAX as u64) as u32;
         if !st.add_range(
@@ -68,14 +77,16 @@ fn log_range_some(
             break;
         }
         if seq == 0 {
-            seq = st.ring.open().seq;
+            let o = st.ring.open();
+            seq = o.seq;
+            pos = (o.segment_id, o.start_block);
         }
         last_seq = st.ring.open().seq;
         let dropped = st.kill_range(lba, count as u64);
         st.counters.blocks_invalidated += dropped;
         lba += count as u64;
     }
-    (lba, seq, last_seq)
+    (lba, seq, last_seq, pos)
 }
 
 /// As `log_range_some`, waiting for room in the log until the whole range is logged.
@@ -89,7 +100,7 @@ fn log_range<'a>(
     let mut lba = first;
     loop {
         check_usable(&st)?;
-        (lba, _, _) = log_range_some(&mut st, inner, kind, lba, end);
+        (lba, _, _, _) = log_range_some(&mut st, inner, kind, lba, end);
         if lba == end {
             return Ok(st);
         }
@@ -223,16 +234,20 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
     let mut lba = first;
     let mut seq_min = u64::MAX;
     let mut seq_max = 0;
+    let mut ordered = false;
     let order = loop {
         let order = inner.backing_order.lock();
         let mut st = inner.state.lock();
         check_usable(&st)?;
-        let (next, seq, last) = log_range_some(&mut st, inner, KIND_ZERO, lba, end);
+        let (next, seq, last, pos) = log_range_some(&mut st, inner, KIND_ZERO, lba, end);
         if next > lba {
+            if seq_min == u64::MAX {
+                // Pending from its first entry on: the writeback position must not pass it.
+                st.writeback.zero_pending(seq, pos.0, pos.1);
+                ordered = st.ordered();
+            }
             seq_min = seq_min.min(seq);
             seq_max = last;
-            // Pending from its first entry on: the writeback position must not pass it.
-            st.writeback.zero_pending(seq_min);
         }
         lba = next;
         if lba == end {
@@ -242,8 +257,16 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
         drop(order);
         drop(wait_for_room(inner, st)?);
     };
+    let mut order = Some(order);
     let res = (|| {
         wait_durable(inner)?;
+        if ordered {
+            // In flush-epoch order the zeros land after everything older in the log is on the
+            // backing device, and before anything newer (writeback stops at the range).
+            drop(order.take());
+            wait_for_older(inner, seq_min)?;
+            order = Some(inner.backing_order.lock());
+        }
         let off = first * BLOCK_SIZE_BYTES;
         let len = (end - first) * BLOCK_SIZE_BYTES;
         inner.backing.write_zeroes(off, len).map_err(|e| {
@@ -278,6 +301,9 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
         // Applied and durable: the writeback position may pass it.
         Ok(()) => {
             st.writeback.zero_applied(seq_min);
+            // The next zero range may be waiting for its turn; writeback may go on.
+            inner.progress.notify_all();
+            inner.writeback_wake.notify_one();
         }
         // Writes after a zero range that is logged but not applied could be wiped when
         // recovery applies it again: stop here instead; the next open applies it.
@@ -291,6 +317,50 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
     }
     drop(st);
     drop(order);
+    res
+}
+
+/// Waits until the zero range first logged in chunk `seq` is the oldest not yet applied and
+/// no dirty block lies before it in the log, running writeback at full speed meanwhile (in
+/// manual mode, on this thread).
+fn wait_for_older(inner: &Inner, seq: u64) -> Result<()> {
+    let mut st = inner.state.lock();
+    st.writeback.drain_requests().enter();
+    inner.writeback_wake.notify_one();
+    let res = loop {
+        if let Err(e) = check_usable(&st) {
+            break Err(e);
+        }
+        let my_turn = st.writeback.zero_pending_seq() == Some(seq);
+        let clear = st
+            .writeback
+            .zero_pending_pos()
+            .is_some_and(|(id, b)| !st.dirty_before(id, b));
+        if my_turn && clear {
+            break Ok(());
+        }
+        if inner.drive.inline() && my_turn {
+            drop(st);
+            // Small steps: each allocates its buffer, and only what precedes the range is due.
+            let batch = (inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize).min(256);
+            let stepped = writeback::step(inner, batch);
+            st = inner.state.lock();
+            match stepped {
+                Err(e) => break Err(e),
+                Ok(0) => {
+                    // Nothing before the range can be written back (it fails its checksum):
+                    // the zeros cannot land in order.
+                    break Err(Error::Corruption(format!(
+                        "dirty blocks logged before a TRIM or write-zeroes cannot be written back ({})",
+                        st.writeback.error().unwrap_or("no progress")
+                    )));
+                }
+                Ok(_) => continue,
+            }
+        }
+        inner.progress.wait_for(&mut st, Duration::from_millis(100));
+    };
+    st.writeback.drain_requests().leave();
     res
 }
 

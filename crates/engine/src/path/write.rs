@@ -159,7 +159,7 @@ fn write_block(
         }
         let hit = if let Some(prev) = st.blocks.insert(lba, nc) {
             assert_eq!(Some(prev), old);
-            st.kill(prev);
+            st.retire(prev, lba);
             true
         } else {
             false

@@ -1,6 +1,12 @@
 //! Per cache block: which backing block it holds (the index, both ways), which sectors are
 //! valid and dirty, and its data CRC; and the count of dirty blocks, kept in step with the
 //! masks. Per-segment counts are the ring's (`State::set_dirty_mask` keeps both).
+//!
+//! Shadows: with `writeback_order = consistent`, a dirty copy replaced by a write of a later
+//! flush epoch leaves the index but stays dirty and live in its segment, so writeback can still
+//! write it back in its own epoch. Reads never see it.
+
+use std::collections::HashMap;
 
 use crate::geometry::CacheBlock;
 use crate::index::BlockIndex;
@@ -15,6 +21,8 @@ pub struct Blocks {
     data_crc: Vec<u32>,
     /// Blocks with at least one dirty sector.
     dirty_blocks: u64,
+    /// Shadow cache blocks and the backing block each holds an older copy of.
+    shadows: HashMap<CacheBlock, u64>,
 }
 
 impl Blocks {
@@ -25,16 +33,21 @@ impl Blocks {
         valid_mask: Vec<u8>,
         data_crc: Vec<u32>,
         dirty_blocks: u64,
+        shadows: impl IntoIterator<Item = (CacheBlock, u64)>,
     ) -> Blocks {
         let n = index.block_count() as usize;
         assert!(dirty_mask.len() == n && valid_mask.len() == n && data_crc.len() == n);
-        let b = Blocks {
+        let mut b = Blocks {
             index,
             dirty_mask,
             valid_mask,
             data_crc,
             dirty_blocks,
+            shadows: HashMap::new(),
         };
+        for (c, lba) in shadows {
+            b.add_shadow(c, lba);
+        }
         b.debug_check();
         b
     }
@@ -126,12 +139,50 @@ impl Blocks {
         (old != 0, mask != 0)
     }
 
+    /// `c`, just removed from the index, keeps its dirty copy of `lba` for writeback.
+    pub fn add_shadow(&mut self, c: CacheBlock, lba: u64) {
+        assert!(
+            self.index.lba_of(c).is_none(),
+            "a shadow is not in the index"
+        );
+        assert_ne!(self.dirty_mask[c as usize], 0, "a shadow is dirty");
+        let prev = self.shadows.insert(c, lba);
+        assert!(prev.is_none(), "cache block {c} shadowed twice");
+    }
+
+    /// The backing block shadow `c` holds an older copy of, if `c` is a shadow.
+    #[inline]
+    pub fn shadow_lba(&self, c: CacheBlock) -> Option<u64> {
+        if self.shadows.is_empty() {
+            return None;
+        }
+        self.shadows.get(&c).copied()
+    }
+
+    /// The backing block a dirty block is for: the index's, or the shadow's.
+    #[inline]
+    pub fn dirty_lba(&self, c: CacheBlock) -> Option<u64> {
+        self.index.lba_of(c).or_else(|| self.shadow_lba(c))
+    }
+
+    pub fn shadow_count(&self) -> u64 {
+        self.shadows.len() as u64
+    }
+
+    /// Forgets shadow `c` (written back, or dropped by recovery); the caller clears its masks.
+    pub fn remove_shadow(&mut self, c: CacheBlock) -> u64 {
+        self.shadows
+            .remove(&c)
+            .expect("removing a block that is no shadow")
+    }
+
     /// Memory the tables take, for statistics.
     pub fn memory_bytes(&self) -> u64 {
         (self.index.memory_bytes()
             + self.dirty_mask.len()
             + self.valid_mask.len()
-            + self.data_crc.len() * 4) as u64
+            + self.data_crc.len() * 4
+            + self.shadows.len() * 32) as u64
     }
 
     /// O(n) check that the dirty count agrees with the masks and that only mapped blocks are
@@ -145,8 +196,8 @@ impl Blocks {
             );
             for (c, &m) in self.dirty_mask.iter().enumerate() {
                 assert!(
-                    m == 0 || self.index.lba_of(c as CacheBlock).is_some(),
-                    "cache block {c} is dirty but unmapped"
+                    m == 0 || self.dirty_lba(c as CacheBlock).is_some(),
+                    "cache block {c} is dirty but neither mapped nor a shadow"
                 );
             }
         }

@@ -7,12 +7,13 @@
 //! written back and dropped). A segment is reclaimed in ring order from the head, only when all
 //! its blocks are dead, the entries that killed them are synced, and no reader has it pinned.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 pub mod blocks;
 pub mod buffers;
 pub mod bypass;
 pub mod chunk_meta;
+pub mod epochs;
 pub mod health;
 pub mod promotion;
 pub mod ring;
@@ -24,13 +25,14 @@ pub mod writeback;
 use self::blocks::Blocks;
 use self::buffers::SegmentBuffers;
 use self::bypass::Bypass;
+use self::epochs::Epochs;
 use self::health::Health;
 use self::promotion::Promotion;
 pub use self::ring::{Location, Ring, SealedChunk, SegmentInfo, RESERVE_SEGMENTS};
 use self::room::Room;
 use self::seqs::Seqs;
 use self::writeback::WritebackState;
-use crate::format::chunk::{ChunkHeader, Entry, KIND_DATA};
+use crate::format::chunk::{ChunkHeader, Entry, FLAG_FLUSH_BEFORE, KIND_DATA};
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::geometry::{CacheBlock, Geometry};
 use crate::index::NO_LBA;
@@ -76,6 +78,8 @@ pub struct State {
     pub streams: streams::Streams,
     /// Drains, the persisted writeback position, batch state, pending zero ranges.
     pub writeback: WritebackState,
+    /// Flush epochs: where each starts, the newest one, `writeback_order`.
+    pub epochs: Epochs,
     pub counters: Counters,
 }
 
@@ -111,6 +115,101 @@ impl State {
             "killing a block the index maps"
         );
         self.drop_live(c, Some(self.seqs.next()));
+    }
+
+    /// A block the index no longer points at (`lba`'s older copy): with `writeback_order =
+    /// consistent`, a dirty copy sealed in an older flush epoch than the one writes go to now
+    /// stays as a shadow until writeback writes it back in its epoch; otherwise it dies.
+    pub fn retire(&mut self, c: CacheBlock, lba: u64) {
+        if self.epochs.consistent() && self.blocks.dirty(c) != 0 && self.in_older_epoch(c) {
+            self.blocks.add_shadow(c, lba);
+            let (slot, _) = self.geo.split(c);
+            self.ring.note_shadowed(slot, self.seqs.next());
+            self.counters.shadows_kept += 1;
+        } else {
+            self.kill(c);
+        }
+    }
+
+    /// Whether `c` is in a sealed chunk of an epoch before the newest.
+    fn in_older_epoch(&self, c: CacheBlock) -> bool {
+        if matches!(self.locate(c), Location::OpenChunk { .. }) {
+            return false;
+        }
+        let (slot, b) = self.geo.split(c);
+        self.epochs.before_current(self.ring.segment(slot).id, b)
+    }
+
+    /// A shadow was written back: it dies.
+    pub fn clean_shadow(&mut self, c: CacheBlock) {
+        self.blocks.remove_shadow(c);
+        self.drop_live(c, None);
+    }
+
+    /// Whether writeback must go in flush-epoch order: `writeback_order = consistent`, or
+    /// shadows from when it was remain (a shadow and its newer copy must never share a batch).
+    pub fn ordered(&self) -> bool {
+        self.epochs.consistent() || self.blocks.shadow_count() > 0
+    }
+
+    /// Whether a dirty block lies before position (`segment_id`, `block`) in the log.
+    pub fn dirty_before(&self, segment_id: u64, block: u32) -> bool {
+        for (id, slot, seg) in self.ring.in_log() {
+            if id > segment_id {
+                break;
+            }
+            if seg.dirty_blocks == 0 {
+                continue;
+            }
+            if id < segment_id
+                || (0..block).any(|b| self.blocks.dirty(self.geo.cache_block(slot, b)) != 0)
+            {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The log position (segment id, block) of the oldest dirty block, if any.
+    pub fn oldest_dirty(&self) -> Option<(u64, u32)> {
+        if self.blocks.dirty_blocks() == 0 {
+            return None;
+        }
+        let (id, slot, _) = self
+            .ring
+            .in_log()
+            .find(|(_, _, seg)| seg.dirty_blocks > 0)
+            .expect("dirty blocks are in the ring");
+        let b = (0..self.geo.blocks_per_segment)
+            .find(|&b| self.blocks.dirty(self.geo.cache_block(slot, b)) != 0)
+            .expect("a segment counting dirty blocks has one");
+        Some((id, b))
+    }
+
+    /// In flush-epoch order, the writeback position the checkpoint must hold before writeback
+    /// writes anything of the epoch holding the oldest dirty block: the chunk before that
+    /// epoch. Otherwise a crash would replay earlier epochs' shadows as dirty, and writing them
+    /// again over the newer epoch's blocks would take the backing device back to a state no
+    /// disk held. None when the position need not move.
+    pub fn epoch_floor(&self) -> Option<u64> {
+        let (id, b) = self.oldest_dirty()?;
+        let floor = self.epochs.start_seq(id, b)?.checked_sub(1)?;
+        (floor > self.writeback.persisted_seq()).then_some(floor)
+    }
+
+    /// When the disk was in the state the backing device alone holds (see
+    /// `Stats::backing_consistent_as_of_unix_ms`).
+    pub fn backing_consistent_as_of(&self, now: SystemTime) -> Option<SystemTime> {
+        let oldest = match (self.oldest_dirty(), self.writeback.zero_pending_pos()) {
+            (None, None) => return Some(now),
+            (Some(d), None) => d,
+            (None, Some(z)) => z,
+            (Some(d), Some(z)) => d.min(z),
+        };
+        if !self.ordered() {
+            return None;
+        }
+        self.epochs.started_at(oldest.0, oldest.1)
     }
 
     /// Drops a clean block from the cache (its data is on the backing device). No log entry
@@ -193,7 +292,7 @@ impl State {
         if count <= self.blocks.block_count() as u64 {
             for l in lba..lba + count {
                 if let Some(c) = self.blocks.remove(l) {
-                    self.kill(c);
+                    self.retire(c, l);
                     killed += 1;
                 }
             }
@@ -203,7 +302,7 @@ impl State {
                 match self.blocks.lba_of(c) {
                     Some(l) if l >= lba && l - lba < count => {
                         self.blocks.remove_block(c);
-                        self.kill(c);
+                        self.retire(c, l);
                         killed += 1;
                     }
                     _ => {}
@@ -234,6 +333,10 @@ impl State {
             )
         };
         let entry_count = o.data_count + self.ring.open_range_count();
+        let first = self.geo.cache_block(o.slot, o.start_block);
+        let flush_before = self
+            .epochs
+            .on_seal(first, o.segment_id, o.start_block, o.seq);
         let header = ChunkHeader {
             segment_id: o.segment_id,
             seq: o.seq,
@@ -243,6 +346,7 @@ impl State {
             meta_block_count: o.meta_blocks as u16,
             entry_count: entry_count as u16,
             data_block_count: o.data_count as u16,
+            flags: if flush_before { FLAG_FLUSH_BEFORE } else { 0 },
         };
         let (geo, blocks) = (&self.geo, &self.blocks);
         let block_entries = (0..o.data_count).map(|i| {
@@ -315,7 +419,14 @@ impl State {
 
     /// Frees the slots of segments before `new_head`, whose reclaim the superblock now records.
     pub fn free_segments_before(&mut self, new_head: u64) {
+        for id in self.ring.head_segment_id()..new_head {
+            // The slot's next segment starts its chunks elsewhere.
+            let slot = self.geo.slot_of(id);
+            self.epochs
+                .clear_blocks(self.geo.cache_block(slot, 0), self.geo.blocks_per_segment);
+        }
         self.counters.segments_reclaimed += self.ring.free_segments_before(new_head);
+        self.epochs.forget_before(new_head);
     }
 
     /// Sequence of the first chunk of the head segment (persisted in the checkpoint).

@@ -411,6 +411,15 @@ impl Ring {
         }
     }
 
+    /// A dirty block of `slot` left the index but stays live as a shadow (writeback still owes
+    /// it to the backing device): the chunk `killer_seq` records its replacement, so once the
+    /// shadow is written back the segment is reclaimable only when that chunk is durable.
+    pub fn note_shadowed(&mut self, slot: u32, killer_seq: u64) {
+        let seg = &mut self.segments[slot as usize];
+        assert!(seg.dirty_blocks > 0, "a shadow is dirty");
+        seg.dead_by_seq = seg.dead_by_seq.max(killer_seq);
+    }
+
     // --- The open chunk ---
 
     /// Whether the open chunk has no room for another block or range entry.

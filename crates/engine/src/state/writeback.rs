@@ -16,9 +16,11 @@ pub struct WritebackState {
     rate_blocks_per_s: u64,
     /// The last writeback error, cleared by a successful batch.
     error: Option<String>,
-    /// Sequence of the oldest chunk holding a zero range not yet applied to the backing
-    /// device: the writeback position must stay before it (recovery re-applies later ones).
-    zero_pending_seq: Option<u64>,
+    /// Zero ranges logged and not yet applied to the backing device: the sequence of the
+    /// chunk holding the first entry and that chunk's position (segment id, first block),
+    /// oldest first. The writeback position must stay before the oldest (recovery re-applies
+    /// later ones); with `writeback_order = consistent` writeback does not pass it either.
+    zero_pending: Vec<(u64, u64, u32)>,
 }
 
 impl WritebackState {
@@ -72,22 +74,29 @@ impl WritebackState {
         self.error = error;
     }
 
-    /// A zero range is logged in chunk `seq` and not yet applied.
-    pub fn zero_pending(&mut self, seq: u64) {
+    /// A zero range is logged from chunk `seq` on, at (`segment_id`, `block`), and not yet
+    /// applied. Once per range, with its first chunk.
+    pub fn zero_pending(&mut self, seq: u64, segment_id: u64, block: u32) {
         assert!(seq > 0);
-        self.zero_pending_seq = Some(self.zero_pending_seq.map_or(seq, |s| s.min(seq)));
+        let i = self.zero_pending.partition_point(|&(s, _, _)| s < seq);
+        self.zero_pending.insert(i, (seq, segment_id, block));
     }
 
     /// The oldest zero range logged and not yet applied, if any.
     pub fn zero_pending_seq(&self) -> Option<u64> {
-        self.zero_pending_seq
+        self.zero_pending.first().map(|z| z.0)
+    }
+
+    /// Where the oldest zero range not yet applied is in the log (segment id, block).
+    pub fn zero_pending_pos(&self) -> Option<(u64, u32)> {
+        self.zero_pending.first().map(|z| (z.1, z.2))
     }
 
     /// The zero range first logged in chunk `seq` is applied and durable: unless an older one
     /// still pends, the writeback position may pass it.
     pub fn zero_applied(&mut self, seq: u64) {
-        if self.zero_pending_seq == Some(seq) {
-            self.zero_pending_seq = None;
+        if let Some(i) = self.zero_pending.iter().position(|z| z.0 == seq) {
+            self.zero_pending.remove(i);
         }
     }
 }

@@ -66,15 +66,24 @@ impl WritebackBuffers {
     }
 }
 
-/// Takes dirty blocks from durable chunks in log order, pinning their segments.
+/// Takes dirty blocks from durable chunks in log order, pinning their segments. In flush-epoch
+/// order (`State::ordered`) only from the oldest epoch holding dirty blocks, and never past a
+/// zero range not yet applied: the batch is then a subset of one epoch.
 fn collect(inner: &Inner, st: &State, bufs: &mut WritebackBuffers, max_blocks: usize) {
     bufs.blocks.clear();
     bufs.slots.clear();
-    for (_, slot, seg) in st.ring.in_log() {
+    let ordered = st.ordered();
+    let barrier = if ordered {
+        st.writeback.zero_pending_pos()
+    } else {
+        None
+    };
+    'segments: for (seg_id, slot, seg) in st.ring.in_log() {
         if bufs.blocks.len() >= max_blocks {
             break;
         }
-        if seg.dirty_blocks == 0 {
+        let started = !bufs.blocks.is_empty();
+        if seg.dirty_blocks == 0 && !(ordered && started) {
             continue;
         }
         let before = bufs.blocks.len();
@@ -83,11 +92,25 @@ fn collect(inner: &Inner, st: &State, bufs: &mut WritebackBuffers, max_blocks: u
                 break;
             }
             let c = inner.geo.cache_block(slot, b);
+            if ordered {
+                // The next epoch, or a zero range it must not overtake, starts here.
+                let at_barrier = barrier.is_some_and(|pos| (seg_id, b) >= pos);
+                if at_barrier || (!bufs.blocks.is_empty() && st.epochs.is_start(c)) {
+                    if bufs.blocks.len() > before {
+                        inner.pins[slot as usize].fetch_add(1, Ordering::AcqRel);
+                        bufs.slots.push(slot);
+                    }
+                    break 'segments;
+                }
+            }
             let dirty_mask = st.blocks.dirty(c);
             if dirty_mask == 0 {
                 continue;
             }
-            let lba = st.blocks.lba_of(c).expect("a dirty block is in the index");
+            let lba = st
+                .blocks
+                .dirty_lba(c)
+                .expect("a dirty block is in the index or a shadow");
             bufs.blocks.push(WbBlock {
                 cache_block: c,
                 lba,
@@ -101,6 +124,14 @@ fn collect(inner: &Inner, st: &State, bufs: &mut WritebackBuffers, max_blocks: u
             bufs.slots.push(slot);
         }
     }
+    debug_assert!(
+        !ordered || {
+            let mut lbas: Vec<u64> = bufs.blocks.iter().map(|b| b.lba).collect();
+            lbas.sort_unstable();
+            lbas.windows(2).all(|w| w[0] != w[1])
+        },
+        "a batch in epoch order holds one copy per block"
+    );
 }
 
 /// One batch: collect, read, write, sync, mark clean. Returns the blocks written back.
@@ -116,6 +147,21 @@ pub fn batch<'a>(
     collect(inner, &st, bufs, max_blocks);
     if bufs.blocks.is_empty() {
         return (st, Ok(0));
+    }
+    if let Some(floor) = st.epoch_floor().filter(|_| st.ordered()) {
+        // The earlier epochs are all on the backing device: say so before this one starts
+        // landing there (see `State::epoch_floor`).
+        let limit = st
+            .writeback
+            .zero_pending_seq()
+            .map_or(st.seqs.synced(), |z| st.seqs.synced().min(z - 1));
+        if let Err(e) = super::drain::persist_position(inner, &mut st, floor.min(limit)) {
+            for &slot in &bufs.slots {
+                inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
+            }
+            drop(order);
+            return (st, Err(e));
+        }
     }
     st.writeback.set_busy(true);
     drop(st);
@@ -139,7 +185,12 @@ pub fn batch<'a>(
             continue;
         }
         let c = b.cache_block;
-        if st.blocks.lba_of(c) == Some(b.lba) && st.blocks.dirty(c) == b.dirty_mask {
+        if st.blocks.shadow_lba(c) == Some(b.lba) {
+            // A shadow never changes: its newer copy is elsewhere.
+            assert_eq!(st.blocks.dirty(c), b.dirty_mask, "a shadow changed");
+            st.clean_shadow(c);
+            cleaned += 1;
+        } else if st.blocks.lba_of(c) == Some(b.lba) && st.blocks.dirty(c) == b.dirty_mask {
             debug_assert_eq!(
                 b.dirty_mask & !st.blocks.valid(c),
                 0,

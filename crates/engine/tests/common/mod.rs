@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+pub mod epochs;
+
 use logcache_engine::io::BlockDevice;
 use logcache_engine::{format_cache, FormatOptions, OpenOptions};
 use logcache_testkit::rng::{seed_from_env, Rng};
