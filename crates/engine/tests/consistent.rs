@@ -153,6 +153,55 @@ fn the_backing_device_alone_is_always_a_crash_state_of_the_disk() {
     });
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Status says how old the backing device's state is: the flush point before the oldest epoch
+/// still dirty (the open, then the first flush once its epoch is written back), and the bytes
+/// behind; nothing dirty is "now"; sorted order with dirty data is "unknown".
+#[test]
+fn status_says_how_old_the_backing_device_is() {
+    let pair = SimPair::new(MIB + 64 * SEG, 8 * MIB, SEG);
+    let opened = now_ms();
+    let e = Engine::open(pair.cache(), pair.backing(), manual()).unwrap();
+    let s = e.stats();
+    assert_eq!(s.writeback_order, "consistent");
+    let as_of = s.backing_consistent_as_of_unix_ms.unwrap();
+    assert!(as_of >= opened && as_of <= now_ms(), "nothing dirty: now");
+    assert_eq!(s.writeback_lag_bytes, 0);
+    e.write(0, &[1; 4096], false).unwrap();
+    let before_flush = now_ms();
+    e.flush().unwrap();
+    let after_flush = now_ms();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    e.write(40960, &[2; 8192], false).unwrap();
+    e.flush().unwrap();
+    let s = e.stats();
+    let as_of = s.backing_consistent_as_of_unix_ms.unwrap();
+    assert!(as_of >= opened && as_of <= before_flush, "as of the open");
+    assert_eq!(s.writeback_lag_bytes, 3 * 4096);
+    // One epoch written back: the first flush is what the backing device holds.
+    assert_eq!(e.writeback_step(64).unwrap(), 1);
+    let s = e.stats();
+    let as_of = s.backing_consistent_as_of_unix_ms.unwrap();
+    assert!(
+        as_of >= before_flush && as_of <= after_flush,
+        "as of the first flush"
+    );
+    assert_eq!(s.writeback_lag_bytes, 2 * 4096);
+    e.set_tunable("writeback_order", "sorted").unwrap();
+    assert_eq!(e.stats().backing_consistent_as_of_unix_ms, None);
+    e.drain(|_| {}).unwrap();
+    let s = e.stats();
+    assert!(s.backing_consistent_as_of_unix_ms.unwrap() >= after_flush);
+    assert_eq!(s.writeback_lag_bytes, 0);
+    e.close().unwrap();
+}
+
 /// Without the guarantee the same check fails for some seeds: it is not a check that cannot
 /// fail.
 #[test]
