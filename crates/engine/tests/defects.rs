@@ -289,3 +289,96 @@ fn a_failed_tunable_write_fails_the_engine() {
         Err(Error::Failed(_))
     ));
 }
+
+/// Found by the concurrent simulation (seeds 0 and 168 of `sim.rs`): a read while a
+/// write-zeroes is being applied. The zero range drops the block's dirty copy when it is
+/// logged, and the backing device gets the zeros only later: a read in between must return
+/// the dropped data or zeros, never the backing device's older data. Also for the sectors a
+/// later partial write did not cover. Before the fix both reads returned the backing data.
+#[test]
+fn a_read_during_a_zeroing_returns_zeros_not_older_backing_data() {
+    let pair = SimPair::new(MIB + 32 * SEG_64K, 16 * MIB, SEG_64K);
+    let lba = 300u64;
+    pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
+    let backing = Arc::new(GateDevice::new(pair.backing()));
+    let opts = OpenOptions {
+        ram_buffer_bytes: 4 * SEG_64K,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+    // Writeback stays out of the way: the block stays dirty, the backing device old.
+    e.set_tunable("writeback_threshold_percent", "100").unwrap();
+    e.write(lba * 4096, &[0x33; 4096], false).unwrap();
+    e.flush().unwrap();
+    backing.hold(OpKind::Discard);
+    let zeroer = e.clone();
+    let zeroing = std::thread::spawn(move || zeroer.write_zeroes(lba * 4096, 4096, false));
+    assert!(
+        backing.wait_held(OpKind::Discard, 1, HANG),
+        "the write-zeroes never zeroed the backing device"
+    );
+    let mut buf = [0u8; 4096];
+    e.read(lba * 4096, &mut buf).unwrap();
+    assert!(
+        buf == [0x33; 4096] || buf == [0; 4096],
+        "a read during the zeroing returned {:#x}.. (the backing device's older data)",
+        buf[0]
+    );
+    // A partial write now: the block is cached again with one valid sector.
+    e.write(lba * 4096, &[0x44; 512], false).unwrap();
+    e.read(lba * 4096, &mut buf).unwrap();
+    assert_eq!(buf[..512], [0x44; 512]);
+    assert!(
+        buf[512..].iter().all(|&b| b == 0 || b == 0x33),
+        "sectors the partial write did not cover read {:#x} (the backing device's older data)",
+        buf[512]
+    );
+    backing.release(OpKind::Discard);
+    zeroing.join().unwrap().unwrap();
+    e.read(lba * 4096, &mut buf).unwrap();
+    assert_eq!(buf[..512], [0x44; 512]);
+    assert_eq!(buf[512..], [0; 3584]);
+    e.close().unwrap();
+}
+
+/// Issue 19 (smaller finding): a partial write over a clean cached block whose copy on the
+/// cache device fails its checksum drops the copy and writes over the backing device's data,
+/// as a read does, instead of failing with EIO (a clean copy is only a copy).
+#[test]
+fn a_partial_write_over_a_corrupt_clean_block_uses_the_backing_data() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let lba = 40u64;
+    pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
+    let opts = OpenOptions {
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(pair.cache(), pair.backing(), opts.clone()).unwrap();
+    let mut buf = [0u8; 4096];
+    e.read(lba * 4096, &mut buf).unwrap();
+    assert!(
+        e.stats().counters.promotions > 0,
+        "the read miss was not promoted"
+    );
+    e.close().unwrap();
+    // The promoted copy is on the cache device now: damage it there.
+    let image = pair.cache.durable_image();
+    let at = image
+        .chunks(4096)
+        .position(|b| b == [0x11; 4096])
+        .expect("the promoted block is on the cache device");
+    pair.cache.corrupt(at as u64 * 4096 + 100, 0xFF);
+    let e = Engine::open(pair.cache(), pair.backing(), opts).unwrap();
+    assert_eq!(
+        e.stats().cached_blocks,
+        1,
+        "the clean copy is cached after reopening"
+    );
+    e.write(lba * 4096, &[0x22; 512], false)
+        .expect("a partial write over a corrupt clean copy");
+    e.read(lba * 4096, &mut buf).unwrap();
+    assert_eq!(buf[..512], [0x22; 512]);
+    assert_eq!(buf[512..], [0x11; 3584]);
+    e.close().unwrap();
+}

@@ -235,10 +235,27 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
     let mut seq_min = u64::MAX;
     let mut seq_max = 0;
     let mut ordered = false;
+    // From the first logging on, a read miss in the range returns zeros: the backing device
+    // still holds data older than the dirty copies the range drops (found by the concurrent
+    // simulation: such a read returned data older than the newest acknowledged write).
+    let mut begun = false;
+    let abort = |begun: bool| {
+        if begun {
+            inner.state.lock().bypass.end_zeroing(first, end);
+        }
+    };
     let order = loop {
         let order = inner.backing_order.lock();
         let mut st = inner.state.lock();
-        check_usable(&st)?;
+        if let Err(e) = check_usable(&st) {
+            drop(st);
+            abort(begun);
+            return Err(e);
+        }
+        if !begun {
+            st.bypass.begin_zeroing(first, end);
+            begun = true;
+        }
         let (next, seq, last, pos) = log_range_some(&mut st, inner, KIND_ZERO, lba, end);
         if next > lba {
             if seq_min == u64::MAX {
@@ -255,7 +272,10 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
             break order;
         }
         drop(order);
-        drop(wait_for_room(inner, st)?);
+        if let Err(e) = wait_for_room(inner, st) {
+            abort(begun);
+            return Err(e);
+        }
     };
     let mut order = Some(order);
     let res = (|| {
@@ -296,6 +316,7 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
     })();
     let mut st = inner.state.lock();
     st.bypass.end_io();
+    st.bypass.end_zeroing(first, end);
     st.promotion.invalidate();
     match &res {
         // Applied and durable: the writeback position may pass it.

@@ -37,6 +37,8 @@ struct Planned {
     len: usize,
     /// Sectors the cache block holds (the rest come from the backing device).
     valid: u8,
+    /// A zero range over the block is being applied: the sectors it lacks are zeros.
+    zeroing: bool,
 }
 
 /// A block of the window (from RAM or the cache device) with sectors the cache never held.
@@ -47,6 +49,9 @@ struct Partial {
     in_block: usize,
     len: usize,
     missing: u8,
+    /// A zero range over the block is being applied: the missing sectors are zeros, not the
+    /// backing device's (older) data.
+    zeroing: bool,
 }
 
 /// Per-thread scratch of the read path, allocated once per thread (no allocation per request).
@@ -170,8 +175,15 @@ fn lookup_block(
     let full = want == FULL_MASK;
     let Some(c) = st.blocks.lookup(lba) else {
         count_read(st, false, full);
+        if st.bypass.zeroing(lba) {
+            // A zero range dropped this block's copies and has not zeroed the backing device
+            // yet, whose data may be older than the dropped copy: zeros are the answer.
+            dst.fill(0);
+            return true;
+        }
         return false;
     };
+    let zeroing = st.bypass.zeroing(lba);
     let valid = st.blocks.valid(c);
     count_read(st, want & !valid == 0, full);
     match st.locate(c) {
@@ -194,6 +206,7 @@ fn lookup_block(
                 in_block,
                 len: dst.len(),
                 valid,
+                zeroing,
             });
             return true;
         }
@@ -206,6 +219,7 @@ fn lookup_block(
             in_block,
             len: dst.len(),
             missing,
+            zeroing,
         });
     }
     true
@@ -375,6 +389,7 @@ fn missing_sectors_of(inner: &Inner, buf: &mut [u8], p: &Planned) -> Result<()> 
         in_block: p.in_block,
         len: p.len,
         missing,
+        zeroing: p.zeroing,
     };
     read_missing_sectors(inner, &partial, &mut buf[p.dst_start..p.dst_start + p.len])
 }
@@ -427,6 +442,10 @@ fn read_missing_sectors(inner: &Inner, p: &Partial, dst: &mut [u8]) -> Result<()
         }
         let from = run_start * SECTOR - p.in_block;
         let to = s * SECTOR - p.in_block;
+        if p.zeroing {
+            dst[from..to].fill(0);
+            continue;
+        }
         read_backing(
             inner,
             p.lba * BLOCK_SIZE_BYTES + (run_start * SECTOR) as u64,

@@ -198,8 +198,17 @@ fn read_old_copy<'a>(
     out: &mut Option<OnDiskCopy>,
 ) -> Result<MutexGuard<'a, State>> {
     st.counters.write_merge_reads += 1;
-    let (st, res) = read_verified(inner, st, lba, c, |_| {});
-    res?;
+    let (mut st, res) = read_verified(inner, st, lba, c, |_| {});
+    if let Err(e) = res {
+        // A clean copy is only a copy (the backing device holds the same data): drop it, as
+        // reads do, and write over the backing device's data instead of failing the write.
+        // A dirty block is the only copy: the error goes to the client.
+        if st.blocks.lookup(lba) == Some(c) && st.blocks.dirty(c) == 0 {
+            st.evict(c);
+            return Ok(st);
+        }
+        return Err(e);
+    }
     *out = Some(OnDiskCopy { block: c });
     Ok(st)
 }

@@ -23,6 +23,10 @@ pub struct Bypass {
     /// Writes to the backing device outside writeback in flight: read misses are not promoted
     /// meanwhile (they could read the old data).
     in_flight: u32,
+    /// Zero ranges `[first, end)` (blocks) being applied: logged, cached copies dropped, the
+    /// backing device not yet zeroed. A read miss there returns zeros, not the backing
+    /// device's old data (older than the dirty copies the range dropped).
+    zeroing: Vec<(u64, u64)>,
 }
 
 impl Bypass {
@@ -52,6 +56,29 @@ impl Bypass {
     pub fn end_io(&mut self) {
         assert!(self.in_flight > 0, "bypass IO count underflow");
         self.in_flight -= 1;
+    }
+
+    /// A zero range over blocks `[first, end)` starts dropping cached copies.
+    pub fn begin_zeroing(&mut self, first: u64, end: u64) {
+        assert!(first < end, "an empty zero range");
+        self.zeroing.push((first, end));
+    }
+
+    /// The zero range `[first, end)` is applied to the backing device (or failed).
+    pub fn end_zeroing(&mut self, first: u64, end: u64) {
+        let i = self
+            .zeroing
+            .iter()
+            .position(|&r| r == (first, end))
+            .expect("ending a zero range that did not begin");
+        self.zeroing.swap_remove(i);
+    }
+
+    /// Whether block `lba` is in a zero range being applied (a miss there reads as zeros).
+    pub fn zeroing(&self, lba: u64) -> bool {
+        self.zeroing
+            .iter()
+            .any(|&(first, end)| first <= lba && lba < end)
     }
 
     /// Whether any bypass IO is in flight (read misses are not promoted meanwhile).
