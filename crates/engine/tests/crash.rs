@@ -12,6 +12,8 @@
 //!   original pattern (never anything else);
 //! - that write is the last one made durable (by a completed flush or FUA write) or a later one.
 //!
+//! The model (`common::history`) is shared with the concurrent simulation (`sim.rs`).
+//!
 //! What recovery returned is then durable (open syncs it), so it becomes each sector's new floor,
 //! and the next cycle runs on the recovered cache. Each case runs several crash cycles, which
 //! exercises the epoch/cut logic that keeps a discarded tail from coming back.
@@ -20,61 +22,20 @@
 //! too (losing writes it had not synced) or fails at an IO boundary, so the order "sync the
 //! backing device, then mark clean, then persist the writeback position" is under test.
 //!
-//! The schedule also has TRIM and write-zeroes (their sectors must read as zeros if they are
-//! the newest data), reads (which promote misses as clean blocks) and cache-mode switches, so
+//! The schedule also has TRIM and write-zeroes (write-zeroes reads as zeros if it is the newest
+//! data; a TRIM is a hint: zeros or any data written there before, never other data), reads (which promote misses as clean blocks) and cache-mode switches, so
 //! write-through and write-around writes and their drop ranges crash too.
 //!
-//! Not checked here: concurrency (one thread, manual flusher).
+//! Not checked here: concurrency (one thread, manual flusher); `sim.rs` runs the threads.
 
 mod common;
 
+use common::history::{fill_pattern, Effect, History};
 use common::*;
 use logcache_engine::{Engine, OpenOptions};
 use logcache_testkit::rng::Rng;
 
 const KIB: u64 = 1024;
-
-/// Per sector: the write id that is durable for certain, and the ids written after it.
-struct SectorModel {
-    floor: Vec<u64>,
-    later: Vec<Vec<u64>>,
-}
-
-/// Ids of TRIM / write-zeroes operations carry this bit: their sectors read as zeros.
-const ZERO_OP: u64 = 1 << 63;
-
-impl SectorModel {
-    fn allows(&self, sector: usize, id: u64) -> bool {
-        self.floor[sector] == id || self.later[sector].contains(&id)
-    }
-
-    /// For a sector that reads as zeros: the zeroing operation it may come from, if any.
-    fn zero_op_allowed(&self, sector: usize) -> Option<u64> {
-        if self.floor[sector] & ZERO_OP != 0 {
-            return Some(self.floor[sector]);
-        }
-        self.later[sector]
-            .iter()
-            .rev()
-            .find(|&&id| id & ZERO_OP != 0)
-            .copied()
-    }
-
-    /// Writes acknowledged before a completed flush are durable: each sector's newest write
-    /// becomes its floor.
-    fn flushed(&mut self, acked_newest: &[Option<u64>]) {
-        for (s, newest) in acked_newest.iter().enumerate() {
-            if let Some(id) = newest {
-                let pos = self.later[s]
-                    .iter()
-                    .position(|x| x == id)
-                    .expect("newest is later");
-                self.floor[s] = *id;
-                self.later[s].drain(..=pos);
-            }
-        }
-    }
-}
 
 fn run_case(seed: u64) {
     let mut rng = Rng::new(seed);
@@ -89,20 +50,8 @@ fn run_case(seed: u64) {
         ..OpenOptions::default()
     };
     let pair = SimPair::new(cache_bytes, 4 << 20, segment);
-    // Write id 0 is the backing device's original content.
-    let mut buf = vec![0u8; 512];
-    for s in 0..region_sectors {
-        sector_pattern(0, s, &mut buf);
-        pair.backing.write_raw(s * 512, &buf);
-    }
-    let n = region_sectors as usize;
-    let mut model = SectorModel {
-        floor: vec![0; n],
-        later: vec![Vec::new(); n],
-    };
-    // Newest acknowledged write per sector since the last completed flush.
-    let mut acked_newest: Vec<Option<u64>> = vec![None; n];
-    let mut next_id = 1u64;
+    pair.write_original(region_sectors);
+    let mut model = History::new(region_sectors as usize);
     let cycles = rng.range(1, 4);
     for cycle in 0..cycles {
         let e = Engine::open(pair.cache(), pair.backing(), opts.clone())
@@ -121,51 +70,38 @@ fn run_case(seed: u64) {
                 0..=8 => {
                     let first = rng.below(region_sectors);
                     let count = rng.range(1, (region_sectors - first).min(48));
-                    let id = next_id;
-                    next_id += 1;
+                    let id = model.next_write_id();
                     let mut data = vec![0u8; count as usize * 512];
-                    for i in 0..count {
-                        let s = first + i;
-                        sector_pattern(id, s, &mut data[i as usize * 512..(i as usize + 1) * 512]);
-                        // Even a write that fails may have reached the log in part.
-                        model.later[s as usize].push(id);
-                    }
+                    fill_pattern(id, first, &mut data);
+                    // Even a write that fails may have reached the log in part.
+                    let t = model.begin(first as usize, count as usize, Effect::Data(id));
                     let fua = rng.chance(1, 10);
-                    if e.write(first * 512, &data, fua).is_ok() {
-                        for i in 0..count {
-                            acked_newest[(first + i) as usize] = Some(id);
-                        }
-                        if fua {
-                            // A FUA write is durable on return, and so is everything before it
-                            // (the engine makes it durable with a flush).
-                            model.flushed(&acked_newest);
-                            acked_newest.fill(None);
-                        }
+                    let ok = e.write(first * 512, &data, fua).is_ok();
+                    model.end(&t, ok);
+                    if ok && fua {
+                        // A FUA write is durable on return, and so is everything before it
+                        // (the engine makes it durable with a flush).
+                        model.flushed(t.invoke);
+                        model.durable(&t);
                     }
                 }
                 12 => {
-                    // TRIM or write-zeroes: the range reads as zeros afterwards.
+                    // Write-zeroes reads as zeros afterwards; TRIM as zeros or older data.
                     let first = rng.below(region_sectors);
                     let count = rng.range(1, (region_sectors - first).min(64));
-                    let id = next_id | ZERO_OP;
-                    next_id += 1;
-                    for s in first..first + count {
-                        model.later[s as usize].push(id);
-                    }
                     let fua = rng.chance(1, 10);
-                    let res = if rng.chance(1, 2) {
+                    let trim = rng.chance(1, 2);
+                    let effect = if trim { Effect::Trim } else { Effect::Zeros };
+                    let t = model.begin(first as usize, count as usize, effect);
+                    let res = if trim {
                         e.discard(first * 512, count * 512, fua)
                     } else {
                         e.write_zeroes(first * 512, count * 512, fua)
                     };
-                    if res.is_ok() {
-                        for s in first..first + count {
-                            acked_newest[s as usize] = Some(id);
-                        }
-                        if fua {
-                            model.flushed(&acked_newest);
-                            acked_newest.fill(None);
-                        }
+                    model.end(&t, res.is_ok());
+                    if res.is_ok() && fua {
+                        model.flushed(t.invoke);
+                        model.durable(&t);
                     }
                 }
                 13 => {
@@ -187,9 +123,9 @@ fn run_case(seed: u64) {
                     let _ = e.writeback_step(rng.range(1, 64) as usize);
                 }
                 _ => {
+                    let sent = model.tick();
                     if e.flush().is_ok() {
-                        model.flushed(&acked_newest);
-                        acked_newest.fill(None);
+                        model.flushed(sent);
                     }
                 }
             }
@@ -198,35 +134,13 @@ fn run_case(seed: u64) {
         e.crash();
         pair.cache.crash(&mut rng);
         pair.backing.crash(&mut rng);
-        acked_newest.fill(None);
         let e = Engine::open(pair.cache(), pair.backing(), opts.clone())
             .unwrap_or_else(|err| panic!("cycle {cycle}: reopen after crash: {err}"));
-        let mut image = vec![0u8; n * 512];
+        let mut image = vec![0u8; region_sectors as usize * 512];
         e.read(0, &mut image).expect("read after recovery");
-        for s in 0..n {
-            let bytes = &image[s * 512..(s + 1) * 512];
-            let id = if bytes.iter().all(|&b| b == 0) {
-                model.zero_op_allowed(s).unwrap_or_else(|| {
-                    panic!(
-                        "cycle {cycle}: sector {s} reads as zeros, but no TRIM or write-zeroes \
-                         may be its newest data (durable {}, later {:?})",
-                        model.floor[s], model.later[s]
-                    )
-                })
-            } else {
-                identify(s as u64, bytes).unwrap_or_else(|| {
-                    panic!("cycle {cycle}: sector {s} holds bytes no write put there")
-                })
-            };
-            assert!(
-                model.allows(s, id),
-                "cycle {cycle}: sector {s} holds write {id}, but write {} was durable and only {:?} came after",
-                model.floor[s],
-                model.later[s]
-            );
-            // Recovery's answer is durable now.
-            model.floor[s] = id;
-            model.later[s].clear();
+        // Recovery's answer is durable from here on.
+        if let Err(msg) = model.check_recovered(&image) {
+            panic!("cycle {cycle}: {msg}");
         }
         e.crash();
     }

@@ -11,6 +11,8 @@ use logcache_engine::{format_cache, FormatOptions, OpenOptions};
 use logcache_testkit::rng::{seed_from_env, Rng};
 use logcache_testkit::sim::SimDevice;
 
+pub mod history;
+
 pub const SECTOR: usize = 512;
 
 /// 512 bytes that say "write `write_id` put this at sector `sector`": bytes 0..8 the write id,
@@ -96,6 +98,16 @@ impl SimPair {
         };
         format_cache(&p.cache, &p.backing, &opts).expect("format");
         p
+    }
+
+    /// Fills the backing device's first `sectors` sectors with write 0's pattern (its
+    /// original content, as the models call it), durable.
+    pub fn write_original(&self, sectors: u64) {
+        let mut buf = vec![0u8; SECTOR];
+        for s in 0..sectors {
+            sector_pattern(0, s, &mut buf);
+            self.backing.write_raw(s * SECTOR as u64, &buf);
+        }
     }
 
     pub fn cache(&self) -> Arc<dyn BlockDevice> {

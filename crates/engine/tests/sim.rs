@@ -1,0 +1,685 @@
+//! The concurrent crash simulation: real request threads and the engine's own threads (flusher
+//! with its relocator, writeback and its IO helpers) on simulated devices, with every IO and
+//! sync held at a gate that a seeded scheduler opens one at a time (testkit's `sched`).
+//!
+//! Method, per schedule (one seed):
+//! - a small cache (8–32 segments) over a region of up to 1,024 sectors, so the ring wraps,
+//!   the relocator moves blocks and writeback runs within a few dozen requests;
+//! - 2–4 request threads; at each step, once the process is quiescent, the seed either starts
+//!   the next request on an idle thread (writes of any size and alignment, sub-block too, with
+//!   or without FUA; flushes; TRIM; write-zeroes; reads, which promote misses; cache-mode
+//!   switches) or lets one held IO through. Some kinds of IO are slow in a schedule (released
+//!   rarely while anything else can run): a slow cache sync, a slow backing zeroing, a slow
+//!   backing device. Some schedules fail IOs with EIO (a read error on one block);
+//! - every read is checked when it returns: no sector older than the newest write acknowledged
+//!   before the read was sent, nor newer than anything sent (`common::history`);
+//! - a request may fail only once a fault was injected (or the power is off), and no request
+//!   may wait forever: a request still running with no IO held for `HANG` is a hang;
+//! - with a periodic seal on, an idle phase checks that an acknowledged write is sealed and
+//!   synced within the interval even when the backing device stalls (writes held);
+//! - the power fails at a random step or after the last request: held IOs fail, each unsynced
+//!   write of both devices is kept, lost or torn, the cache is reopened and every sector is
+//!   checked against the durable history (the rules of `crash.rs`, for overlapping requests).
+//!   Then the next cycle runs on the recovered cache.
+//!
+//! Environment: `LOGCACHE_SIM_SCHEDULES` (how many seeds, default `CI_SCHEDULES`),
+//! `LOGCACHE_SIM_SEED` (the first seed; default 0, and then one clock-chosen seed is added and
+//! printed), `LOGCACHE_SIM_CYCLES` (at most this many power cuts per schedule, default 1:
+//! schedules of several cycles find open bugs, see docs/RELIABILITY.md),
+//! `LOGCACHE_SIM_KEEP_GOING` (run every seed, then list the failures). A failure prints the seed and the command that replays it. The scheduler's
+//! determinism and its limits are described in `logcache_testkit::sched`; each schedule also
+//! prints a trace hash (`LOGCACHE_SIM_VERBOSE=1`) so two runs of a seed can be compared.
+//!
+//! This file holds one test: quiescence is read from the process's threads, so nothing else
+//! may run beside it.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use common::history::{decode, fill_pattern, Effect, History, Token};
+use common::*;
+use logcache_engine::{Engine, OpenOptions};
+use logcache_testkit::fault::OpKind;
+use logcache_testkit::rng::Rng;
+use logcache_testkit::sched::{GateMode, HeldOp, SchedDevice, Scheduler};
+use parking_lot::Mutex;
+
+const KIB: u64 = 1024;
+/// Seeds CI runs (plus one chosen by the clock).
+const CI_SCHEDULES: u64 = 150;
+/// A request running with no IO held this long is a hang.
+const HANG: Duration = Duration::from_secs(20);
+/// Longer than any quiescence wait can take on a loaded machine.
+const SETTLE_MAX: Duration = Duration::from_secs(60);
+/// How long the idle phase waits for the periodic seal.
+const SEAL_WAIT: Duration = Duration::from_secs(20);
+
+#[derive(Clone, Debug)]
+enum Req {
+    Write { t: Token, id: u64, fua: bool },
+    Zero { t: Token, fua: bool, trim: bool },
+    Read { first: u64, count: u64 },
+    Flush,
+    Mode(&'static str),
+}
+
+/// What request threads report to the scheduler.
+struct Shared {
+    model: Mutex<History>,
+    /// Violations found by request threads.
+    errors: Mutex<Vec<String>>,
+    /// A fault was injected this cycle (or the power is off): requests may fail.
+    faulted: AtomicBool,
+    reads_checked: AtomicU64,
+}
+
+struct Worker {
+    tx: mpsc::Sender<Option<Req>>,
+    busy: Arc<AtomicBool>,
+    current: Arc<Mutex<Option<Req>>>,
+    handle: JoinHandle<()>,
+}
+
+impl Worker {
+    fn spawn(i: usize, e: Engine, shared: Arc<Shared>, sched: Scheduler) -> Worker {
+        let (tx, rx) = mpsc::channel::<Option<Req>>();
+        let busy = Arc::new(AtomicBool::new(false));
+        let current = Arc::new(Mutex::new(None));
+        let (b, c) = (busy.clone(), current.clone());
+        let handle = std::thread::Builder::new()
+            .name(format!("sim-worker-{i}"))
+            .spawn(move || {
+                while let Ok(Some(req)) = rx.recv() {
+                    run_req(&e, &shared, req);
+                    *c.lock() = None;
+                    b.store(false, Ordering::SeqCst);
+                    sched.touch();
+                }
+            })
+            .expect("spawning a request thread");
+        Worker {
+            tx,
+            busy,
+            current,
+            handle,
+        }
+    }
+
+    fn start(&self, req: Req) {
+        *self.current.lock() = Some(req.clone());
+        self.busy.store(true, Ordering::SeqCst);
+        self.tx.send(Some(req)).expect("worker alive");
+    }
+
+    fn busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst)
+    }
+}
+
+/// Runs one request and records it in the model.
+fn run_req(e: &Engine, sh: &Shared, req: Req) {
+    let what = format!("{req:?}");
+    let res = match req {
+        Req::Write { t, id, fua } => {
+            let mut data = vec![0u8; t.count * SECTOR];
+            fill_pattern(id, t.first as u64, &mut data);
+            let r = e.write(t.first as u64 * 512, &data, fua);
+            let mut m = sh.model.lock();
+            m.end(&t, r.is_ok());
+            if r.is_ok() && fua {
+                m.flushed(t.invoke);
+                m.durable(&t);
+            }
+            r
+        }
+        Req::Zero { t, fua, trim } => {
+            let (off, len) = (t.first as u64 * 512, t.count as u64 * 512);
+            let r = if trim {
+                e.discard(off, len, fua)
+            } else {
+                e.write_zeroes(off, len, fua)
+            };
+            let mut m = sh.model.lock();
+            m.end(&t, r.is_ok());
+            if r.is_ok() && fua {
+                m.flushed(t.invoke);
+                m.durable(&t);
+            }
+            r
+        }
+        Req::Read { first, count } => {
+            let ri = sh.model.lock().begin_read();
+            let mut buf = vec![0u8; count as usize * SECTOR];
+            let r = e.read(first * 512, &mut buf);
+            let vals: Vec<_> = buf
+                .chunks(SECTOR)
+                .enumerate()
+                .map(|(i, b)| decode(first + i as u64, b))
+                .collect();
+            let vals = if r.is_ok() { &vals[..] } else { &[] };
+            if let Err(msg) = sh.model.lock().end_read(ri, first as usize, vals) {
+                sh.errors
+                    .lock()
+                    .push(format!("a read of {count} sectors from {first}: {msg}"));
+            }
+            sh.reads_checked.fetch_add(1, Ordering::Relaxed);
+            r
+        }
+        Req::Flush => {
+            let fi = sh.model.lock().tick();
+            let r = e.flush();
+            if r.is_ok() {
+                sh.model.lock().flushed(fi);
+            }
+            r
+        }
+        Req::Mode(mode) => e.set_tunable("cache_mode", mode),
+    };
+    if let Err(err) = res {
+        if !sh.faulted.load(Ordering::SeqCst) {
+            sh.errors
+                .lock()
+                .push(format!("{what} failed with no fault injected: {err}"));
+        }
+    }
+}
+
+/// The IO kinds a schedule may make slow: (device, kind).
+const SLOW_CANDIDATES: [(&str, OpKind); 6] = [
+    ("cache", OpKind::Flush),
+    ("cache", OpKind::Write),
+    ("backing", OpKind::Discard),
+    ("backing", OpKind::Write),
+    ("backing", OpKind::Flush),
+    ("cache", OpKind::Read),
+];
+
+/// Counts for the summary.
+#[derive(Default)]
+struct Totals {
+    steps: u64,
+    cycles: u64,
+    requests: u64,
+    faults: u64,
+    seal_checks: u64,
+    reads_checked: u64,
+    /// Power cuts while a backing zeroing was held.
+    cuts_in_zeroing: u64,
+    /// Steps spent waiting for a timer (no IO held, requests running).
+    waits: u64,
+}
+
+struct Case<'a> {
+    rng: Rng,
+    sched: Scheduler,
+    shared: Arc<Shared>,
+    region_sectors: u64,
+    totals: &'a mut Totals,
+    /// Hash of the choices made, to compare two runs of a seed.
+    trace: u64,
+    /// `LOGCACHE_SIM_VERBOSE=2`: print every step.
+    trace_steps: bool,
+    /// A slow IO is released about once in this many releases while others can run.
+    slow_odds: u64,
+}
+
+impl Case<'_> {
+    fn note(&mut self, what: &str) {
+        if self.trace_steps {
+            eprintln!("sim step: {what}");
+        }
+        for b in what.bytes() {
+            self.trace = (self.trace ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+
+    /// Records a power cut with `held` IOs still held.
+    fn cut_note(&mut self, what: &str, held: &[HeldOp]) {
+        self.note(what);
+        if held
+            .iter()
+            .any(|h| h.device == "backing" && h.kind == OpKind::Discard)
+        {
+            self.totals.cuts_in_zeroing += 1;
+        }
+    }
+
+    fn settle(&self) {
+        assert!(
+            self.sched.settle(SETTLE_MAX),
+            "the process never became quiescent (a thread kept running for {SETTLE_MAX:?})"
+        );
+    }
+
+    fn check_errors(&self) {
+        let errors = self.shared.errors.lock();
+        if let Some(first) = errors.first() {
+            panic!("{first}");
+        }
+    }
+
+    fn random_req(&mut self) -> Req {
+        let n = self.region_sectors;
+        let rng = &mut self.rng;
+        let first = rng.below(n);
+        match rng.below(32) {
+            0..=15 => {
+                let count = rng.range(1, (n - first).min(48));
+                let fua = rng.chance(1, 10);
+                let mut m = self.shared.model.lock();
+                let id = m.next_write_id();
+                let t = m.begin(first as usize, count as usize, Effect::Data(id));
+                Req::Write { t, id, fua }
+            }
+            16..=22 => Req::Read {
+                first,
+                count: rng.range(1, (n - first).min(64)),
+            },
+            23..=26 => Req::Flush,
+            27..=30 => {
+                let count = rng.range(1, (n - first).min(64));
+                let (fua, trim) = (rng.chance(1, 10), rng.chance(1, 2));
+                let effect = if trim { Effect::Trim } else { Effect::Zeros };
+                let t = self
+                    .shared
+                    .model
+                    .lock()
+                    .begin(first as usize, count as usize, effect);
+                Req::Zero { t, fua, trim }
+            }
+            _ => Req::Mode(["write-back", "write-through", "write-around"][rng.below(3) as usize]),
+        }
+    }
+
+    /// Lets one of `held` through (or fails it, `fault_odds` being 1 in that many).
+    fn release_one(&mut self, held: &[HeldOp], slow: &[(&str, OpKind)], fault_odds: u64) {
+        let fast: Vec<&HeldOp> = held
+            .iter()
+            .filter(|h| !slow.contains(&(h.device, h.kind)))
+            .collect();
+        let op = if !fast.is_empty() && !self.rng.chance(1, self.slow_odds) {
+            fast[self.rng.below(fast.len() as u64) as usize]
+        } else {
+            &held[self.rng.below(held.len() as u64) as usize]
+        };
+        let fail = fault_odds > 0 && self.rng.chance(1, fault_odds);
+        if fail {
+            self.shared.faulted.store(true, Ordering::SeqCst);
+            self.totals.faults += 1;
+        }
+        let what = format!(
+            "{} {} {:?} {}+{} {}",
+            op.thread, op.device, op.kind, op.offset, op.len_bytes, fail
+        );
+        self.note(&what);
+        assert!(self.sched.release(op.ticket, fail), "{what} vanished");
+    }
+}
+
+fn run_case(seed: u64, totals: &mut Totals) -> u64 {
+    let mut rng = Rng::new(seed);
+    let segment = [32 * KIB, 64 * KIB][rng.below(2) as usize];
+    let cache_bytes = (1 << 20) + segment * rng.range(8, 32);
+    let cache_data_bytes = live_bytes_max(cache_bytes, segment);
+    // Half the schedules write a small region: overwrites kill whole segments, so the head
+    // advances without writeback (while a zeroing holds writeback back, for instance).
+    let region_max = (cache_data_bytes / 512).min(1024);
+    let region_sectors = if rng.chance(1, 2) {
+        rng.range(16, region_max.min(128))
+    } else {
+        rng.range(16, region_max)
+    };
+    let seal_interval_ms = if rng.chance(1, 2) {
+        0
+    } else {
+        rng.range(1, 20) as u32
+    };
+    let opts = OpenOptions {
+        ram_buffer_bytes: segment * rng.range(2, 4),
+        seal_interval_ms: Some(seal_interval_ms),
+        // Fewer decisions by the wall clock: a replay then takes the same path more often.
+        promote_pause_after_relocation: Duration::ZERO,
+        ..OpenOptions::default()
+    };
+    let pair = SimPair::new(cache_bytes, 4 << 20, segment);
+    pair.write_original(region_sectors);
+    let sched = Scheduler::new();
+    let cache: Arc<SchedDevice> = Arc::new(SchedDevice::new(pair.cache(), "cache", sched.clone()));
+    let backing: Arc<SchedDevice> =
+        Arc::new(SchedDevice::new(pair.backing(), "backing", sched.clone()));
+    let shared = Arc::new(Shared {
+        model: Mutex::new(History::new(region_sectors as usize)),
+        errors: Mutex::new(Vec::new()),
+        faulted: AtomicBool::new(false),
+        reads_checked: AtomicU64::new(0),
+    });
+    let cycles = rng.range(1, env_u64("LOGCACHE_SIM_CYCLES").unwrap_or(1).max(1));
+    let mut case = Case {
+        rng,
+        sched: sched.clone(),
+        shared: shared.clone(),
+        region_sectors,
+        totals,
+        trace: 0xcbf2_9ce4_8422_2325,
+        trace_steps: std::env::var("LOGCACHE_SIM_VERBOSE").is_ok_and(|v| v == "2"),
+        slow_odds: 1,
+    };
+    for cycle in 0..cycles {
+        case.totals.cycles += 1;
+        case.note(&format!("cycle {cycle}"));
+        sched.set_mode(GateMode::Open);
+        let e = Engine::open(cache.clone(), backing.clone(), opts.clone())
+            .unwrap_or_else(|err| panic!("cycle {cycle}: open: {err}"));
+        // The default threshold, a random one, or none (writeback only when writers wait
+        // for room: dirty blocks stay dirty, so a zero range or a crash meets them).
+        match case.rng.below(3) {
+            0 => {}
+            1 => {
+                let pct = case.rng.range(0, 50).to_string();
+                e.set_tunable("writeback_threshold_percent", &pct).unwrap();
+            }
+            _ => e.set_tunable("writeback_threshold_percent", "100").unwrap(),
+        }
+        let depth = case.rng.range(1, 4).to_string();
+        e.set_tunable("writeback_io_depth", &depth).unwrap();
+        e.set_tunable("writeback_idle_ms", "0").unwrap();
+        case.settle();
+        shared.faulted.store(false, Ordering::SeqCst);
+        sched.set_mode(GateMode::Scheduled);
+        let workers: Vec<Worker> = (0..case.rng.range(2, 4) as usize)
+            .map(|i| Worker::spawn(i, e.clone(), shared.clone(), sched.clone()))
+            .collect();
+        case.slow_odds = [16, 64, 256][case.rng.below(3) as usize];
+        let mut slow: Vec<(&str, OpKind)> = SLOW_CANDIDATES
+            .iter()
+            .copied()
+            .filter(|_| case.rng.chance(1, 4))
+            .collect();
+        let fault_odds = if case.rng.chance(1, 4) {
+            case.rng.range(20, 200)
+        } else {
+            0
+        };
+        let mut requests_left = case.rng.range(5, 120);
+        // The power may fail at any step, or only after the last request.
+        let crash_odds = case.rng.range(20, 1000);
+        let cut_when_done = case.rng.chance(1, 2);
+        // Or once a slow IO has been held for this many steps (a power cut inside the window
+        // it opens: a zeroing not yet on the backing device, a sync not yet done).
+        let cut_in_window = case.rng.chance(1, 3).then(|| case.rng.range(10, 300));
+        if cut_in_window.is_some() {
+            case.slow_odds = 256;
+            if case.rng.chance(1, 2) {
+                slow.push(("backing", OpKind::Discard));
+            }
+        }
+        let mut slow_held_since: Option<u64> = None;
+        let mut stuck_since: Option<Instant> = None;
+        loop {
+            case.settle();
+            case.check_errors();
+            case.totals.steps += 1;
+            let held = sched.held();
+            let idle: Vec<usize> = (0..workers.len()).filter(|&i| !workers[i].busy()).collect();
+            let can_start = requests_left > 0 && !idle.is_empty();
+            if held.iter().any(|h| slow.contains(&(h.device, h.kind))) {
+                let since = *slow_held_since.get_or_insert(case.totals.steps);
+                if cut_in_window.is_some_and(|n| case.totals.steps - since >= n) {
+                    case.cut_note("crash in a slow IO's window", &held);
+                    break;
+                }
+            } else {
+                slow_held_since = None;
+            }
+            if requests_left == 0 && cut_when_done && !held.is_empty() {
+                // The power fails with IOs still held (a zeroing, a sync in flight).
+                case.cut_note("crash with IO held", &held);
+                break;
+            }
+            if held.is_empty() && !can_start {
+                if idle.len() == workers.len() {
+                    break;
+                }
+                // Requests are running and no IO is held: they wait for a timer (the periodic
+                // seal, writeback's poll) or for each other. Past `HANG` it is a hang.
+                let since = *stuck_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > HANG {
+                    let running: Vec<String> = workers
+                        .iter()
+                        .filter_map(|w| w.current.lock().as_ref().map(|r| format!("{r:?}")))
+                        .collect();
+                    panic!(
+                        "cycle {cycle}: requests hang with no IO held for {HANG:?}: {running:?}; \
+                         engine: {:?}",
+                        e.stats().failed
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                case.totals.waits += 1;
+                continue;
+            }
+            stuck_since = None;
+            if case.rng.chance(1, crash_odds) {
+                case.note("crash");
+                break;
+            }
+            // A slow IO waits while new requests can run instead.
+            let only_slow =
+                !held.is_empty() && held.iter().all(|h| slow.contains(&(h.device, h.kind)));
+            let start = held.is_empty()
+                || (only_slow && !case.rng.chance(1, case.slow_odds))
+                || case.rng.chance(1, 3);
+            if can_start && start {
+                let w = idle[case.rng.below(idle.len() as u64) as usize];
+                let req = case.random_req();
+                case.note(&format!("start {w} {req:?}"));
+                workers[w].start(req);
+                requests_left -= 1;
+                case.totals.requests += 1;
+            } else {
+                case.release_one(&held, &slow, fault_odds);
+            }
+        }
+        if seal_interval_ms > 0 && case.rng.chance(1, 2) {
+            seal_check(&mut case, &e, &workers);
+        }
+        // Power fails.
+        shared.model.lock().power_off();
+        shared.faulted.store(true, Ordering::SeqCst);
+        sched.set_mode(GateMode::Dead);
+        e.crash();
+        let until = Instant::now() + SETTLE_MAX;
+        while workers.iter().any(Worker::busy) {
+            assert!(
+                Instant::now() < until,
+                "cycle {cycle}: a request did not return after the engine stopped"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for w in workers {
+            let _ = w.tx.send(None);
+            w.handle.join().expect("request thread");
+        }
+        case.check_errors();
+        pair.cache.crash(&mut case.rng);
+        pair.backing.crash(&mut case.rng);
+        sched.set_mode(GateMode::Open);
+        let e = Engine::open(cache.clone(), backing.clone(), opts.clone())
+            .unwrap_or_else(|err| panic!("cycle {cycle}: reopen after the power cut: {err}"));
+        let mut image = vec![0u8; region_sectors as usize * SECTOR];
+        e.read(0, &mut image).expect("read after recovery");
+        if let Err(msg) = shared.model.lock().check_recovered(&image) {
+            panic!(
+                "cycle {cycle}: after the power cut: {msg}; recovery: {:?}",
+                e.stats().recovery
+            );
+        }
+        e.crash();
+    }
+    assert_eq!(sched.timed_out(), 0, "an IO passed the gate by timeout");
+    case.totals.reads_checked += shared.reads_checked.load(Ordering::Relaxed);
+    case.trace
+}
+
+/// The periodic seal, checked: with the backing device stalled (its writes and zeroings held),
+/// one more write is acknowledged, and within the seal interval (with a generous margin) it
+/// must be sealed and synced, so the model counts it durable and the power cut that follows
+/// checks it.
+fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
+    if e.mode() != "write-back" || e.stats().failed.is_some() {
+        return;
+    }
+    let Some(w) = workers.iter().position(|w| !w.busy()) else {
+        return;
+    };
+    case.totals.seal_checks += 1;
+    let stalled =
+        |h: &HeldOp| h.device == "backing" && matches!(h.kind, OpKind::Write | OpKind::Discard);
+    let n = case.region_sectors;
+    let first = case.rng.below(n);
+    let count = case.rng.range(1, (n - first).min(8));
+    let (t, id) = {
+        let mut m = case.shared.model.lock();
+        let id = m.next_write_id();
+        (
+            m.begin(first as usize, count as usize, Effect::Data(id)),
+            id,
+        )
+    };
+    case.note("seal check");
+    workers[w].start(Req::Write {
+        t: t.clone(),
+        id,
+        fua: false,
+    });
+    // Let the write finish (it may wait for room, which needs the stalled device: then skip).
+    let mut quiet = 0;
+    while workers[w].busy() {
+        case.settle();
+        let held: Vec<HeldOp> = case
+            .sched
+            .held()
+            .into_iter()
+            .filter(|h| !stalled(h))
+            .collect();
+        if held.is_empty() {
+            quiet += 1;
+            if quiet > 200 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        case.release_one(&held, &[], 0);
+    }
+    let before = e.stats();
+    if before.failed.is_some() || e.mode() != "write-back" {
+        return;
+    }
+    // Sealed (a chunk sealed since the write was acknowledged) and synced. If that does not
+    // happen within SEAL_WAIT, the probe may still be durable (sealed with an earlier chunk):
+    // the power cut that follows decides, counting it durable.
+    let until = Instant::now() + SEAL_WAIT;
+    loop {
+        case.settle();
+        case.check_errors();
+        let s = e.stats();
+        if s.failed.is_some() {
+            return;
+        }
+        if (s.next_seq > before.next_seq && s.synced_seq + 1 >= s.next_seq)
+            || Instant::now() >= until
+        {
+            break;
+        }
+        let held: Vec<HeldOp> = case
+            .sched
+            .held()
+            .into_iter()
+            .filter(|h| !stalled(h))
+            .collect();
+        if held.is_empty() {
+            std::thread::sleep(Duration::from_millis(1));
+        } else {
+            case.release_one(&held, &[], 0);
+        }
+    }
+    case.shared.model.lock().durable(&t);
+}
+
+fn env_u64(var: &str) -> Option<u64> {
+    std::env::var(var).ok().map(|v| {
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{var} must be a whole number, got {v:?}"))
+    })
+}
+
+#[test]
+fn concurrent_schedules_keep_every_read_and_crash_contract() {
+    let fixed = env_u64("LOGCACHE_SIM_SEED");
+    let count = env_u64("LOGCACHE_SIM_SCHEDULES").unwrap_or(CI_SCHEDULES);
+    let base = fixed.unwrap_or(0);
+    let mut seeds: Vec<u64> = (0..count).map(|i| base.wrapping_add(i)).collect();
+    if fixed.is_none() {
+        let fresh = logcache_testkit::rng::seed_from_env("LOGCACHE_SIM_RANDOM_SEED");
+        eprintln!("sim: this run's random seed is {fresh}");
+        seeds.push(fresh);
+    }
+    let verbose = std::env::var("LOGCACHE_SIM_VERBOSE").is_ok();
+    let keep_going = std::env::var("LOGCACHE_SIM_KEEP_GOING").is_ok();
+    let mut failures: Vec<(u64, String)> = Vec::new();
+    let mut totals = Totals::default();
+    let started = Instant::now();
+    for seed in seeds.iter().copied() {
+        let r =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(seed, &mut totals)));
+        match r {
+            Ok(trace) => {
+                if verbose {
+                    eprintln!("sim: seed {seed} trace {trace:016x}");
+                }
+            }
+            Err(e) if keep_going => {
+                let msg = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                eprintln!("sim: seed {seed} FAILED: {msg}");
+                failures.push((seed, msg));
+            }
+            Err(e) => {
+                eprintln!(
+                    "\nsim failed with seed {seed}; replay it with:\n  LOGCACHE_SIM_SEED={seed} \
+                     LOGCACHE_SIM_SCHEDULES=1 cargo test -p logcache-engine --test sim\n"
+                );
+                std::panic::resume_unwind(e);
+            }
+        }
+    }
+    eprintln!(
+        "sim: {} schedules, {} cycles, {} requests, {} steps, {} injected faults, {} seal checks, \
+         {} reads checked, {} cuts during a zeroing, {} ms waiting for timers, in {:.1} s",
+        seeds.len(),
+        totals.cycles,
+        totals.requests,
+        totals.steps,
+        totals.faults,
+        totals.seal_checks,
+        totals.reads_checked,
+        totals.cuts_in_zeroing,
+        totals.waits,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} schedules failed: {failures:?}",
+        failures.len()
+    );
+}
