@@ -366,7 +366,7 @@ fn cache_modes_switch_online_drain_first_and_persist() {
     assert!(u64_of(&s, "write_around_writes") > 0, "{s}");
     assert!(u64_of(&s, "blocks_invalidated") >= 64, "{s}");
     assert!(u64_of(&s, "cached_blocks") <= cached_before, "{s}");
-    // TRIM reaches the backing file as zeros.
+    // TRIM passes a discard on to the backing file: a hole there, which reads as zeros.
     qemu_io_ok(&disk.uri(), &["discard 1M 1M", "read -P 0 1M 1M"]);
     assert!(read_at(backing, MIB, MIB as usize).iter().all(|&b| b == 0));
     assert!(read_at(backing, 2 * MIB, MIB as usize)

@@ -228,30 +228,34 @@ impl Engine {
     }
 
     /// Makes `len_bytes` bytes at `offset_bytes` read as zeros (both multiples of 512), in every mode:
-    /// cached copies are dropped, and the backing device gets the zeros (a hole where it can)
-    /// in order with the writes around them. With `fua`, returns once durable.
+    /// cached copies are dropped, and the backing device gets the zeros (its own write-zeroes,
+    /// a hole where it can) in order with the writes around them. With `fua`, returns once
+    /// durable.
     pub fn write_zeroes(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
-        self.zero(offset_bytes, len_bytes, fua, false)
-    }
-
-    /// TRIM: the range's data is no longer needed. It reads as zeros afterwards (the same
-    /// operation as `write_zeroes`, counted apart); a file backing device gets a hole.
-    pub fn discard(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
-        self.zero(offset_bytes, len_bytes, fua, true)
-    }
-
-    fn zero(&self, offset_bytes: u64, len_bytes: u64, fua: bool, discard: bool) -> Result<()> {
         self.check_range(offset_bytes, len_bytes)?;
         if len_bytes == 0 {
             return Ok(());
         }
-        bypass::zero(
-            &self.inner,
-            offset_bytes,
-            len_bytes,
-            discard,
-            |off, zeros| self.write_mode(off, zeros),
-        )?;
+        bypass::zero(&self.inner, offset_bytes, len_bytes, |off, zeros| {
+            self.write_mode(off, zeros)
+        })?;
+        self.durable_if(fua)
+    }
+
+    /// TRIM, a hint: the range's data is no longer needed, and until it is written again it
+    /// reads as data written there before, zeros, or what the backing device's discard left
+    /// (never data never written there). Cached copies of its whole blocks are dropped, dirty
+    /// ones too, and the backing device gets a discard in order with the writes around it.
+    pub fn discard(&self, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
+        self.check_range(offset_bytes, len_bytes)?;
+        if len_bytes == 0 {
+            return Ok(());
+        }
+        bypass::trim(&self.inner, offset_bytes, len_bytes)?;
+        self.durable_if(fua)
+    }
+
+    fn durable_if(&self, fua: bool) -> Result<()> {
         if fua {
             self.make_durable()?;
         }

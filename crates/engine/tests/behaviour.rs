@@ -541,3 +541,122 @@ fn many_writer_threads() {
         );
     }
 }
+
+/// A memory device that records what reaches it: discards, write-zeroes and written bytes.
+#[derive(Default)]
+struct Recorded {
+    discards: Vec<(u64, u64)>,
+    write_zeroes: Vec<(u64, u64)>,
+    written_bytes: u64,
+}
+
+struct Recorder(MemDevice, std::sync::Mutex<Recorded>);
+
+impl BlockDevice for Recorder {
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.0.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.1.lock().unwrap().written_bytes += buf.len() as u64;
+        self.0.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+    fn discard(&self, offset: u64, len_bytes: u64) -> std::io::Result<()> {
+        self.1.lock().unwrap().discards.push((offset, len_bytes));
+        self.0.discard(offset, len_bytes)
+    }
+    fn write_zeroes(&self, offset: u64, len_bytes: u64) -> std::io::Result<()> {
+        self.1
+            .lock()
+            .unwrap()
+            .write_zeroes
+            .push((offset, len_bytes));
+        self.0.write_zeroes(offset, len_bytes)
+    }
+    fn describe(&self) -> String {
+        "recording memory".into()
+    }
+}
+
+/// TRIM is a hint: it drops cached copies of its whole blocks (dirty ones too) and passes a
+/// discard of them to the backing device, writing no zeros anywhere; partial blocks at its
+/// ends keep their data. Write-zeroes still promises zeros, through the backing device's own
+/// write-zeroes (no zero blocks written).
+#[test]
+fn trim_drops_cached_copies_and_passes_a_discard_on_and_write_zeroes_uses_the_device() {
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(MIB + 32 * SEG_64K));
+    let rec = Arc::new(Recorder(
+        MemDevice::new(16 * MIB),
+        std::sync::Mutex::new(Recorded::default()),
+    ));
+    rec.0.write_at(&[0x11; 4 * 4096], 10 * 4096).unwrap();
+    let backing: Arc<dyn BlockDevice> = rec.clone();
+    let fopts = FormatOptions {
+        segment_size_bytes: SEG_64K,
+        ..FormatOptions::default()
+    };
+    format_cache(&*cache, &*backing, &fopts).unwrap();
+    let opts = OpenOptions {
+        manual_flusher: true,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(cache, backing, opts).unwrap();
+    e.write(10 * 4096, &[0x22; 4 * 4096], false).unwrap();
+    e.flush().unwrap();
+    assert_eq!(e.stats().dirty_blocks, 4);
+    let written_before = rec.1.lock().unwrap().written_bytes;
+    // Blocks 10 and 11 whole, 512 bytes of block 12: only 10 and 11 are trimmed.
+    e.discard(10 * 4096, 2 * 4096 + 512, false).unwrap();
+    {
+        let r = rec.1.lock().unwrap();
+        assert_eq!(r.discards, vec![(10 * 4096, 2 * 4096)]);
+        assert!(
+            r.write_zeroes.is_empty(),
+            "a TRIM zeroed: {:?}",
+            r.write_zeroes
+        );
+        assert_eq!(
+            r.written_bytes, written_before,
+            "a TRIM wrote to the backing device"
+        );
+    }
+    let s = e.stats();
+    assert_eq!(
+        s.dirty_blocks, 2,
+        "the trimmed dirty blocks are dropped, the others stay"
+    );
+    assert_eq!(s.counters.discards, 1);
+    let mut buf = vec![0u8; 4 * 4096];
+    e.read(10 * 4096, &mut buf).unwrap();
+    // Trimmed sectors: data written there before, or zeros (the memory device's discard).
+    for sector in buf[..2 * 4096].chunks(512) {
+        let first = sector[0];
+        assert!(
+            [0, 0x11, 0x22].contains(&first) && sector.iter().all(|&b| b == first),
+            "a trimmed sector holds data never written there: {first:#x}"
+        );
+    }
+    assert!(
+        buf[2 * 4096..].iter().all(|&b| b == 0x22),
+        "the partial block changed"
+    );
+
+    e.write_zeroes(20 * 4096, 4 * 4096, true).unwrap();
+    e.read(20 * 4096, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+    {
+        let r = rec.1.lock().unwrap();
+        assert_eq!(r.write_zeroes, vec![(20 * 4096, 4 * 4096)]);
+        assert_eq!(
+            r.written_bytes, written_before,
+            "zeros were written as blocks"
+        );
+    }
+    e.close().unwrap();
+}

@@ -206,10 +206,11 @@ fn power_cut_copy(dev: &SimDevice) -> SimDevice {
     copy
 }
 
-/// Defect 1: a TRIM's zero range must not leave the log (the head must not pass it) before
-/// the zeros reach the backing device. Write D to block L and flush; TRIM L while the backing
-/// device's zeroing is held; rewrite other blocks so dead segments are reclaimed; cut the
-/// power. The block must read as D (the TRIM never returned) or zeros, never the backing
+/// Defect 1: a write-zeroes' zero range must not leave the log (the head must not pass it)
+/// before the zeros reach the backing device. (Found with TRIM, which then zeroed; TRIM is a
+/// hint now and write-zeroes keeps the zero range.) Write D to block L and flush; zero L while
+/// the backing device's zeroing is held; rewrite other blocks so dead segments are reclaimed; cut the
+/// power. The block must read as D (the write-zeroes never returned) or zeros, never the backing
 /// device's older data. Before the fix the head passed the segments holding D and the zero
 /// range, and recovery found neither.
 #[test]
@@ -230,7 +231,7 @@ fn a_zero_range_stays_in_the_log_until_the_backing_device_has_the_zeros() {
     e.flush().unwrap();
     backing.hold(OpKind::Discard);
     let trimmer = e.clone();
-    let trim = std::thread::spawn(move || trimmer.discard(lba * 4096, 4096, false));
+    let trim = std::thread::spawn(move || trimmer.write_zeroes(lba * 4096, 4096, false));
     assert!(
         backing.wait_held(OpKind::Discard, 1, HANG),
         "the TRIM never zeroed the backing device"

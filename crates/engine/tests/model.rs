@@ -1,5 +1,6 @@
 //! Model-based test: random reads (which promote misses), writes of any size and alignment,
-//! TRIM and write-zeroes, flushes, FUA writes, cache-mode switches, read-cache tunables,
+//! TRIM (a hint: a trimmed sector must read as zeros or as a value it held before, until it is
+//! written again) and write-zeroes, flushes, FUA writes, cache-mode switches, read-cache tunables,
 //! writeback, drains and clean close/reopen, checked byte for byte against a plain in-memory
 //! disk; after a drain, the backing device alone must hold the model's image.
 //!
@@ -17,6 +18,64 @@ use logcache_testkit::rng::Rng;
 
 const KIB: u64 = 1024;
 const MODES: [&str; 3] = ["write-back", "write-through", "write-around"];
+const SECTOR: usize = 512;
+
+/// The model's disk: its bytes, and per sector whether a TRIM left it open (and the values it
+/// held before, as hashes).
+struct Disk {
+    bytes: Vec<u8>,
+    trimmed: Vec<bool>,
+    history: Vec<Vec<u64>>,
+}
+
+fn hash(sector: &[u8]) -> u64 {
+    // FNV-1a: enough to tell this test's random sectors apart.
+    sector.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl Disk {
+    fn new(bytes: Vec<u8>) -> Disk {
+        let history = bytes.chunks(SECTOR).map(|s| vec![hash(s)]).collect();
+        let trimmed = vec![false; bytes.len() / SECTOR];
+        Disk {
+            bytes,
+            trimmed,
+            history,
+        }
+    }
+
+    /// Sets `[off, off + data.len())` (sector-aligned) to `data`.
+    fn write(&mut self, off: u64, data: &[u8]) {
+        let off = off as usize;
+        self.bytes[off..off + data.len()].copy_from_slice(data);
+        for s in off / SECTOR..(off + data.len()) / SECTOR {
+            self.trimmed[s] = false;
+            let h = hash(&self.bytes[s * SECTOR..(s + 1) * SECTOR]);
+            self.history[s].push(h);
+        }
+    }
+
+    fn trim(&mut self, off: u64, len: u64) {
+        for s in off as usize / SECTOR..(off + len) as usize / SECTOR {
+            self.trimmed[s] = true;
+        }
+    }
+
+    /// Whether `got` may be what `[off, off + got.len())` reads as: the model's bytes, except
+    /// that a trimmed sector may read as zeros or any value it held before.
+    fn matches(&self, off: u64, got: &[u8]) -> bool {
+        let off = off as usize;
+        got.chunks(SECTOR).enumerate().all(|(i, g)| {
+            let s = off / SECTOR + i;
+            if !self.trimmed[s] {
+                return g == &self.bytes[s * SECTOR..(s + 1) * SECTOR];
+            }
+            g.iter().all(|&b| b == 0) || self.history[s].contains(&hash(g))
+        })
+    }
+}
 
 fn run_case(seed: u64) {
     let mut rng = Rng::new(seed);
@@ -41,9 +100,10 @@ fn run_case(seed: u64) {
     };
     let pair = SimPair::new(cache_bytes, backing_bytes, segment);
     // Random initial backing content, so reads that merge with it are checked too.
-    let mut model = vec![0u8; region_bytes as usize];
-    rng.fill(&mut model);
-    pair.backing.write_raw(0, &model);
+    let mut initial = vec![0u8; region_bytes as usize];
+    rng.fill(&mut initial);
+    pair.backing.write_raw(0, &initial);
+    let mut model = Disk::new(initial);
     let mut e = Engine::open(pair.cache(), pair.backing(), opts.clone()).unwrap();
     let ops = rng.range(100, 600);
     let trace = std::env::var("LOGCACHE_TRACE").is_ok();
@@ -70,26 +130,28 @@ fn run_case(seed: u64) {
                 let fua = rng.chance(1, 20);
                 e.write(off, &data, fua)
                     .unwrap_or_else(|err| panic!("op {op}: write {off}+{len}: {err}"));
-                model[off as usize..(off + len) as usize].copy_from_slice(&data);
+                model.write(off, &data);
             }
             45..=79 => {
                 let mut buf = vec![0u8; len as usize];
                 e.read(off, &mut buf)
                     .unwrap_or_else(|err| panic!("op {op}: read {off}+{len}: {err}"));
                 assert!(
-                    buf[..] == model[off as usize..(off + len) as usize],
+                    model.matches(off, &buf),
                     "op {op}: read {off}+{len} differs from the model"
                 );
             }
             80..=83 => {
                 let fua = rng.chance(1, 10);
-                let res = if rng.chance(1, 2) {
+                if rng.chance(1, 2) {
                     e.discard(off, len, fua)
+                        .unwrap_or_else(|err| panic!("op {op}: trim {off}+{len}: {err}"));
+                    model.trim(off, len);
                 } else {
                     e.write_zeroes(off, len, fua)
-                };
-                res.unwrap_or_else(|err| panic!("op {op}: zero {off}+{len}: {err}"));
-                model[off as usize..(off + len) as usize].fill(0);
+                        .unwrap_or_else(|err| panic!("op {op}: zero {off}+{len}: {err}"));
+                    model.write(off, &vec![0u8; len as usize]);
+                }
             }
             84..=85 => {
                 let mode = MODES[rng.below(3) as usize];
@@ -123,7 +185,10 @@ fn run_case(seed: u64) {
                 // Drained: the backing device alone holds the image.
                 let mut raw = vec![0u8; region_bytes as usize];
                 pair.backing.read_at(&mut raw, 0).unwrap();
-                assert!(raw == model, "op {op}: backing image after drain differs");
+                assert!(
+                    model.matches(0, &raw),
+                    "op {op}: backing image after drain differs"
+                );
             }
             _ => {
                 e.close().unwrap();
@@ -134,16 +199,16 @@ fn run_case(seed: u64) {
     }
     let mut all = vec![0u8; region_bytes as usize];
     e.read(0, &mut all).unwrap();
-    assert!(all == model, "final image differs from the model");
+    assert!(model.matches(0, &all), "final image differs from the model");
     e.close().unwrap();
     let e = Engine::open(pair.cache(), pair.backing(), opts).unwrap();
     e.read(0, &mut all).unwrap();
-    if let Some(i) = (0..all.len()).find(|&i| all[i] != model[i]) {
+    if let Some(s) = (0..all.len() / SECTOR)
+        .find(|&s| !model.matches((s * SECTOR) as u64, &all[s * SECTOR..(s + 1) * SECTOR]))
+    {
         panic!(
-            "image after a clean reopen differs from the model at byte {i} (block {}): {} vs {}",
-            i / 4096,
-            all[i],
-            model[i]
+            "image after a clean reopen differs from the model at sector {s} (block {})",
+            s * SECTOR / 4096
         );
     }
     e.close().unwrap();

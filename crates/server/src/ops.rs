@@ -50,7 +50,9 @@ pub(crate) fn write(
     )
 }
 
-/// WRITE_ZEROES: the range reads as zeros afterwards. With `fua`, returns once durable.
+/// WRITE_ZEROES: the range reads as zeros afterwards. With `fua`, returns once durable. The
+/// sector-aligned middle goes to the export's `write_zeroes`; bytes of partial sectors at the
+/// ends are zeroed by read-modify-write.
 pub(crate) fn write_zeroes(
     export: &dyn Export,
     unaligned_lock: &Mutex<()>,
@@ -58,51 +60,11 @@ pub(crate) fn write_zeroes(
     length_bytes: u64,
     fua: bool,
 ) -> Result<()> {
-    zero_range(
-        export,
-        unaligned_lock,
-        offset_bytes,
-        length_bytes,
-        fua,
-        false,
-    )
-}
-
-/// TRIM: the spec leaves a trimmed range's contents unspecified; the engine's reads as zeros
-/// (it drops cached copies and the backing device gets a hole where it can).
-pub(crate) fn trim(
-    export: &dyn Export,
-    unaligned_lock: &Mutex<()>,
-    offset_bytes: u64,
-    length_bytes: u64,
-    fua: bool,
-) -> Result<()> {
-    zero_range(
-        export,
-        unaligned_lock,
-        offset_bytes,
-        length_bytes,
-        fua,
-        true,
-    )
-}
-
-/// The sector-aligned middle goes to the export's zero operation (`discard` for TRIM); bytes
-/// of partial sectors at the ends are zeroed by read-modify-write.
-fn zero_range(
-    export: &dyn Export,
-    unaligned_lock: &Mutex<()>,
-    offset_bytes: u64,
-    length_bytes: u64,
-    fua: bool,
-    discard: bool,
-) -> Result<()> {
     if length_bytes == 0 {
         return Ok(());
     }
     let end_bytes = offset_bytes + length_bytes;
-    let aligned_start_bytes = offset_bytes.next_multiple_of(SECTOR_BYTES);
-    let aligned_end_bytes = end_bytes - end_bytes % SECTOR_BYTES;
+    let (aligned_start_bytes, aligned_end_bytes) = whole_sectors(offset_bytes, length_bytes);
     let zero_bytes = |start: u64, end: u64| {
         modify(export, unaligned_lock, start, end - start, false, |range| {
             range.fill(0)
@@ -115,18 +77,44 @@ fn zero_range(
         if offset_bytes < aligned_start_bytes {
             zero_bytes(offset_bytes, aligned_start_bytes)?;
         }
-        let middle_bytes = aligned_end_bytes - aligned_start_bytes;
-        if discard {
-            export.discard(aligned_start_bytes, middle_bytes)?;
-        } else {
-            export.write_zeroes(aligned_start_bytes, middle_bytes)?;
-        }
+        export.write_zeroes(aligned_start_bytes, aligned_end_bytes - aligned_start_bytes)?;
         if aligned_end_bytes < end_bytes {
             zero_bytes(aligned_end_bytes, end_bytes)?;
         }
     }
+    flush_if(export, fua)
+}
+
+/// TRIM, a hint: the spec lets a client assume nothing about a trimmed range until it writes
+/// it again. The whole sectors inside go to the export's `discard` (the engine drops cached
+/// copies and passes a discard on; a device punches a hole where it can); partial sectors at
+/// the ends keep their data, so a trim never needs a read-modify-write nor the unaligned lock.
+pub(crate) fn trim(
+    export: &dyn Export,
+    _unaligned_lock: &Mutex<()>,
+    offset_bytes: u64,
+    length_bytes: u64,
+    fua: bool,
+) -> Result<()> {
+    let (aligned_start_bytes, aligned_end_bytes) = whole_sectors(offset_bytes, length_bytes);
+    if aligned_start_bytes < aligned_end_bytes {
+        export.discard(aligned_start_bytes, aligned_end_bytes - aligned_start_bytes)?;
+    }
+    flush_if(export, fua)
+}
+
+/// The sector-aligned part `[start, end)` of a byte range (empty when `start >= end`).
+fn whole_sectors(offset_bytes: u64, length_bytes: u64) -> (u64, u64) {
+    let end_bytes = offset_bytes + length_bytes;
+    (
+        offset_bytes.next_multiple_of(SECTOR_BYTES),
+        end_bytes - end_bytes % SECTOR_BYTES,
+    )
+}
+
+/// With `fua`, the export's flush: it covers every piece that returned before it.
+fn flush_if(export: &dyn Export, fua: bool) -> Result<()> {
     if fua {
-        // The export's flush covers every piece that returned before it.
         export.flush()?;
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! IO that reaches the backing device outside writeback: write-through and write-around
-//! writes, TRIM and write-zeroes, and the backing-device syncs that flushes owe for them.
+//! writes, write-zeroes and TRIM (a discard passed on), and the backing-device syncs that
+//! flushes owe for them.
 //!
 //! The rule they all follow: before the backing device's data for a block changes, a durable
 //! log entry drops every cached copy of it (a drop or zero range). Otherwise a crash could
@@ -180,33 +181,27 @@ pub fn write_around(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()>
     })
 }
 
-/// TRIM (`discard`) and write-zeroes: afterwards the range reads as zeros in every mode.
+/// Write-zeroes: afterwards the range reads as zeros in every mode.
 ///
 /// Whole blocks: a zero range is logged and made durable, dropping every cached copy, then the
-/// backing device zeroes the range (a hole where it can) and is synced. Recovery re-applies
-/// zero ranges the writeback position has not passed, so a crash between the two steps still
-/// ends with zeros. Partial blocks at the ends are written as zeros by the current mode.
+/// backing device zeroes the range with its own write-zeroes (a hole where it can) and is
+/// synced. Recovery re-applies zero ranges the writeback position has not passed, so a crash
+/// between the two steps still ends with zeros. Partial blocks at the ends are written as zeros
+/// by the current mode.
 pub fn zero(
     inner: &Inner,
     offset_bytes: u64,
     len_bytes: u64,
-    discard: bool,
     write_partial: impl Fn(u64, &[u8]) -> Result<()>,
 ) -> Result<()> {
     {
         let mut st = inner.state.lock();
         check_usable(&st)?;
-        if discard {
-            st.counters.discards += 1;
-            st.counters.discard_bytes += len_bytes;
-        } else {
-            st.counters.write_zeroes += 1;
-            st.counters.write_zeroes_bytes += len_bytes;
-        }
+        st.counters.write_zeroes += 1;
+        st.counters.write_zeroes_bytes += len_bytes;
     }
     let end_byte = offset_bytes + len_bytes;
-    let first = offset_bytes.div_ceil(BLOCK_SIZE_BYTES);
-    let end = end_byte / BLOCK_SIZE_BYTES;
+    let (first, end) = whole_blocks_of(offset_bytes, len_bytes);
     if first >= end {
         // Within one block, or across one boundary without a whole block.
         let mut pos = offset_bytes;
@@ -226,6 +221,86 @@ pub fn zero(
         write_partial(end * BLOCK_SIZE_BYTES, &ZERO_BLOCK[..tail as usize])?;
     }
     zero_blocks(inner, first, end)
+}
+
+/// Blocks `[first, end)` a byte range covers whole.
+fn whole_blocks_of(offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
+    (
+        offset_bytes.div_ceil(BLOCK_SIZE_BYTES),
+        (offset_bytes + len_bytes) / BLOCK_SIZE_BYTES,
+    )
+}
+
+/// TRIM: a hint. NBD lets a client assume nothing about a trimmed range until it writes it
+/// again, so nothing is zeroed: cached copies of the whole blocks (dirty ones too) are dropped
+/// by a durable drop range, then the backing device gets a discard of them, under
+/// `backing_order` so no writeback batch lands older data after it. Afterwards each trimmed
+/// sector reads as data written there before, zeros, or what the backing device's discard
+/// left: never data never written there. A crash changes nothing in that: the drop range is
+/// durable before the discard is sent, and a discard the crash lost leaves older data, which
+/// the rule allows; so no recovery bookkeeping (unlike write-zeroes' zero ranges). Partial
+/// blocks at the ends are left as they are.
+///
+/// In flush-epoch order the discard is passed on only when nothing older waits for the backing
+/// device (no dirty block or shadow, no zero range pending): sent earlier it would overtake
+/// older epochs, and the backing device would no longer be a past state of the disk. A hint
+/// may be dropped, so it is then left out rather than waited for.
+pub fn trim(inner: &Inner, offset_bytes: u64, len_bytes: u64) -> Result<()> {
+    {
+        let mut st = inner.state.lock();
+        check_usable(&st)?;
+        st.counters.discards += 1;
+        st.counters.discard_bytes += len_bytes;
+    }
+    let (first, end) = whole_blocks_of(offset_bytes, len_bytes);
+    if first >= end {
+        return Ok(());
+    }
+    // The order lock is not held while waiting for room in the log: writeback may make it.
+    let mut lba = first;
+    let order = loop {
+        let order = inner.backing_order.lock();
+        let mut st = inner.state.lock();
+        check_usable(&st)?;
+        (lba, _, _, _) = log_range_some(&mut st, inner, KIND_DROP, lba, end);
+        if lba == end {
+            st.bypass.begin_io();
+            break order;
+        }
+        drop(order);
+        drop(wait_for_room(inner, st)?);
+    };
+    let res = (|| {
+        wait_durable(inner)?;
+        let in_order = {
+            let st = inner.state.lock();
+            !st.ordered()
+                || (st.blocks.dirty_blocks() == 0 && st.writeback.zero_pending_seq().is_none())
+        };
+        if !in_order {
+            return Ok(());
+        }
+        let off = first * BLOCK_SIZE_BYTES;
+        let len = (end - first) * BLOCK_SIZE_BYTES;
+        // Devices without discard do nothing; either way the data there is older data.
+        inner.backing.discard(off, len).map_err(|e| {
+            Error::io(
+                format!("discarding {len} bytes at {off} on the backing device"),
+                e,
+            )
+        })
+    })();
+    let mut st = inner.state.lock();
+    st.bypass.end_io();
+    st.promotion.invalidate();
+    if res.is_err() {
+        // Not a failed engine: the cached copies are dropped for good and the backing device
+        // holds older data, which a trimmed range may read as.
+        st.counters.io_errors += 1;
+    }
+    drop(st);
+    drop(order);
+    res
 }
 
 fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
@@ -332,7 +407,7 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
             inner,
             &mut st,
             format!(
-                "a TRIM or write-zeroes could not be applied to the backing device ({e}); restart to apply it again"
+                "a write-zeroes could not be applied to the backing device ({e}); restart to apply it again"
             ),
         ),
     }
@@ -372,7 +447,7 @@ fn wait_for_older(inner: &Inner, seq: u64) -> Result<()> {
                     // Nothing before the range can be written back (it fails its checksum):
                     // the zeros cannot land in order.
                     break Err(Error::Corruption(format!(
-                        "dirty blocks logged before a TRIM or write-zeroes cannot be written back ({})",
+                        "dirty blocks logged before a write-zeroes cannot be written back ({})",
                         st.writeback.error().unwrap_or("no progress")
                     )));
                 }
