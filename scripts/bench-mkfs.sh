@@ -22,6 +22,8 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
+# KEEP=1 keeps the logs (mkfs output, discard support of each loop device) in $dir.
+[ -z "${KEEP:-}" ] || trap 'for p in $pids; do kill "$p" 2>/dev/null || true; done; echo "logs in $dir" >&2' EXIT
 
 wait_for() { # file
     i=0
@@ -39,10 +41,11 @@ mkfs_on() {
     fuse=$!
     wait_for "$dir/fuse.pid"
     loop=$(losetup -f --show "$dir/mnt/disk")
+    echo "discard_max_bytes $(cat /sys/block/"${loop#/dev/}"/queue/discard_max_bytes)" >>"$dir/mkfs.log"
     start=$(date +%s.%N)
     case $1 in
-        xfs) mkfs.xfs -q -f "$loop" ;;
-        ext4) mkfs.ext4 -q -F "$loop" ;;
+        xfs) mkfs.xfs -f "$loop" >>"$dir/mkfs.log" 2>&1 ;;
+        ext4) mkfs.ext4 -F "$loop" >>"$dir/mkfs.log" 2>&1 ;;
     esac
     end=$(date +%s.%N)
     losetup -d "$loop"
