@@ -607,6 +607,8 @@ fn trim_drops_cached_copies_and_passes_a_discard_on_and_write_zeroes_uses_the_de
         ..OpenOptions::default()
     };
     let e = Engine::open(cache, backing, opts).unwrap();
+    // Sorted writeback: a discard may reach the backing device while older data is dirty.
+    e.set_tunable("writeback_order", "sorted").unwrap();
     e.write(10 * 4096, &[0x22; 4 * 4096], false).unwrap();
     e.flush().unwrap();
     assert_eq!(e.stats().dirty_blocks, 4);
@@ -658,5 +660,22 @@ fn trim_drops_cached_copies_and_passes_a_discard_on_and_write_zeroes_uses_the_de
             "zeros were written as blocks"
         );
     }
+
+    // In flush-epoch order a discard must not overtake older dirty data on its way to the
+    // backing device: while anything is dirty the hint is dropped; once nothing is, it passes.
+    e.set_tunable("writeback_order", "consistent").unwrap();
+    e.write(30 * 4096, &[0x33; 4096], true).unwrap();
+    e.discard(31 * 4096, 4096, false).unwrap();
+    assert_eq!(
+        rec.1.lock().unwrap().discards.len(),
+        1,
+        "a discard overtook dirty data"
+    );
+    e.drain(|_| {}).unwrap();
+    e.discard(31 * 4096, 4096, false).unwrap();
+    assert_eq!(
+        rec.1.lock().unwrap().discards.last(),
+        Some(&(31 * 4096, 4096))
+    );
     e.close().unwrap();
 }
