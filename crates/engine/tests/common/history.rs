@@ -301,6 +301,11 @@ impl History {
                 Val::Data(id) => Effect::Data(id),
                 Val::Zeros => Effect::Zeros,
             };
+            // A value only a TRIM allowed (older data, or zeros) keeps the sector trimmed: its
+            // content is unspecified until written again, so a later read may find another
+            // older value (a replayed cached copy now, the backing device's after an eviction).
+            let direct = self.sectors[s].iter().any(|e| e.effect == effect);
+            let effect = if direct { effect } else { Effect::Trim };
             self.sectors[s] = vec![Entry {
                 effect,
                 invoke: now,
