@@ -140,6 +140,22 @@ pub fn wait_for_room<'a>(
     Ok(st)
 }
 
+/// One writeback step of at most `batch_blocks` on the calling thread, with the state lock
+/// released meanwhile, in manual mode; `None` when the writeback thread does this work (the
+/// caller then waits for its progress). Returns the blocks written back.
+pub fn writeback_step_here(
+    inner: &Inner,
+    st: &mut MutexGuard<'_, State>,
+    batch_blocks: usize,
+) -> Option<Result<u64>> {
+    if !inner.drive.inline() {
+        return None;
+    }
+    Some(MutexGuard::unlocked(st, || {
+        writeback::step(inner, batch_blocks)
+    }))
+}
+
 /// Progress of a drain, for a progress bar.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DrainProgress {

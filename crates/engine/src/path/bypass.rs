@@ -18,12 +18,13 @@ use parking_lot::MutexGuard;
 use super::write;
 use crate::drive::wait_durable;
 use crate::drive::wait_for_room;
+use crate::drive::writeback_step_here;
 use crate::error::{Error, Result};
 use crate::format::chunk::{Entry, KIND_DROP, KIND_ZERO};
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::inner::{check_usable, mark_failed, Inner};
 use crate::state::State;
-use crate::{tunables, writeback};
+use crate::tunables;
 use std::time::Duration;
 
 /// Zeros for the partial blocks at the ends of a zeroed range.
@@ -435,15 +436,13 @@ fn wait_for_older(inner: &Inner, seq: u64) -> Result<()> {
         if my_turn && clear {
             break Ok(());
         }
-        if inner.drive.inline() && my_turn {
-            drop(st);
+        if my_turn {
             // Small steps: each allocates its buffer, and only what precedes the range is due.
             let batch = (inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize).min(256);
-            let stepped = writeback::step(inner, batch);
-            st = inner.state.lock();
-            match stepped {
-                Err(e) => break Err(e),
-                Ok(0) => {
+            match writeback_step_here(inner, &mut st, batch) {
+                None => {}
+                Some(Err(e)) => break Err(e),
+                Some(Ok(0)) => {
                     // Nothing before the range can be written back (it fails its checksum):
                     // the zeros cannot land in order.
                     break Err(Error::Corruption(format!(
@@ -451,7 +450,7 @@ fn wait_for_older(inner: &Inner, seq: u64) -> Result<()> {
                         st.writeback.error().unwrap_or("no progress")
                     )));
                 }
-                Ok(_) => continue,
+                Some(Ok(_)) => continue,
             }
         }
         inner.progress.wait_for(&mut st, Duration::from_millis(100));

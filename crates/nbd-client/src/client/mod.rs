@@ -280,20 +280,16 @@ impl Client {
         offset_bytes: u64,
         len_bytes: u64,
     ) -> io::Result<()> {
-        let chunk_bytes = u64::from(self.info.max_request_bytes);
-        let end_bytes = offset_bytes + len_bytes;
-        let mut piece_offset_bytes = offset_bytes;
-        while piece_offset_bytes < end_bytes {
-            let length_bytes = (end_bytes - piece_offset_bytes).min(chunk_bytes);
+        let len = usize::try_from(len_bytes).expect("a range on this machine fits in usize");
+        for (piece_offset_bytes, piece) in pieces(offset_bytes, len, self.info.max_request_bytes) {
             self.transact(
                 command,
                 0,
                 piece_offset_bytes,
-                length_bytes as u32,
+                piece.len() as u32,
                 &[],
                 &mut [],
             )?;
-            piece_offset_bytes += length_bytes;
         }
         Ok(())
     }
