@@ -21,12 +21,7 @@ const SEG: u64 = 64 * KIB;
 const REGION_SECTORS: u64 = 2048;
 
 fn manual() -> OpenOptions {
-    OpenOptions {
-        ram_buffer_bytes: 2 * SEG,
-        manual_flusher: true,
-        seal_interval_ms: Some(0),
-        ..OpenOptions::default()
-    }
+    common::manual(2 * SEG)
 }
 
 /// The backing device's region as sector values: its current contents (`durable`: only what
