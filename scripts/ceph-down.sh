@@ -36,4 +36,11 @@ for pidfile in "$dir"/run/*.pid; do
         done
     fi
 done
+# A daemon whose pid file was not written yet (killed mid-start) or was removed is found by its
+# command line instead: the OSD once outlived its cluster this way.
+for pid in $(pgrep -f -- "-c $dir/ceph.conf" 2>/dev/null); do
+    case "$(cat "/proc/$pid/comm" 2>/dev/null)" in
+    ceph-mon | ceph-osd) kill -KILL "$pid" 2>/dev/null ;;
+    esac
+done
 rm -rf "$dir"

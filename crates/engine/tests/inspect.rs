@@ -21,12 +21,7 @@ const CACHE_BYTES: u64 = (1 << 20) + 16 * SEG;
 const BACKING_BYTES: u64 = 4 << 20;
 
 fn manual() -> OpenOptions {
-    OpenOptions {
-        ram_buffer_bytes: 2 * SEG,
-        manual_flusher: true,
-        seal_interval_ms: Some(0),
-        ..OpenOptions::default()
-    }
+    common::manual(2 * SEG)
 }
 
 fn pair() -> SimPair {

@@ -13,12 +13,7 @@ const KIB: u64 = 1024;
 const SEG: u64 = 32 * KIB;
 
 fn manual() -> OpenOptions {
-    OpenOptions {
-        ram_buffer_bytes: 2 * SEG,
-        manual_flusher: true,
-        seal_interval_ms: Some(0),
-        ..OpenOptions::default()
-    }
+    common::manual(2 * SEG)
 }
 
 /// Writes blocks `first..first+count`, each filled with `fill`.
