@@ -4,8 +4,9 @@ same command, and check every flushed write.
 
 Each cycle drives load through NBD with libnbd's async API (many requests in flight on one or
 more connections, 4 KiB block writes of 1-16 blocks, some unaligned 512-byte-sector writes,
-some FUA writes, flushes now and then, reads that are checked on the fly), sometimes runs
-`logcache drain`, a mode switch (`set cache_mode=write-through`, then back to `write-back`) or
+some FUA writes, TRIM and write-zeroes of blocks or sectors, flushes now and then, reads that
+are checked on the fly), sometimes runs `logcache drain`, a mode switch (`set
+cache_mode=write-through` and/or `=write-around`, then back to `write-back`) or
 `set writeback_threshold_percent=0` at the same time, then SIGKILLs the server: during writes,
 with a flush in flight, during writeback (idle or forced), during drain or a mode switch. In
 some cycles the restarted server is killed again while it recovers (before or just after its
@@ -25,6 +26,9 @@ and checked:
 * Blocks not written in the cycle must read exactly as before.
 * Never data from another sector or block, never a write not issued to that sector, never
   garbage.
+* A write-zeroes is a version that reads as zeros. A TRIM is a hint: as a version it allows
+  zeros or any data written to that sector before it; a sector verified as a value only a TRIM
+  allowed stays trimmed (across cycles) until a later version is read there.
 
 The content read becomes the next cycle's baseline. Exit status: 0 when every cycle verified
 without a violation, 1 on a violation, an I/O error while the server was healthy, a server that
@@ -36,6 +40,7 @@ parameters replays the same sequence of decisions (kill timing still depends on 
 """
 
 import argparse
+import array
 import json
 import os
 import random
@@ -364,14 +369,23 @@ class Admin:
 # What was written, acknowledged and flushed
 
 
-class Write:
-    __slots__ = ("ack", "failed", "fua", "n", "start", "wid")
+# Kinds of operation that change the disk. Every one gets a write id, in issue order.
+WRITE, ZERO, TRIM = 0, 1, 2
+KIND_NAME = {WRITE: "W", ZERO: "Z", TRIM: "T"}
 
-    def __init__(self, wid, start, n, fua):
+
+class Write:
+    """A write, a write-zeroes (reads as zeros) or a TRIM (a hint: the sector may then read
+    zeros or any data written to it before the TRIM, until written again)."""
+
+    __slots__ = ("ack", "failed", "fua", "kind", "n", "start", "wid")
+
+    def __init__(self, wid, start, n, fua, kind=WRITE):
         self.wid = wid
         self.start = start  # first sector
         self.n = n  # sectors
         self.fua = fua
+        self.kind = kind
         self.ack = None  # acknowledgement sequence number
         self.failed = None
 
@@ -455,7 +469,7 @@ class Cycle:
         w = self.writes[wid]
         state = "durable" if self.durable(w) else ("acked" if w.ack is not None else "unacked")
         fua = ",fua" if w.fua else ""
-        return f"W{wid}[sectors {w.start}+{w.n},{state}{fua}]"
+        return f"{KIND_NAME[w.kind]}{wid}[sectors {w.start}+{w.n},{state}{fua}]"
 
 
 # ------------------------------------------------------------------------------------------
@@ -472,9 +486,10 @@ class Verifier:
         self.region_sectors = self.region_blocks * SPB
         self.baseline = bytearray(self.region_blocks * BLOCK)  # zeros after format
         self.next_wid = 1
+        self.forget_ops()
         self.pool = BufferPool()
         # How long these commands have been taking (seconds, moving average), to aim kills.
-        self.admin_secs = {"drain": 0.5, "set cache_mode=write-through": 0.5}
+        self.admin_secs = {"drain": 0.5}
         self.violations = []
         self.problems = []  # not violations of the contract, but a failed run all the same
         self.s = {  # totals
@@ -494,6 +509,12 @@ class Verifier:
             "writes_durable": 0,
             "writes_unaligned": 0,
             "writes_fua": 0,
+            "trims_issued": 0,
+            "trims_unaligned": 0,
+            "zeroes_issued": 0,
+            "zeroes_unaligned": 0,
+            "kills_in_write_around": 0,
+            "sectors_read_trimmed": 0,
             "writes_verified": 0,
             "durable_writes_verified": 0,
             "flushes_issued": 0,
@@ -512,6 +533,65 @@ class Verifier:
             "violations": 0,
             "rss_mib_max": 0,
         }
+
+    # --- what every operation of the run did (for the TRIM rule) ---------------------------
+
+    def forget_ops(self):
+        # Per write id (compact: a run issues millions): kind, first sector, sectors.
+        self.op_kind = array.array("B", [255])
+        self.op_start = array.array("I", [0])
+        self.op_n = array.array("I", [0])
+        self.op_cycle = array.array("I", [0])
+        self.op_state = array.array("B", [0])  # 0 unacknowledged, 1 acknowledged, 2 durable
+        self.cycle_index = 0
+        # Per sector: 0, or the id of the TRIM whose rule still holds there (the sector was
+        # trimmed and verification read a value only that rule allowed; cleared once it reads a
+        # value written after it).
+        self.trimmed = array.array("I", [0]) * self.region_sectors
+
+    def remember(self, w):
+        while len(self.op_kind) <= w.wid:
+            self.op_kind.append(255)
+            self.op_start.append(0)
+            self.op_n.append(0)
+            self.op_cycle.append(0)
+            self.op_state.append(0)
+        self.op_kind[w.wid], self.op_start[w.wid], self.op_n[w.wid] = w.kind, w.start, w.n
+        self.op_cycle[w.wid] = self.cycle_index
+
+    def run_history(self, s, last=12):
+        """The run's last operations that reached sector s (for a violation's report)."""
+        out = []
+        for wid in range(len(self.op_kind) - 1, 0, -1):
+            if self.op_kind[wid] != 255 and self.op_start[wid] <= s < self.op_start[wid] + self.op_n[wid]:
+                out.append(
+                    f"{KIND_NAME[self.op_kind[wid]]}{wid}[sectors {self.op_start[wid]}+"
+                    f"{self.op_n[wid]},cycle {self.op_cycle[wid]},"
+                    f"{('unacked', 'acked', 'durable')[self.op_state[wid]]}]"
+                )
+                if len(out) == last:
+                    break
+        return out
+
+    def trim_allows(self, s, trim_wid, wid):
+        """A sector trimmed by `trim_wid` may read zeros or data written to it before then."""
+        if wid == 0:
+            return True
+        return (
+            wid is not None
+            and wid < trim_wid
+            and wid < len(self.op_kind)
+            and self.op_kind[wid] == WRITE
+            and self.op_start[wid] <= s < self.op_start[wid] + self.op_n[wid]
+        )
+
+    def base_allows(self, s, wid):
+        """What a sector no operation of this cycle reached may read: the baseline, or, if a
+        TRIM's rule still holds there, what that rule allows."""
+        if wid == self.baseline_id(s):
+            return True
+        t = self.trimmed[s]
+        return t != 0 and self.trim_allows(s, t, wid)
 
     # --- load ---------------------------------------------------------------------------
 
@@ -541,6 +621,7 @@ class Verifier:
         # The cycle's plan comes from (seed, cycle), so a replay with the same seed makes the
         # same plans even though the number of requests per cycle depends on timing.
         rng = self.rng = random.Random(self.seed * 1_000_003 + index)
+        self.cycle_index = index
         t_cycle = time.monotonic()
         cyc = Cycle(lie=args.self_test)
         scenario = rng.choices(list(SCENARIOS), weights=list(SCENARIOS.values()))[0]
@@ -560,9 +641,13 @@ class Verifier:
             "p_hot": rng.choice((0.0, 0.5, 0.9)),
             "hot": (hot_start, hot_start + hot_len),
             "max_blocks": rng.choice((1, 4, 16)),
+            # TRIM and write-zeroes, of whole blocks or (p_unaligned) any sectors.
+            "p_trim": rng.choice((0.0, 0.0, 0.01, 0.05, 0.15)) if args.discards else 0.0,
+            "p_zero": rng.choice((0.0, 0.0, 0.01, 0.05, 0.15)) if args.discards else 0.0,
         }
         if args.self_test:  # no flushes, no FUA: what the kill loses was never durable
             p["p_flush"], p["p_fua"], recovery_kills = 0.0, 0.0, 0
+            p["p_trim"], p["p_zero"] = 0.0, 0.0
         load_time = rng.uniform(args.load_min, args.load_max)
         kill_after = load_time
         load_stop = load_time
@@ -583,8 +668,20 @@ class Verifier:
             kill_after = admin_at + rng.uniform(0.0, 1.2) * self.admin_secs["drain"]
         elif scenario == "mode-switch":
             admin_at = rng.uniform(0.0, 0.7) * load_time
-            admin_steps = [["set", "cache_mode=write-through"], ["set", "cache_mode=write-back"]]
-            est = self.admin_secs["set cache_mode=write-through"]
+            # Leaving write-back drains; write-around sends writes straight to the backing
+            # device and drops cached copies.
+            modes = rng.choice(
+                (
+                    ["write-through"],
+                    ["write-around"],
+                    ["write-through", "write-around"],
+                    ["write-around", "write-through"],
+                )
+                if args.discards
+                else (["write-through"],)
+            )
+            admin_steps = [["set", f"cache_mode={m}"] for m in modes + ["write-back"]]
+            est = self.admin_secs.get(" ".join(admin_steps[0]), 0.5)
             if rng.random() < 0.75:  # during the switch to write-through (which drains)
                 kill_after = admin_at + rng.uniform(0.0, 1.2) * est
             else:  # in write-through, or while switching back
@@ -661,22 +758,42 @@ class Verifier:
                 busy.update(blocks)
                 conn.inflight[cookie] = ("r", start, n, buf, blocks)
                 return True
+            r -= p["p_flush"] + p["p_read"]
+            kind = WRITE
+            if r < p["p_trim"]:
+                kind = TRIM
+            elif r < p["p_trim"] + p["p_zero"]:
+                kind = ZERO
             unaligned = rng.random() < p["p_unaligned"]
             rngd = self.pick_range(p, busy, unaligned)
             if rngd is None:
                 return False
             start, n = rngd
             fua = rng.random() < p["p_fua"]
-            w = Write(self.next_wid, start, n, fua)
+            flags = nbd.CMD_FLAG_FUA if fua else 0
+            w = Write(self.next_wid, start, n, fua, kind)
             self.next_wid += 1
-            buf = self.pool.get(n * SECTOR)
-            buf.to_buffer()[:] = self.stamps.data(start, n, w.wid)
-            cookie = conn.h.aio_pwrite(buf, start * SECTOR, flags=nbd.CMD_FLAG_FUA if fua else 0)
+            buf = None
+            if kind == WRITE:
+                buf = self.pool.get(n * SECTOR)
+                buf.to_buffer()[:] = self.stamps.data(start, n, w.wid)
+                cookie = conn.h.aio_pwrite(buf, start * SECTOR, flags=flags)
+            elif kind == TRIM:
+                cookie = conn.h.aio_trim(n * SECTOR, start * SECTOR, flags=flags)
+            else:
+                cookie = conn.h.aio_zero(n * SECTOR, start * SECTOR, flags=flags)
+            self.remember(w)
             cyc.writes[w.wid] = w
             for b in w.blocks():
                 busy.add(b)
                 cyc.versions.setdefault(b, []).append(w.wid)
             conn.inflight[cookie] = ("w", w, buf)
+            if kind == TRIM:
+                s["trims_issued"] += 1
+                s["trims_unaligned"] += 1 if unaligned else 0
+            elif kind == ZERO:
+                s["zeroes_issued"] += 1
+                s["zeroes_unaligned"] += 1 if unaligned else 0
             s["writes_issued"] += 1
             s["writes_unaligned"] += 1 if unaligned else 0
             s["writes_fua"] += 1 if fua else 0
@@ -686,7 +803,8 @@ class Verifier:
             kind = op[0]
             if kind == "w":
                 w = op[1]
-                self.pool.put(op[2])
+                if op[2] is not None:
+                    self.pool.put(op[2])
                 for b in w.blocks():
                     busy.discard(b)
                 if ok:
@@ -817,8 +935,9 @@ class Verifier:
             finished_while_serving = list(admin.done)
             for argv, rc, _err, secs in finished_while_serving:
                 key = " ".join(argv)
-                if rc == 0 and key in self.admin_secs:
-                    self.admin_secs[key] = 0.7 * self.admin_secs[key] + 0.3 * secs
+                if rc == 0 and (key in self.admin_secs or key.startswith("set cache_mode=")):
+                    old = self.admin_secs.get(key, 0.5)
+                    self.admin_secs[key] = 0.7 * old + 0.3 * secs
         admin_running = admin.describe_running() if admin else None
         flush_in_flight = any(op[0] == "f" for c in conns for op in c.inflight.values())
         requests_in_flight = inflight()
@@ -834,12 +953,15 @@ class Verifier:
             s["kills_during_writeback"] += 1
         if sample.get("mode") == "write-through":
             s["kills_in_write_through"] += 1
+        if sample.get("mode") == "write-around":
+            s["kills_in_write_around"] += 1
         if admin_running:
             k = admin_running.replace(f"--control {server.ctl} ", "")
             s["kills_during_admin"][k] = s["kills_during_admin"].get(k, 0) + 1
         for c in conns:
             c.alive = False
             bufs = [op[2] if op[0] == "w" else op[3] for op in c.inflight.values() if op[0] != "f"]
+            bufs = [b for b in bufs if b is not None]  # TRIM and write-zeroes carry none
             self.pool.orphan(c.h, bufs)
         conns.clear()
         if admin is not None:
@@ -931,14 +1053,26 @@ class Verifier:
             "found": found,
             "allowed": allowed,
             "history": history,
+            "run_history": self.run_history(s),
+            "trimmed_by": self.trimmed[s],
         }
         self.violations.append(v)
         self.s["violations"] += 1
         if len(self.violations) <= self.args.max_reports:
             log(f"VIOLATION {json.dumps(v)}")
 
+    def op_allows(self, s, op, wid):
+        """Whether operation `op` of this cycle, if it was the last to reach sector s, lets it
+        read `wid` (0 for zeros)."""
+        if op.kind == WRITE:
+            return wid == op.wid
+        if op.kind == ZERO:
+            return wid == 0
+        return self.trim_allows(s, op.wid, wid)
+
     def check_read(self, cyc, index, scenario, start, n, data):
-        """A read while serving returns exactly the newest version of every sector."""
+        """A read while serving returns exactly the newest version of every sector (for a
+        TRIM: zeros or what was written there before it; for write-zeroes: zeros)."""
         cyc.reads_checked += 1
         for i in range(n):
             s = start + i
@@ -949,9 +1083,14 @@ class Verifier:
                     break
             if newest is not None and cyc.writes[newest].failed:
                 continue
-            expect = newest if newest is not None else self.baseline_id(s)
             got, desc = self.stamps.identify(data, i * SECTOR, s)
-            if got != expect:
+            if newest is None:
+                ok = self.base_allows(s, got)
+                expect = self.baseline_id(s)
+            else:
+                ok = self.op_allows(s, cyc.writes[newest], got)
+                expect = newest if cyc.writes[newest].kind == WRITE else 0
+            if not ok:
                 self.violation(
                     cyc,
                     index,
@@ -959,9 +1098,32 @@ class Verifier:
                     "read-while-serving",
                     s,
                     desc or (f"W{got}" if got else "zeros"),
-                    [f"W{expect}" if expect else "zeros"],
+                    [cyc.tag(newest) if newest else (f"W{expect}" if expect else "zeros")],
                     [cyc.tag(w) for w in cyc.versions.get(s // SPB, ())],
                 )
+
+    def judge(self, cyc, sec, cov, d, wid):
+        """Whether sector `sec` may read `wid` after the restart, given the operations `cov` of
+        this cycle that reached it (in issue order) and `d`, the index of the newest durable
+        one (None: none durable). Returns (ok, the TRIM whose rule holds there from now on or
+        0, whether it holds something newer than the durable version)."""
+        ops = [cyc.writes[w] for w in cov]
+        first = d if d is not None else 0
+        keep = self.trimmed[sec]
+        # A value written (data or zeros) by an allowed operation: no TRIM rule holds any more.
+        for i in range(first, len(ops)):
+            op = ops[i]
+            if op.kind != TRIM and self.op_allows(sec, op, wid):
+                return True, 0, i > first and d is not None
+        if d is None and wid == self.baseline_id(sec):
+            return True, keep, False
+        trims = [op.wid for op in ops[first:] if op.kind == TRIM]
+        matching = [t for t in trims if self.trim_allows(sec, t, wid)]
+        if matching:
+            return True, max(matching), False
+        if d is None and self.base_allows(sec, wid):
+            return True, keep, False
+        return False, 0, False
 
     def read_region(self, server):
         """Reads the whole region over several connections at once (the server answers reads
@@ -1013,7 +1175,9 @@ class Verifier:
                         sec = b * SPB + j
                         wid, desc = self.stamps.identify(got, o + j * SECTOR, sec)
                         base = self.baseline_id(sec)
-                        if wid != base:
+                        if wid != base and self.base_allows(sec, wid):
+                            s["sectors_read_trimmed"] += 1  # a TRIM's rule still holds
+                        elif wid != base:
                             self.violation(
                                 cyc,
                                 index,
@@ -1025,6 +1189,7 @@ class Verifier:
                                 [],
                             )
         # Written blocks: every sector against its allowed versions, and atomicity per block.
+        marks = {}  # sector -> the TRIM whose rule holds there from now on (0: none)
         for b, vers in touched.items():
             o = b * BLOCK
             found = []
@@ -1042,7 +1207,12 @@ class Verifier:
                     allowed = [self.baseline_id(sec)] + cov
                 s["sectors_checked"] += 1
                 found.append(wid)
-                if wid is None or wid not in allowed:
+                ok, trim_mark, newer = self.judge(cyc, sec, cov, d, wid)
+                if ok:
+                    marks[sec] = trim_mark
+                    if trim_mark:
+                        s["sectors_read_trimmed"] += 1
+                if not ok:
                     self.violation(
                         cyc,
                         index,
@@ -1060,13 +1230,13 @@ class Verifier:
                         ],
                         [cyc.tag(w) for w in vers],
                     )
-                elif d is not None and wid != cov[d]:
+                elif newer:
                     s["sectors_newer_than_durable"] += 1
             # Atomicity: a write seen in one sector of the block shows in all its sectors there,
             # unless a later write to that sector replaced it.
             order = {w: i for i, w in enumerate(vers)}
             for j, wid in enumerate(found):
-                if wid is None or wid not in order:
+                if wid is None or wid not in order or cyc.writes[wid].kind != WRITE:
                     continue
                 w = cyc.writes[wid]
                 for k in range(SPB):
@@ -1076,10 +1246,12 @@ class Verifier:
                     other = found[k]
                     if other == wid or other is None:  # None: reported as corrupt already
                         continue
-                    if (
-                        other in order
-                        and order[other] > order[wid]
-                        and cyc.writes[other].covers(sec)
+                    # A later operation there may have replaced it (a write, zeros, a TRIM).
+                    if any(
+                        order[x] > order[wid]
+                        and cyc.writes[x].covers(sec)
+                        and self.op_allows(sec, cyc.writes[x], other)
+                        for x in vers
                     ):
                         continue
                     self.violation(
@@ -1094,8 +1266,12 @@ class Verifier:
                     )
                     break
             s["blocks_written_verified"] += 1
+        for sec, mark in marks.items():
+            self.trimmed[sec] = mark
         s["blocks_verified"] += self.region_blocks
         for w in cyc.writes.values():
+            if w.wid < len(self.op_state):
+                self.op_state[w.wid] = 2 if cyc.durable(w) else (1 if w.ack is not None else 0)
             s["writes_verified"] += 1
             s["durable_writes_verified"] += 1 if cyc.durable(w) else 0
         self.baseline = got
@@ -1261,6 +1437,7 @@ def check_the_checker():
     def case(name, expect, build):
         cyc = Cycle()
         v.baseline = bytearray(zero)
+        v.forget_ops()
         got = bytearray(zero)
         build(cyc, got)
         v.violations = []
@@ -1271,8 +1448,9 @@ def check_the_checker():
             failures.append(name)
         log(f"check-checker: {status}: {name}: expected {sorted(expect)}, got {kinds}")
 
-    def write(cyc, wid, start, n, ack=True, fua=False):
-        w = Write(wid, start, n, fua)
+    def write(cyc, wid, start, n, ack=True, fua=False, kind=WRITE):
+        w = Write(wid, start, n, fua, kind)
+        v.remember(w)
         cyc.writes[wid] = w
         for b in w.blocks():
             cyc.versions.setdefault(b, []).append(wid)
@@ -1373,6 +1551,78 @@ def check_the_checker():
         v.baseline[0:BLOCK] = st.data(0, 8, 500)
         write(cyc, 1, 0, 8)
 
+    def trim_reads_old(cyc, got):
+        write(cyc, 1, 0, 8)
+        write(cyc, 2, 0, 8, kind=TRIM)
+        flush(cyc)
+        put(got, 0, 8, 1)
+
+    def trim_reads_zeros(cyc, got):
+        write(cyc, 1, 0, 8)
+        write(cyc, 2, 0, 8, kind=TRIM)
+        flush(cyc)
+
+    def trim_reads_later_overwritten(cyc, got):
+        write(cyc, 1, 0, 8, kind=TRIM)
+        write(cyc, 2, 0, 8)
+        write(cyc, 3, 0, 8)
+        flush(cyc)
+        put(got, 0, 8, 2)
+
+    def sub_block_trim(cyc, got):
+        write(cyc, 1, 0, 8)
+        write(cyc, 2, 2, 3, kind=TRIM, fua=True)
+        put(got, 0, 8, 1)
+        got[2 * SECTOR : 4 * SECTOR] = bytes(2 * SECTOR)
+
+    def zeroes_read_old(cyc, got):
+        write(cyc, 1, 0, 8)
+        write(cyc, 2, 0, 8, kind=ZERO)
+        flush(cyc)
+        put(got, 0, 8, 1)
+
+    def zeroes_read_zeros(cyc, got):
+        write(cyc, 1, 0, 8)
+        flush(cyc)
+        write(cyc, 2, 1, 3, kind=ZERO, fua=True)
+        put(got, 0, 8, 1)
+        got[SECTOR : 4 * SECTOR] = bytes(3 * SECTOR)
+
+    def partial_zeroes_read_old(cyc, got):
+        write(cyc, 1, 0, 8)
+        flush(cyc)
+        write(cyc, 2, 1, 3, kind=ZERO, fua=True)
+        put(got, 0, 8, 1)
+        got[SECTOR : 3 * SECTOR] = bytes(2 * SECTOR)
+
+    def trimmed_earlier(cyc, got, show):
+        # A TRIM (id 6) of a previous cycle whose rule still holds; write 7 came after it and
+        # was lost in that cycle's kill. Nothing reaches the block in this cycle.
+        for w in (Write(5, 40, 8, False), Write(6, 40, 8, False, TRIM), Write(7, 40, 8, False)):
+            v.remember(w)
+        for sec in range(40, 48):
+            v.trimmed[sec] = 6
+        if show:
+            put(got, 40, 8, show)
+
+    case("a TRIMmed sector reads the data before it", [], trim_reads_old)
+    case("a TRIMmed sector reads zeros", [], trim_reads_zeros)
+    case(
+        "a TRIMmed sector reads a write after it, later overwritten",
+        ["lost-or-foreign"],
+        trim_reads_later_overwritten,
+    )
+    case("a sub-block TRIM: part zeros, part old data", [], sub_block_trim)
+    case("a flushed write-zeroes reads old data", ["lost-or-foreign"], zeroes_read_old)
+    case("a FUA sub-block write-zeroes reads zeros", [], zeroes_read_zeros)
+    case("a FUA sub-block write-zeroes is half applied", ["lost-or-foreign"], partial_zeroes_read_old)
+    case("earlier TRIM, untouched: zeros", [], lambda c, g: trimmed_earlier(c, g, 0))
+    case("earlier TRIM, untouched: the data before it", [], lambda c, g: trimmed_earlier(c, g, 5))
+    case(
+        "earlier TRIM, untouched: a write after it, lost",
+        ["unwritten-block-changed"],
+        lambda c, g: trimmed_earlier(c, g, 7),
+    )
     case("a flushed write is there", [], durable_present)
     case("a flushed write is lost", ["lost-or-foreign"], durable_lost)
     case("a FUA write is lost", ["lost-or-foreign"], fua_lost)
@@ -1408,6 +1658,22 @@ def check_the_checker():
     if not good:
         failures.append("a stale read while serving")
     log(f"check-checker: {'ok' if good else 'WRONG'}: a stale read while serving: {kinds}")
+    # ... zeros after write-zeroes; after a TRIM zeros or older data, never a later write.
+    v.violations = []
+    w = write(cyc, 2, 0, 8, kind=ZERO)
+    v.check_read(cyc, 0, "checker", 0, 8, bytearray(BLOCK))
+    v.check_read(cyc, 0, "checker", 0, 8, bytearray(st.data(0, 8, 1)))
+    write(cyc, 3, 0, 8, kind=TRIM)
+    v.check_read(cyc, 0, "checker", 0, 8, bytearray(BLOCK))
+    v.check_read(cyc, 0, "checker", 0, 8, bytearray(st.data(0, 8, 1)))
+    write(cyc, 4, 0, 8, ack=False)
+    cyc.versions[0].pop()  # write 4 was issued (and lost) but here not yet: never written
+    v.check_read(cyc, 0, "checker", 0, 8, bytearray(st.data(0, 8, 4)))
+    kinds = [x["kind"] for x in v.violations]
+    good = kinds == ["read-while-serving"] * 16
+    if not good:
+        failures.append("reads after write-zeroes and TRIM")
+    log(f"check-checker: {'ok' if good else 'WRONG'}: reads after write-zeroes and TRIM: {kinds}")
     if failures:
         log(f"check-checker: FAIL: {failures}")
         return 1
@@ -1430,6 +1696,8 @@ def replay_command(a):
         f"--load-max {a.load_max}",
         f"--recovery-kill-prob {a.recovery_kill_prob}",
     ] + [f"--set {kv}" for kv in a.set]
+    if not a.discards:
+        parts.append("--no-discards")
     return " ".join(parts)
 
 
@@ -1459,6 +1727,13 @@ def main():
         default=[],
         metavar="KEY=VALUE",
         help="passed to every logcache serve (repeatable)",
+    )
+    ap.add_argument(
+        "--no-discards",
+        dest="discards",
+        action="store_false",
+        help="send no TRIM or write-zeroes and switch to write-through only (the load before "
+        "2026-11-25)",
     )
     ap.add_argument("--json", help="write the JSON summary here")
     ap.add_argument("--tmpdir", default=None, help="where the temporary directory goes")

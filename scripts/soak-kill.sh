@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The long version of reliability/kill_verify.py: SIGKILL `logcache serve` at random moments
-# (during writes, flushes, writeback, drain, a mode switch and recovery itself), restart it,
+# (during writes, TRIM, write-zeroes, flushes, writeback, drain, a switch to write-through or
+# write-around, and recovery itself), restart it,
 # verify every flushed write. Goal: zero violations.
 #
 # usage: scripts/soak-kill.sh [CYCLES] [extra kill_verify.py arguments...]
