@@ -194,6 +194,14 @@ impl Engine {
         read::read(&self.inner, offset_bytes, buf)
     }
 
+    /// Reads like [`read`](Self::read) if the cache holds every wanted sector and the range is
+    /// at most 1 MiB, so only RAM and the cache device are touched; else returns `Ok(false)`
+    /// having done nothing (the caller then uses `read`, e.g. on a thread that may wait).
+    pub fn read_if_cached(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<bool> {
+        self.check_range(offset_bytes, buf.len() as u64)?;
+        read::read_if_cached(&self.inner, offset_bytes, buf)
+    }
+
     /// Writes `data` at `offset_bytes` (both multiples of 512). With `fua`, returns once durable.
     /// In write-through mode it returns once the backing device has the data too; in
     /// write-around mode the data goes to the backing device only.

@@ -109,6 +109,89 @@ fn a_read_over_every_kind_of_copy_returns_the_newest() {
     );
 }
 
+/// The cached-only read (what a connection's reader serves itself): it serves a range every
+/// sector of which the cache holds, RAM and cache-device copies alike, without touching the
+/// backing device; a range with a miss, a sector the cache never held or more than one window
+/// is refused with nothing done, and the full read then serves it.
+#[test]
+fn a_cached_only_read_serves_hits_and_refuses_the_rest_untouched() {
+    let cache_bytes = MIB + 16 * MIB;
+    let pair = SimPair::new(cache_bytes, 64 * MIB, MIB);
+    pair.backing
+        .write_raw(0, &vec![0xEE; (96 * BLOCK) as usize]);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    for b in 0..64 {
+        e.write(b * BLOCK, &block_of(b), false).unwrap();
+    }
+    e.flush().unwrap();
+    e.close().unwrap();
+    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    e.write(20 * BLOCK, &[0xA0; 4096], false).unwrap();
+    e.write(70 * BLOCK + 3 * 512, &[0xA2; 512], false).unwrap();
+    let mut model = vec![0xEE; (96 * BLOCK) as usize];
+    for b in 0..64u64 {
+        model[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize].copy_from_slice(&block_of(b));
+    }
+    model[(20 * BLOCK) as usize..(21 * BLOCK) as usize].fill(0xA0);
+    model[(70 * BLOCK + 1536) as usize..(70 * BLOCK + 2048) as usize].fill(0xA2);
+
+    let backing_reads = pair.backing.read_count();
+    let cache_reads = pair.cache.read_count();
+    let reads = e.stats().counters.reads;
+    let mut out = vec![0u8; (64 * BLOCK) as usize];
+    assert!(
+        e.read_if_cached(0, &mut out).unwrap(),
+        "every block is cached"
+    );
+    assert!(out == model[..out.len()], "the cached-only read differs");
+    assert!(
+        pair.cache.read_count() > cache_reads,
+        "no cache device read"
+    );
+    assert_eq!(e.stats().counters.reads, reads + 1);
+    // The sector written alone in block 70 is served; its neighbours never were cached.
+    let mut sector = vec![0u8; 512];
+    assert!(e.read_if_cached(70 * BLOCK + 1536, &mut sector).unwrap());
+    assert!(sector == model[(70 * BLOCK + 1536) as usize..(70 * BLOCK + 2048) as usize]);
+    assert_eq!(
+        pair.backing.read_count(),
+        backing_reads,
+        "a hit read the backing device"
+    );
+
+    let refused = [
+        (60 * BLOCK, 8 * BLOCK), // runs into misses
+        (70 * BLOCK, BLOCK),     // a block whose other sectors the cache never held
+        (80 * BLOCK, BLOCK),     // a miss
+        (0, 256 * BLOCK + 4096), // more than one window
+    ];
+    let reads = e.stats().counters.reads;
+    for (offset, length) in refused {
+        let mut out = vec![0x55u8; length as usize];
+        assert!(
+            !e.read_if_cached(offset, &mut out).unwrap(),
+            "{offset}+{length}"
+        );
+        assert!(
+            out.iter().all(|&b| b == 0x55),
+            "a refused read wrote the buffer"
+        );
+    }
+    assert_eq!(
+        e.stats().counters.reads,
+        reads,
+        "a refused read was counted"
+    );
+    assert_eq!(
+        pair.backing.read_count(),
+        backing_reads,
+        "a refused read did IO"
+    );
+    let mut out = vec![0u8; (8 * BLOCK) as usize];
+    e.read(60 * BLOCK, &mut out).unwrap();
+    assert!(out == model[(60 * BLOCK) as usize..(68 * BLOCK) as usize]);
+}
+
 /// A device error on one block in the middle of a multi-run read: a dirty block (the only
 /// copy) fails the read with the IO error; a clean block is served from the backing device and
 /// its copy dropped; the other blocks of the failing run are read on their own and served.

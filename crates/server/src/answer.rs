@@ -7,7 +7,7 @@ use logcache_nbd::reply::BlockDescriptor;
 use logcache_nbd::request::Request;
 
 use crate::connection::Connection;
-use crate::limits::MAX_BLOCK_STATUS_EXTENTS;
+use crate::limits::{INLINE_READ_MAX_BYTES, MAX_BLOCK_STATUS_EXTENTS};
 use crate::meta::{MetaContext, BASE_ALLOCATION_ZERO_HOLE};
 use crate::{errno, ops, reply};
 
@@ -22,6 +22,45 @@ pub(crate) fn read_aligned<'a>(
     scratch: &mut Vec<u8>,
     request: &Request,
 ) -> &'a [u8] {
+    let export = &*connection.server.export;
+    let served = read_into_reply(connection, out, header, request, |offset_bytes, data| {
+        ops::read(export, offset_bytes, data, scratch).map(|()| true)
+    });
+    served.expect("a full read always serves")
+}
+
+/// READ on a connection's reader: as [`read_aligned`], but only if the export can serve it
+/// without a slow device (`Export::read_if_cached`); `None` (nothing sent or read) otherwise,
+/// and then a worker serves it. Sector-aligned requests only (others need read-modify-write
+/// scratch and are rare).
+pub(crate) fn read_cached<'a>(
+    connection: &Connection,
+    out: &'a mut Vec<u8>,
+    header: &mut Vec<u8>,
+    request: &Request,
+) -> Option<&'a [u8]> {
+    let sector_bytes = crate::limits::SECTOR_BYTES;
+    if request.offset_bytes % sector_bytes != 0
+        || u64::from(request.length_bytes) % sector_bytes != 0
+        || request.length_bytes > INLINE_READ_MAX_BYTES
+    {
+        return None;
+    }
+    let export = &*connection.server.export;
+    read_into_reply(connection, out, header, request, |offset_bytes, data| {
+        export.read_if_cached(offset_bytes, data)
+    })
+}
+
+/// Lays out a READ reply in `out` (header, then the data on a 4 KiB boundary) and lets `read`
+/// fill the data: `None` if it declined (`Ok(false)`), the error reply if it failed.
+fn read_into_reply<'a>(
+    connection: &Connection,
+    out: &'a mut Vec<u8>,
+    header: &mut Vec<u8>,
+    request: &Request,
+    read: impl FnOnce(u64, &mut [u8]) -> logcache_engine::Result<bool>,
+) -> Option<&'a [u8]> {
     let structured = connection.session.structured;
     let length_bytes = request.length_bytes as usize;
     header.clear();
@@ -40,19 +79,18 @@ pub(crate) fn read_aligned<'a>(
     let start = (DATA_ALIGN_BYTES - misalignment) % DATA_ALIGN_BYTES;
     let data_start = start + header.len();
     debug_assert_eq!((out.as_ptr() as usize + data_start) % DATA_ALIGN_BYTES, 0);
-    out[start..data_start].copy_from_slice(header);
     let data = &mut out[data_start..data_start + length_bytes];
-    if let Err(error) = ops::read(
-        &*connection.server.export,
-        request.offset_bytes,
-        data,
-        scratch,
-    ) {
-        header.clear();
-        push_result(header, structured, request.cookie, Err(error));
-        return header_as_reply(out, header);
+    match read(request.offset_bytes, data) {
+        Ok(true) => {}
+        Ok(false) => return None,
+        Err(error) => {
+            header.clear();
+            push_result(header, structured, request.cookie, Err(error));
+            return Some(header_as_reply(out, header));
+        }
     }
-    &out[start..data_start + length_bytes]
+    out[start..data_start].copy_from_slice(header);
+    Some(&out[start..data_start + length_bytes])
 }
 
 /// An error reply built in `header`, returned as the reply slice (copied into `out`).

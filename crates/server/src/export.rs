@@ -14,6 +14,10 @@ use logcache_engine::{Engine, Error, Extent, Result};
 pub(crate) trait Export: Send + Sync {
     fn size_bytes(&self) -> u64;
     fn read(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()>;
+    /// Reads like `read` only if no slow device is involved (every sector cached, at most
+    /// 1 MiB), else returns `Ok(false)` having done nothing: a connection's reader serves such
+    /// reads itself.
+    fn read_if_cached(&self, offset_bytes: u64, out: &mut [u8]) -> Result<bool>;
     /// With `fua`, returns once the data is durable.
     fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()>;
     /// The range reads as zeros afterwards (durable after a later flush).
@@ -48,6 +52,10 @@ impl Export for Engine {
 
     fn read(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()> {
         Engine::read(self, offset_bytes, out)
+    }
+
+    fn read_if_cached(&self, offset_bytes: u64, out: &mut [u8]) -> Result<bool> {
+        Engine::read_if_cached(self, offset_bytes, out)
     }
 
     fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
@@ -96,6 +104,11 @@ impl Export for Arc<dyn BlockDevice> {
     fn read(&self, offset_bytes: u64, out: &mut [u8]) -> Result<()> {
         self.read_at(out, offset_bytes)
             .map_err(|e| Error::io(format!("reading at offset {offset_bytes}"), e))
+    }
+
+    /// A plain device is the slow device itself: its reads all run on workers.
+    fn read_if_cached(&self, _offset_bytes: u64, _out: &mut [u8]) -> Result<bool> {
+        Ok(false)
     }
 
     fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {

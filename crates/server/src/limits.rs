@@ -21,6 +21,9 @@ pub const OUTPUT_FLUSH_BYTES: usize = 256 << 10;
 /// 32 MiB request does not pin 32 MiB per connection for its lifetime.
 pub const BUFFER_KEEP_BYTES: usize = 4 << 20;
 
+/// Longest READ the reader serves itself when the cache holds all of it (the engine's one
+/// lookup window): longer ones go to a worker without being tried.
+pub const INLINE_READ_MAX_BYTES: u32 = 1 << 20;
 /// Worker threads per connection serving the engine: every READ and every command that waits
 /// for a device runs on one, so this is how many IOs one connection can have at the devices at
 /// once. A cached read is one device read per run; 16 keeps a queue of 32 mostly in flight on a

@@ -1,23 +1,28 @@
 //! The transmission phase of one connection: its thread is the reader.
 //!
 //! The reader pulls many requests per `recv` into a large input buffer and decodes them in
-//! place. It does no device IO: READ, and every command that may wait for a device (FLUSH, FUA
-//! writes, WRITE_ZEROES, TRIM, writes in write-through and write-around modes; on a slow
-//! export, every WRITE) goes to the connection's workers, many at once, and each worker sends
-//! its reply when its command completes, out of order. Only plain write-back writes run inline:
-//! the engine copies them from the input buffer into its RAM segment in about a microsecond.
-//! Their replies, and the reader's other inline replies (errors, CACHE, BLOCK_STATUS),
-//! accumulate in a buffer and go out in one `send` when the reader is about to wait for more
-//! input (or the batch is large), so a burst costs one syscall each way.
+//! place. It never waits on the slow device: READ, and every command that may wait for a
+//! device (FLUSH, FUA writes, WRITE_ZEROES, TRIM, BLOCK_STATUS, writes in write-through and
+//! write-around modes; on a slow export, every WRITE) goes to the connection's workers, many at
+//! once, and each worker sends its reply when its command completes, out of order. Two kinds
+//! run inline. Plain write-back writes: the engine copies them from the input buffer into its
+//! RAM segment in about a microsecond. And a READ the cache holds entirely (RAM or the cache
+//! device, at most 1 MiB) when no other request waits in the input buffer: handing it to a
+//! worker would cost a second thread wake-up per request, and nothing queues behind it (a
+//! READ that needs the backing device is refused by the engine untouched and goes to a
+//! worker). Write replies, and the reader's other inline replies (errors, CACHE), accumulate
+//! in a buffer and go out in one `send` when the reader is about to wait for more input (or
+//! the batch is large), so a burst costs one syscall each way; an inline READ's reply goes
+//! out at once, after that batch.
 //!
 //! Ordering: plain writes run inline before the next request is even decoded, so every one
 //! received before a FLUSH is in the engine by the time the FLUSH is queued, and the engine's
 //! flush covers it. That includes every write already replied to, which is what the spec asks;
 //! a write still on a worker has not been replied to, so it need not be covered. A worker
 //! replies to a write only after the export returned it, so a FLUSH covers every write
-//! replied to before it was received, the same guarantee. A READ is queued after every write
-//! decoded before it is in the engine, or replied to, so it sees every write whose reply the
-//! client (any client) had before sending the READ.
+//! replied to before it was received, the same guarantee. A READ (or BLOCK_STATUS) is queued,
+//! or served inline, after every write decoded before it is in the engine, or replied to, so
+//! it sees every write whose reply the client (any client) had before sending the READ.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -57,6 +62,8 @@ pub(crate) fn serve(connection: &Arc<Connection>) -> End {
         input: InputBuffer::new(INPUT_BUFFER_BYTES),
         replies: Vec::with_capacity(2 * OUTPUT_FLUSH_BYTES),
         large_payload: Vec::new(),
+        read_out: Vec::new(),
+        read_header: Vec::new(),
         workers: WorkerPool::new(connection.clone()),
         unpublished_requests: 0,
     };
@@ -80,6 +87,9 @@ struct Reader {
     replies: Vec<u8>,
     /// Payloads too large for the input buffer.
     large_payload: Vec<u8>,
+    /// The reply buffer and header scratch of READs served on the reader (see `read_inline`).
+    read_out: Vec<u8>,
+    read_header: Vec<u8>,
     workers: WorkerPool,
     /// Requests counted since the server-wide counter was last updated.
     unpublished_requests: u64,
@@ -127,7 +137,13 @@ impl Reader {
         let total_bytes = REQUEST_HEADER_BYTES + payload_bytes;
         if payload_bytes == 0 {
             self.input.consume(REQUEST_HEADER_BYTES);
-            self.handle(request, verdict, &[]);
+            let inline = request.command == Command::Read
+                && verdict.is_ok()
+                && self.input.buffered_bytes() < REQUEST_HEADER_BYTES
+                && self.read_inline(&request)?;
+            if !inline {
+                self.handle(request, verdict, &[]);
+            }
         } else if total_bytes <= self.input.capacity_bytes() {
             // The payload is read even for a rejected write, to stay in step with the stream.
             if !self.fill_to(total_bytes)? {
@@ -170,6 +186,30 @@ impl Reader {
             verdict,
             payload,
         );
+    }
+
+    /// Serves a READ here, without handing it to a worker, when the cache holds all of it (so
+    /// only RAM and the fast cache device are touched: the reader never waits on the slow
+    /// device) and no other request is waiting in the input buffer (so none waits behind it).
+    /// A client with one request in flight then costs one thread wake-up per request, not
+    /// two. `false` (nothing done) when the read must go to a worker.
+    fn read_inline(&mut self, request: &Request) -> io::Result<bool> {
+        let Reader {
+            connection,
+            read_out,
+            read_header,
+            ..
+        } = self;
+        let Some(reply) = answer::read_cached(connection, read_out, read_header, request) else {
+            return Ok(false);
+        };
+        if !self.replies.is_empty() {
+            let result = self.connection.sink.send(&self.replies);
+            self.replies.clear();
+            result?;
+        }
+        self.connection.sink.send(reply)?;
+        Ok(true)
     }
 
     /// Makes at least `needed_bytes` available in the input buffer; `false` at end of input.
@@ -347,10 +387,13 @@ fn handle(
         }
         // A prefetch hint: the export reads on demand, so there is nothing to do.
         Command::Cache => Ok(()),
+        // The engine answers from its index and the backing device's hole map, which on a
+        // remote backing device is a round trip: a worker's job.
         Command::BlockStatus => {
-            // The engine answers from its index and the backing device's hole map (a few
-            // syscalls at most), so it runs inline like READ.
-            answer::block_status(connection, replies, &request);
+            workers.submit(Job {
+                request,
+                payload: None,
+            });
             return;
         }
         // `validate` rejects these, and DISC never gets here.

@@ -1,7 +1,8 @@
 //! A per-connection pool of threads for every command that does device IO or may wait: READ
-//! (always), FLUSH, FUA writes, WRITE_ZEROES, TRIM, writes that bypass the log (write-through,
-//! write-around), and on a slow export every WRITE too. The reader only decodes and hands
-//! them on, so many requests of one connection are in flight at the devices at once, and
+//! (unless the reader served it from the cache), BLOCK_STATUS (the backing device's hole map
+//! may be a round trip), FLUSH, FUA writes, WRITE_ZEROES, TRIM, writes that bypass the log
+//! (write-through, write-around), and on a slow export every WRITE too. The reader only
+//! decodes and hands them on, so many requests of one connection are in flight at the devices at once, and
 //! replies go out in whatever order commands finish (each worker sends its own).
 //!
 //! Threads start on demand, up to `MAX_WORKERS_PER_CONNECTION` (`MAX_WORKERS_PER_SLOW_CONNECTION`
@@ -224,7 +225,12 @@ fn run(connection: &Connection, job: Job, buffers: &mut Buffers) {
     let request = job.request;
     let out = &mut buffers.out;
     // A failed send already cut the connection; the reader notices and ends it.
-    if request.command == Command::Read {
+    if request.command == Command::BlockStatus {
+        let reply = &mut buffers.header;
+        reply.clear();
+        answer::block_status(connection, reply, &request);
+        let _ = connection.sink.send(reply);
+    } else if request.command == Command::Read {
         let reply = answer::read_aligned(
             connection,
             out,

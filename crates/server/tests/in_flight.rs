@@ -160,6 +160,55 @@ fn replies_come_out_of_order_and_a_held_read_holds_back_nothing() {
     assert!(gated.gate.passed(OpKind::Read) >= 1);
 }
 
+/// A READ alone in the input buffer is served on the reader itself only when the cache holds
+/// all of it: one that also needs the backing device goes to a worker, so while it waits at
+/// the device the reader still answers a cached read (served inline) and a write behind it,
+/// and a BLOCK_STATUS (a worker's job: it may ask the backing device).
+#[test]
+fn a_partly_cached_read_never_holds_up_the_reader() {
+    let gated = Gated::start("partly-cached");
+    let mut client = RawClient::go(&gated.socket, true, true);
+    let cached = pattern(4, BLOCK as usize);
+    client.send_request(&request(NbdCommand::Write, 1, 0, BLOCK as u32), &cached);
+    assert_eq!(read_structured_reply(&mut client), (1, false, Vec::new()));
+
+    gated.gate.hold(OpKind::Read);
+    // Block 0 is cached, block 1 is not: the read needs the backing device.
+    client.send_request(&request(NbdCommand::Read, 20, 0, 2 * BLOCK as u32), &[]);
+    assert!(
+        gated.gate.wait_held(OpKind::Read, 1, HELD),
+        "the partly cached read never reached the backing device"
+    );
+    client.send_request(&request(NbdCommand::Read, 21, 0, BLOCK as u32), &[]);
+    let (cookie, failed, data) = read_structured_reply(&mut client);
+    assert_eq!((cookie, failed), (21, false), "the cached read waited");
+    assert_eq!(data, cached);
+    let written = pattern(5, BLOCK as usize);
+    client.send_request(
+        &request(NbdCommand::Write, 22, 5 * BLOCK, BLOCK as u32),
+        &written,
+    );
+    assert_eq!(read_structured_reply(&mut client), (22, false, Vec::new()));
+    client.send_request(
+        &request(NbdCommand::BlockStatus, 23, 0, 8 * BLOCK as u32),
+        &[],
+    );
+    let (header, _) = client.read_chunk();
+    assert_eq!(
+        header.cookie, 23,
+        "block status waited behind the held read"
+    );
+    assert_eq!(gated.gate.passed(OpKind::Read), 0, "the miss is still held");
+
+    gated.gate.release(OpKind::Read);
+    let (cookie, failed, data) = read_structured_reply(&mut client);
+    assert_eq!((cookie, failed), (20, false));
+    let backing = pattern(99, (8 * MIB) as usize);
+    let mut model = cached.clone();
+    model.extend_from_slice(&backing[BLOCK as usize..2 * BLOCK as usize]);
+    assert_eq!(data, model);
+}
+
 /// A connection closed while reads wait at the device and a write-through write waits for the
 /// backing device: the write is never acknowledged before the device took it, the server
 /// finishes what it received and frees the connection (no thread, no count left), and the

@@ -70,9 +70,26 @@ thread_local! {
 }
 
 pub fn read(inner: &Inner, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
+    let served = with_scratch(|s| read_windows(inner, offset_bytes, buf, false, s))?;
+    debug_assert!(served);
+    Ok(())
+}
+
+/// Reads like [`read`] only when the cache holds every wanted sector (in RAM or on the cache
+/// device) and the range fits one window, so no backing-device IO is needed (unless a cached
+/// block fails, see `block_failed`): the server serves such reads on a connection's reader.
+/// Otherwise returns `Ok(false)` having done nothing (nothing read, pinned or counted).
+pub fn read_if_cached(inner: &Inner, offset_bytes: u64, buf: &mut [u8]) -> Result<bool> {
+    if buf.len() > WINDOW_BLOCKS * BLOCK {
+        return Ok(false);
+    }
+    with_scratch(|s| read_windows(inner, offset_bytes, buf, true, s))
+}
+
+fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
     // Taken out of the thread-local (and put back) so nothing stays borrowed across the IO.
     let mut scratch = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    let result = read_windows(inner, offset_bytes, buf, &mut scratch);
+    let result = f(&mut scratch);
     scratch.planned.clear();
     scratch.partials.clear();
     scratch.misses.clear();
@@ -80,7 +97,34 @@ pub fn read(inner: &Inner, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
     result
 }
 
-fn read_windows(inner: &Inner, offset_bytes: u64, buf: &mut [u8], s: &mut Scratch) -> Result<()> {
+/// Whether the cache holds every sector of `[offset_bytes, offset_bytes + len_bytes)`.
+fn all_cached(st: &State, offset_bytes: u64, len_bytes: u64) -> bool {
+    let end_bytes = offset_bytes + len_bytes;
+    let mut pos = offset_bytes;
+    while pos < end_bytes {
+        let in_block = (pos % BLOCK_SIZE_BYTES) as usize;
+        let len = (BLOCK - in_block).min((end_bytes - pos) as usize);
+        let want = sector_mask(in_block / SECTOR, len / SECTOR);
+        match st.blocks.lookup(pos / BLOCK_SIZE_BYTES) {
+            Some(c) if want & !st.blocks.valid(c) == 0 => {}
+            _ => return false,
+        }
+        pos += len as u64;
+    }
+    true
+}
+
+/// Serves the request window by window; with `hits_only`, returns `Ok(false)` before doing
+/// anything unless `all_cached` holds (checked under the first window's lock hold, which with
+/// `hits_only` covers the whole request, so the answer cannot change before the lookups).
+fn read_windows(
+    inner: &Inner,
+    offset_bytes: u64,
+    buf: &mut [u8],
+    hits_only: bool,
+    s: &mut Scratch,
+) -> Result<bool> {
+    debug_assert!(!hits_only || buf.len() <= WINDOW_BLOCKS * BLOCK);
     let mut ctx = ReadCtx {
         offset_bytes,
         len_bytes: buf.len() as u64,
@@ -100,6 +144,9 @@ fn read_windows(inner: &Inner, offset_bytes: u64, buf: &mut [u8], s: &mut Scratc
         {
             let mut st = inner.state.lock();
             check_usable(&st)?;
+            if first && hits_only && !all_cached(&st, offset_bytes, buf.len() as u64) {
+                return Ok(false);
+            }
             if first {
                 // The request is counted under its first lock hold, not with one of its own.
                 first = false;
@@ -151,12 +198,13 @@ fn read_windows(inner: &Inner, offset_bytes: u64, buf: &mut [u8], s: &mut Scratc
                 &mut buf[start..end],
             )?;
         }
+        debug_assert!(!hits_only || (s.misses.is_empty() && s.partials.is_empty()));
         for p in &s.partials {
             read_missing_sectors(inner, p, &mut buf[p.dst_start..p.dst_start + p.len])?;
         }
     }
     debug_assert!(miss_start.is_none());
-    Ok(())
+    Ok(true)
 }
 
 /// Looks up one block under the state lock; `false` if the cache does not hold it. A RAM copy
