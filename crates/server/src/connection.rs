@@ -32,6 +32,11 @@ impl Connection {
         buffer
     }
 
+    /// A recycled payload buffer (or a new one), contents unspecified, to receive into.
+    pub(crate) fn take_payload_buffer(&self) -> Vec<u8> {
+        self.payload_pool.lock().pop().unwrap_or_default()
+    }
+
     /// Returns a payload buffer for reuse; large ones are freed rather than kept.
     pub(crate) fn recycle_payload(&self, buffer: Vec<u8>) {
         let mut pool = self.payload_pool.lock();

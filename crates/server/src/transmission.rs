@@ -142,7 +142,7 @@ impl Reader {
                 && self.input.buffered_bytes() < REQUEST_HEADER_BYTES
                 && self.read_inline(&request)?;
             if !inline {
-                self.handle(request, verdict, &[]);
+                self.handle(request, verdict, Payload::Borrowed(&[]));
             }
         } else if total_bytes <= self.input.capacity_bytes() {
             // The payload is read even for a rejected write, to stay in step with the stream.
@@ -157,6 +157,7 @@ impl Reader {
                 ..
             } = self;
             let payload = &input.buffered()[REQUEST_HEADER_BYTES..total_bytes];
+            let payload = Payload::Borrowed(payload);
             handle(connection, replies, workers, request, verdict, payload);
             self.input.consume(total_bytes);
         } else {
@@ -164,8 +165,13 @@ impl Reader {
             if !self.read_large_payload(payload_bytes)? {
                 return Ok(Some(End::InputClosed));
             }
-            let payload = std::mem::take(&mut self.large_payload);
-            self.handle(request, verdict, &payload);
+            let mut payload = std::mem::take(&mut self.large_payload);
+            self.handle(
+                request,
+                verdict,
+                Payload::Owned(&mut payload, payload_bytes),
+            );
+            // Empty if a worker took it; the next large payload then takes a pooled buffer.
             self.large_payload = payload;
             if self.large_payload.capacity() > BUFFER_KEEP_BYTES {
                 self.large_payload = Vec::new();
@@ -177,7 +183,7 @@ impl Reader {
         Ok(None)
     }
 
-    fn handle(&mut self, request: Request, verdict: Result<(), Rejection>, payload: &[u8]) {
+    fn handle(&mut self, request: Request, verdict: Result<(), Rejection>, payload: Payload) {
         handle(
             &self.connection,
             &mut self.replies,
@@ -232,21 +238,26 @@ impl Reader {
         Ok(true)
     }
 
-    /// Reads a payload larger than the input buffer into `large_payload`; `false` at end of
-    /// input.
+    /// Reads a payload larger than the input buffer into `large_payload[..payload_bytes]`
+    /// (one copy, from the socket; the buffer is reused without being cleared, so it is not
+    /// zero-filled per request); `false` at end of input.
     fn read_large_payload(&mut self, payload_bytes: usize) -> io::Result<bool> {
         let buffered_bytes = payload_bytes.min(self.input.buffered_bytes());
-        self.large_payload.clear();
-        self.large_payload
-            .extend_from_slice(&self.input.buffered()[..buffered_bytes]);
+        if self.large_payload.capacity() == 0 {
+            self.large_payload = self.connection.take_payload_buffer();
+        }
+        if self.large_payload.len() < payload_bytes {
+            self.large_payload.resize(payload_bytes, 0);
+        }
+        self.large_payload[..buffered_bytes]
+            .copy_from_slice(&self.input.buffered()[..buffered_bytes]);
         self.input.consume(buffered_bytes);
-        self.large_payload.resize(payload_bytes, 0);
         if buffered_bytes < payload_bytes {
             self.flush_replies()?;
             match self
                 .connection
                 .stream
-                .recv_exact(&mut self.large_payload[buffered_bytes..])
+                .recv_exact(&mut self.large_payload[buffered_bytes..payload_bytes])
             {
                 Ok(()) => {}
                 Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
@@ -327,15 +338,43 @@ fn validate(request: &Request, connection: &Connection) -> Result<(), Rejection>
     Ok(())
 }
 
+/// A WRITE's data (empty for other commands): in the input buffer, or a large payload received
+/// into a buffer of its own (its first `usize` bytes), which a worker takes without a copy.
+enum Payload<'a> {
+    Borrowed(&'a [u8]),
+    Owned(&'a mut Vec<u8>, usize),
+}
+
+impl Payload<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::Borrowed(bytes) => bytes,
+            Payload::Owned(buffer, length_bytes) => &buffer[..*length_bytes],
+        }
+    }
+
+    /// The data in a buffer a worker can own: the large payload's own, else a pooled copy.
+    fn into_owned(self, connection: &Connection) -> Vec<u8> {
+        match self {
+            Payload::Borrowed(bytes) => connection.copy_payload(bytes),
+            Payload::Owned(buffer, length_bytes) => {
+                let mut owned = std::mem::take(buffer);
+                owned.truncate(length_bytes);
+                owned
+            }
+        }
+    }
+}
+
 /// Runs one validated request inline or queues it for a worker; inline replies are appended to
-/// `replies`. `payload` is the WRITE data (empty for other commands).
+/// `replies`.
 fn handle(
     connection: &Arc<Connection>,
     replies: &mut Vec<u8>,
     workers: &mut WorkerPool,
     request: Request,
     verdict: Result<(), Rejection>,
-    payload: &[u8],
+    payload: Payload,
 ) {
     let structured = connection.session.structured;
     let cookie = request.cookie;
@@ -362,7 +401,7 @@ fn handle(
             &*server.export,
             &server.unaligned_write_lock,
             request.offset_bytes,
-            payload,
+            payload.bytes(),
             false,
         ),
         Command::WriteZeroes if request.has_flag(CMD_FLAG_FAST_ZERO) => {
@@ -381,7 +420,7 @@ fn handle(
         // writes that go to the backing device first, and on a slow export everything.
         Command::Read | Command::Write | Command::Flush | Command::Trim | Command::WriteZeroes => {
             let payload =
-                (request.command == Command::Write).then(|| connection.copy_payload(payload));
+                (request.command == Command::Write).then(|| payload.into_owned(connection));
             workers.submit(Job { request, payload });
             return;
         }
