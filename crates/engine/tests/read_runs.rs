@@ -67,13 +67,11 @@ fn a_sequential_read_of_cached_data_is_a_few_large_device_reads() {
     assert_eq!(part, model[1024..1024 + part.len()]);
 }
 
-/// One request over RAM copies, cache-device runs, sub-block copies and misses: each sector
-/// comes from where its newest copy is.
-#[test]
-fn a_read_over_every_kind_of_copy_returns_the_newest() {
-    let cache_bytes = MIB + 16 * MIB;
-    let pair = SimPair::new(cache_bytes, 64 * MIB, MIB);
-    // The backing device's own data, for the blocks and sectors the cache does not hold.
+/// Blocks 0..64 on the cache device (written, flushed, reopened), then RAM copies in the
+/// middle of the runs, a sub-block write past them (and, with `sub_block_in_run`, one inside
+/// them), a hole of misses: the engine and the 96 blocks' model (the backing device's own data,
+/// 0xEE, where the cache holds nothing).
+fn every_kind_of_copy(pair: &SimPair, sub_block_in_run: bool) -> (Engine, Vec<u8>) {
     pair.backing
         .write_raw(0, &vec![0xEE; (96 * BLOCK) as usize]);
     let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
@@ -83,17 +81,28 @@ fn a_read_over_every_kind_of_copy_returns_the_newest() {
     e.flush().unwrap();
     e.close().unwrap();
     let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
-    // RAM copies in the middle of the runs, a sub-block write past them, a hole of misses.
-    e.write(20 * BLOCK, &[0xA0; 4096], false).unwrap();
-    e.write(40 * BLOCK + 512, &[0xA1; 1024], false).unwrap();
-    e.write(70 * BLOCK + 3 * 512, &[0xA2; 512], false).unwrap();
     let mut model = vec![0xEE; (96 * BLOCK) as usize];
     for b in 0..64u64 {
         model[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize].copy_from_slice(&block_of(b));
     }
+    e.write(20 * BLOCK, &[0xA0; 4096], false).unwrap();
     model[(20 * BLOCK) as usize..(21 * BLOCK) as usize].fill(0xA0);
-    model[(40 * BLOCK + 512) as usize..(40 * BLOCK + 1536) as usize].fill(0xA1);
+    if sub_block_in_run {
+        e.write(40 * BLOCK + 512, &[0xA1; 1024], false).unwrap();
+        model[(40 * BLOCK + 512) as usize..(40 * BLOCK + 1536) as usize].fill(0xA1);
+    }
+    e.write(70 * BLOCK + 3 * 512, &[0xA2; 512], false).unwrap();
     model[(70 * BLOCK + 1536) as usize..(70 * BLOCK + 2048) as usize].fill(0xA2);
+    (e, model)
+}
+
+/// One request over RAM copies, cache-device runs, sub-block copies and misses: each sector
+/// comes from where its newest copy is.
+#[test]
+fn a_read_over_every_kind_of_copy_returns_the_newest() {
+    let cache_bytes = MIB + 16 * MIB;
+    let pair = SimPair::new(cache_bytes, 64 * MIB, MIB);
+    let (e, model) = every_kind_of_copy(&pair, true);
     let mut out = vec![0u8; (96 * BLOCK) as usize];
     e.read(0, &mut out).unwrap();
     assert!(out == model, "the read differs from the model");
@@ -115,26 +124,8 @@ fn a_read_over_every_kind_of_copy_returns_the_newest() {
 /// is refused with nothing done, and the full read then serves it.
 #[test]
 fn a_cached_only_read_serves_hits_and_refuses_the_rest_untouched() {
-    let cache_bytes = MIB + 16 * MIB;
-    let pair = SimPair::new(cache_bytes, 64 * MIB, MIB);
-    pair.backing
-        .write_raw(0, &vec![0xEE; (96 * BLOCK) as usize]);
-    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
-    for b in 0..64 {
-        e.write(b * BLOCK, &block_of(b), false).unwrap();
-    }
-    e.flush().unwrap();
-    e.close().unwrap();
-    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
-    e.write(20 * BLOCK, &[0xA0; 4096], false).unwrap();
-    e.write(70 * BLOCK + 3 * 512, &[0xA2; 512], false).unwrap();
-    let mut model = vec![0xEE; (96 * BLOCK) as usize];
-    for b in 0..64u64 {
-        model[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize].copy_from_slice(&block_of(b));
-    }
-    model[(20 * BLOCK) as usize..(21 * BLOCK) as usize].fill(0xA0);
-    model[(70 * BLOCK + 1536) as usize..(70 * BLOCK + 2048) as usize].fill(0xA2);
-
+    let pair = SimPair::new(MIB + 16 * MIB, 64 * MIB, MIB);
+    let (e, model) = every_kind_of_copy(&pair, false);
     let backing_reads = pair.backing.read_count();
     let cache_reads = pair.cache.read_count();
     let reads = e.stats().counters.reads;
