@@ -34,6 +34,9 @@ enum Command {
     Drain(cmd::admin::DrainArgs),
     /// Verify a cache that is not being served, and say what was found.
     Check(cmd::inspect::CheckArgs),
+    /// The cache device is lost: mark the backing device detached (giving up the cache's data
+    /// not yet written back) and say which past state of the disk it holds.
+    Detach(cmd::detach::DetachArgs),
     /// Print a cache's segment metadata for humans.
     Dump(cmd::inspect::DumpArgs),
     /// Apply an rbd diff v1 stream (rbd export-diff's format) to a file, block device, NBD
@@ -64,6 +67,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Dump(a) => cmd::inspect::dump(&a),
+        Command::Detach(a) => cmd::detach::run(&a),
         Command::ImportDiff(a) => cmd::diff::import(&a),
     };
     finish(result, "logcache")

@@ -7,11 +7,10 @@
 
 mod common;
 
-use std::fs::{self, File};
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
+use common::attached::{preflight as preflight_tools, run_ok, Attached};
 use common::*;
 
 const CACHE_BYTES: u64 = 128 * MIB;
@@ -21,148 +20,7 @@ const FILES: usize = 200;
 const MAX_FILE_BYTES: u64 = 256 * 1024;
 
 fn preflight() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        panic!("the filesystem test needs root (it runs losetup and mount); run the tests as root");
-    }
-    if !Path::new("/dev/fuse").exists() {
-        panic!("/dev/fuse is missing: the filesystem test needs FUSE (modprobe fuse; in a container, pass --device /dev/fuse)");
-    }
-    if !Path::new("/dev/loop-control").exists() {
-        panic!("/dev/loop-control is missing: the filesystem test needs loop devices (modprobe loop; in a container, run privileged)");
-    }
-    for t in [
-        "nbdfuse",
-        "fusermount3",
-        "losetup",
-        "mkfs.xfs",
-        "xfs_repair",
-        "fstrim",
-        "mount",
-        "umount",
-    ] {
-        require(t);
-    }
-}
-
-fn run_ok(cmd: &mut Command, what: &str) -> String {
-    let out = run(cmd);
-    assert_ok(&out, what);
-    text(&out.stdout)
-}
-
-/// The served disk attached as a block device: nbdfuse → loop device → (maybe) a mount.
-/// Dropping it undoes everything, in order: umount, losetup -d, fusermount3 -u, kill nbdfuse.
-struct Attached {
-    fuse_dir: PathBuf,
-    nbdfuse: Option<Child>,
-    loop_dev: Option<String>,
-    mounted: Option<PathBuf>,
-}
-
-impl Attached {
-    fn new(dir: &TestDir, uri: &str) -> Attached {
-        let fuse_dir = dir.join("mnt");
-        fs::create_dir_all(&fuse_dir).unwrap();
-        let pidfile = dir.join("nbdfuse.pid");
-        let _ = fs::remove_file(&pidfile);
-        let log = File::create(dir.join("nbdfuse.log")).unwrap();
-        let child = tool("nbdfuse")
-            .arg("-P")
-            .arg(&pidfile)
-            .arg(fuse_dir.join("disk"))
-            .arg(uri)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("starting nbdfuse");
-        let mut a = Attached {
-            fuse_dir,
-            nbdfuse: Some(child),
-            loop_dev: None,
-            mounted: None,
-        };
-        // nbdfuse writes its pid file once the FUSE mount is ready.
-        let deadline = Instant::now() + START_TIMEOUT;
-        while fs::read_to_string(&pidfile).map_or(true, |s| s.trim().is_empty()) {
-            if let Some(st) = a.nbdfuse.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "nbdfuse exited early ({st}):\n{}",
-                    fs::read_to_string(dir.join("nbdfuse.log")).unwrap_or_default()
-                );
-            }
-            assert!(Instant::now() < deadline, "nbdfuse did not become ready");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let disk = a.fuse_dir.join("disk");
-        assert_eq!(
-            fs::metadata(&disk).expect("nbdfuse's file").len(),
-            BACKING_BYTES - 4096
-        );
-        let dev = run_ok(
-            tool("losetup").args(["-f", "--show"]).arg(&disk),
-            "losetup -f --show",
-        );
-        a.loop_dev = Some(dev.trim().to_string());
-        a
-    }
-
-    fn dev(&self) -> &str {
-        self.loop_dev.as_deref().unwrap()
-    }
-
-    fn mount(&mut self, target: &Path, opts: &str) {
-        fs::create_dir_all(target).unwrap();
-        let mut c = tool("mount");
-        if !opts.is_empty() {
-            c.args(["-o", opts]);
-        }
-        run_ok(c.arg(self.dev()).arg(target), "mount");
-        self.mounted = Some(target.to_path_buf());
-    }
-
-    fn umount(&mut self) {
-        let target = self.mounted.take().unwrap();
-        run_ok(tool("umount").arg(&target), "umount");
-    }
-
-    /// Undoes everything; after a crash underneath, whatever state it is in.
-    fn detach(&mut self) {
-        if let Some(target) = self.mounted.take() {
-            let out = run(tool("umount").arg(&target));
-            if !out.status.success() {
-                let _ = run(tool("umount").arg("-l").arg(&target));
-            }
-        }
-        if let Some(dev) = self.loop_dev.take() {
-            let _ = run(tool("losetup").args(["-d", &dev]));
-        }
-        if let Some(mut child) = self.nbdfuse.take() {
-            let out = run(tool("fusermount3").arg("-u").arg(&self.fuse_dir));
-            if !out.status.success() {
-                let _ = run(tool("fusermount3").arg("-uz").arg(&self.fuse_dir));
-            }
-            if wait_timeout(&mut child, Duration::from_secs(5)).is_none() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
-
-    /// After the server died: the filesystem is broken under us, detach lazily.
-    fn abandon(&mut self) {
-        if let Some(target) = self.mounted.take() {
-            let _ = run(tool("umount").arg("-l").arg(&target));
-        }
-        self.detach();
-    }
-}
-
-impl Drop for Attached {
-    fn drop(&mut self) {
-        self.detach();
-    }
+    preflight_tools(&["mkfs.xfs", "xfs_repair", "fstrim"]);
 }
 
 /// A tree of files with seeded sizes and contents, some in nested directories.
@@ -203,7 +61,7 @@ fn xfs_on_the_served_disk_survives_a_server_crash() {
 
     let files = tree(2024);
     {
-        let mut att = Attached::new(&dir, &uri);
+        let mut att = Attached::new(&dir, &uri, BACKING_BYTES - 4096);
         run_ok(tool("mkfs.xfs").args(["-f", "-q", att.dev()]), "mkfs.xfs");
         att.mount(&fs_dir, "");
         for (p, data) in &files {
@@ -231,7 +89,7 @@ fn xfs_on_the_served_disk_survives_a_server_crash() {
         "{stderr}"
     );
     {
-        let mut att = Attached::new(&dir, &served.unix_uri());
+        let mut att = Attached::new(&dir, &served.unix_uri(), BACKING_BYTES - 4096);
         // Mounting replays the XFS log (the crash left it dirty, and xfs_repair -n refuses a
         // dirty log); then the filesystem must be consistent. nouuid: the crashed instance
         // may not be gone from the kernel yet.

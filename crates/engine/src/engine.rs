@@ -96,7 +96,7 @@ impl Engine {
             ))
         })?;
         open::check_cache_size(&sb, &*cache)?;
-        open::check_backing(&sb, &*backing)?;
+        let record = open::check_backing(&sb, &*backing)?;
         let geo = Geometry::from_superblock(&sb);
         let mut recovered = recover::run(&*cache, &geo, &sb)?;
         let segment_bytes = geo.segment_size_bytes;
@@ -147,6 +147,9 @@ impl Engine {
             buffer_count,
             opts.promote_pause_after_relocation,
             tunables.get(tunables::WRITEBACK_ORDER) == tunables::ORDER_CONSISTENT,
+            record
+                .filter(|r| r.consistent_as_of_unix_ms != 0)
+                .map(|r| std::time::UNIX_EPOCH + Duration::from_millis(r.consistent_as_of_unix_ms)),
         );
         state.counters.superblock_writes += 1;
         let pins = (0..geo.segment_count).map(|_| AtomicU32::new(0)).collect();

@@ -11,6 +11,7 @@ mod common;
 
 use common::epochs::{check_backing_image, identify_image, EpochHistory, SectorValue};
 use common::{cases_from_env, for_each_seed, sector_pattern, SimPair, SECTOR};
+use logcache_engine::format::label::WritebackRecord;
 use logcache_engine::{Engine, OpenOptions};
 use logcache_testkit::rng::Rng;
 
@@ -192,6 +193,56 @@ fn status_says_how_old_the_backing_device_is() {
     let s = e.stats();
     assert!(s.backing_consistent_as_of_unix_ms.unwrap() >= after_flush);
     assert_eq!(s.writeback_lag_bytes, 0);
+    e.close().unwrap();
+}
+
+/// The writeback record in the backing label (what `detach --force` reads when the cache is
+/// lost): after each persisted writeback position it says the flush point the backing device
+/// holds and the bytes behind it; after a crash and a reopen, status knows the age of the
+/// recovered epochs from it (a lower bound) instead of saying nothing.
+#[test]
+fn the_backing_label_records_how_old_the_backing_device_is() {
+    let pair = SimPair::new(MIB + 64 * SEG, 8 * MIB, SEG);
+    let record = || {
+        let block = pair.backing.read_volatile(8 * MIB - 4096, 4096);
+        WritebackRecord::decode_from_label(&block)
+    };
+    let e = Engine::open(pair.cache(), pair.backing(), manual()).unwrap();
+    assert_eq!(record(), None, "format writes no record");
+    e.write(0, &[1; 4096], false).unwrap();
+    let before_flush = now_ms();
+    e.flush().unwrap();
+    let after_flush = now_ms();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    e.write(40960, &[2; 8192], false).unwrap();
+    e.flush().unwrap();
+    assert_eq!(e.writeback_step(64).unwrap(), 1);
+    let r = record().expect("a record once the writeback position moved");
+    assert!(!r.detached());
+    assert!(
+        r.consistent_as_of_unix_ms >= before_flush && r.consistent_as_of_unix_ms <= after_flush,
+        "as of the first flush: {r:?}"
+    );
+    assert_eq!(r.lag_bytes, 2 * 4096);
+    assert!(r.recorded_unix_ms >= r.consistent_as_of_unix_ms);
+    assert_eq!(
+        e.stats().backing_consistent_as_of_unix_ms,
+        Some(r.consistent_as_of_unix_ms)
+    );
+    e.crash();
+    let e = Engine::open(pair.cache(), pair.backing(), manual()).unwrap();
+    // The writeback position had not passed the first epoch (its segment holds the second):
+    // it replays dirty and is written again, unchanged.
+    assert_eq!(e.stats().writeback_lag_bytes, 3 * 4096);
+    assert_eq!(
+        e.stats().backing_consistent_as_of_unix_ms,
+        Some(r.consistent_as_of_unix_ms),
+        "recovered epochs: the record's age, not unknown"
+    );
+    e.drain(|_| {}).unwrap();
+    let done = record().unwrap();
+    assert_eq!(done.lag_bytes, 0);
+    assert!(done.consistent_as_of_unix_ms >= r.recorded_unix_ms);
     e.close().unwrap();
 }
 

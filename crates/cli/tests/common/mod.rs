@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod attached;
+
 /// The binary under test: `logcache`, or `logcache-bench` for the bench crate's tests, which
 /// include this module too.
 pub const BIN: &str = match (

@@ -8,8 +8,10 @@
 //! | 32 |  8 | exported_size_bytes (the label's own offset)
 //! | 40 |  4 | CRC32C of bytes 0..40
 //! ```
-//! Everything after byte 44 is zero. The exported disk is the backing device without this block,
-//! so the backing device stays directly usable after a drain.
+//! Bytes 44..512 are zero; bytes 512..1024 hold the CLI's owner record; bytes 1024..1536 hold
+//! the [`WritebackRecord`] (format version 3): what the backing device alone holds, so a lost
+//! cache can be detached knowing how stale the disk is. The exported disk is the backing device
+//! without this block, so the backing device stays directly usable after a drain.
 
 use super::*;
 use crate::error::{Error, Result};
@@ -59,9 +61,101 @@ impl Label {
     }
 }
 
+/// "LCWBREC" and the record's version, 1.
+pub const RECORD_MAGIC: u64 = u64::from_le_bytes(*b"LCWBREC\x01");
+/// Where the writeback record lives in the label block: its third 512-byte sector (the label
+/// uses the first, the owner record the second), written alone so that a torn write can never
+/// damage the label itself.
+pub const RECORD_OFFSET_IN_LABEL_BYTES: u64 = 1024;
+pub const RECORD_SIZE_BYTES: usize = 512;
+/// `WritebackRecord::flags`: `logcache detach --force` gave up the cache's data not yet written
+/// back; the label's `format_id` is 0 so that no cache opens this backing device again.
+pub const RECORD_DETACHED: u32 = 1;
+/// `WritebackRecord::flags`: the cache wrote back in `sorted` order; the backing device alone
+/// may hold a mixture no disk ever held.
+pub const RECORD_SORTED: u32 = 2;
+
+/// What the backing device alone holds, written by the engine whenever it persists its
+/// writeback position (at each flush epoch's start and when writeback catches up), after the
+/// backing device synced everything the record claims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WritebackRecord {
+    /// The cache this record describes (the label's `format_id` when written).
+    pub format_id: u64,
+    pub flags: u32,
+    /// Wall-clock ms since 1970 of the newest flush point whose writes are all on the backing
+    /// device (synced); 0: unknown.
+    pub consistent_as_of_unix_ms: u64,
+    /// When the record was written (wall-clock ms since 1970).
+    pub recorded_unix_ms: u64,
+    /// Dirty bytes not yet on the backing device when the record was written.
+    pub lag_bytes: u64,
+    /// When `detach --force` marked the backing device (0: not detached).
+    pub detached_unix_ms: u64,
+}
+
+impl WritebackRecord {
+    pub fn encode(&self) -> [u8; RECORD_SIZE_BYTES] {
+        let mut b = [0u8; RECORD_SIZE_BYTES];
+        put_u64(&mut b, 0, RECORD_MAGIC);
+        put_u64(&mut b, 8, self.format_id);
+        put_u32(&mut b, 16, self.flags);
+        put_u64(&mut b, 24, self.consistent_as_of_unix_ms);
+        put_u64(&mut b, 32, self.recorded_unix_ms);
+        put_u64(&mut b, 40, self.lag_bytes);
+        put_u64(&mut b, 48, self.detached_unix_ms);
+        let crc = crc32c::crc32c(&b[..RECORD_SIZE_BYTES - 4]);
+        put_u32(&mut b, RECORD_SIZE_BYTES - 4, crc);
+        b
+    }
+
+    /// The record in a 4 KiB label block. None: absent (a label written before version 3, or
+    /// after `format`), or damaged (a torn write): either way nothing is known.
+    pub fn decode_from_label(block: &[u8]) -> Option<WritebackRecord> {
+        let at = RECORD_OFFSET_IN_LABEL_BYTES as usize;
+        let b = &block[at..at + RECORD_SIZE_BYTES];
+        if get_u64(b, 0) != RECORD_MAGIC
+            || get_u32(b, RECORD_SIZE_BYTES - 4) != crc32c::crc32c(&b[..RECORD_SIZE_BYTES - 4])
+        {
+            return None;
+        }
+        Some(WritebackRecord {
+            format_id: get_u64(b, 8),
+            flags: get_u32(b, 16),
+            consistent_as_of_unix_ms: get_u64(b, 24),
+            recorded_unix_ms: get_u64(b, 32),
+            lag_bytes: get_u64(b, 40),
+            detached_unix_ms: get_u64(b, 48),
+        })
+    }
+
+    pub fn detached(&self) -> bool {
+        self.flags & RECORD_DETACHED != 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_writeback_record_round_trips_and_damage_reads_as_none() {
+        let r = WritebackRecord {
+            format_id: 7,
+            flags: RECORD_DETACHED,
+            consistent_as_of_unix_ms: 1_795_618_987_000,
+            recorded_unix_ms: 1_795_619_028_000,
+            lag_bytes: 230 << 20,
+            detached_unix_ms: 1_795_619_100_000,
+        };
+        let mut block = vec![0u8; 4096];
+        assert_eq!(WritebackRecord::decode_from_label(&block), None);
+        block[1024..1536].copy_from_slice(&r.encode());
+        assert_eq!(WritebackRecord::decode_from_label(&block), Some(r));
+        assert!(r.detached());
+        block[1024 + 30] ^= 1;
+        assert_eq!(WritebackRecord::decode_from_label(&block), None);
+    }
 
     #[test]
     fn round_trip_and_corruption() {

@@ -1,4 +1,4 @@
-//! On-disk format v2: constants, checksums and the encoders/decoders of every on-disk structure.
+//! On-disk format v3: constants, checksums and the encoders/decoders of every on-disk structure.
 //!
 //! Every multi-byte field is little-endian. `docs/FORMAT.md` documents each field; keep them in
 //! step. Nothing here does IO: callers read and write the bytes.
@@ -16,8 +16,11 @@ pub const SECTORS_PER_BLOCK: u64 = BLOCK_SIZE_BYTES / SECTOR_SIZE_BYTES;
 pub const FULL_MASK: u8 = 0xFF;
 /// Format version written by this code. Version 2 added the chunk flag `FLUSH_BEFORE`; a
 /// version 1 cache reads as version 2 whose chunks carry no flags (its whole log one flush
-/// epoch), and its superblock is written as version 2 at the next open.
-pub const FORMAT_VERSION: u32 = 2;
+/// epoch), and its superblock is written as version 2 at the next open. Version 3 added the
+/// writeback record in the backing label (`label::WritebackRecord`) and `detach --force`'s mark
+/// there; versions 1 and 2 open and are written as version 3, and earlier builds refuse a
+/// version 3 cache (they would neither keep the record nor see the mark).
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format version this code opens.
 pub const FORMAT_VERSION_MIN: u32 = 1;
 /// The superblock region at the start of the cache device; segments start after it.

@@ -488,7 +488,7 @@ fn check_backing(
     findings: &mut Vec<Finding>,
 ) -> Result<BackingReport> {
     let problem = match crate::open::check_backing(sb, backing) {
-        Ok(()) => None,
+        Ok(_) => None,
         Err(Error::WrongBacking(why)) => Some(why),
         Err(Error::Corruption(why)) => Some(format!("{}: {why}", backing.describe())),
         Err(e) => return Err(e),

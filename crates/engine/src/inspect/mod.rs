@@ -24,3 +24,11 @@ pub use self::report::{
     Severity, SuperblockCopy, TunableReport,
 };
 pub use crate::open::recover::{Reject, WalkStop};
+
+/// The newest valid superblock of `cache` (None: not formatted). `detach --force` reads it to
+/// tell a cache device that still reads whole from a lost one.
+pub fn read_superblock(
+    cache: &dyn crate::io::BlockDevice,
+) -> crate::Result<Option<crate::format::superblock::Superblock>> {
+    crate::log::checkpoint::read(cache)
+}

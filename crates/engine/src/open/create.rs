@@ -2,7 +2,7 @@
 //! so only the superblock copies and the backing label are written.
 
 use crate::error::{Error, Result};
-use crate::format::label::{label_offset, Label};
+use crate::format::label::{label_offset, Label, WritebackRecord};
 use crate::format::superblock::{Checkpoint, PersistedTunables, Superblock, CHECKPOINT_CLEAN};
 use crate::format::*;
 use crate::io::aligned::AlignedBuf;
@@ -95,7 +95,9 @@ pub fn format_cache(
         .read_at(&mut raw, exported)
         .map_err(|e| Error::io(format!("reading the end of {}", backing.describe()), e))?;
     let old_label = Label::decode(&raw).ok().flatten();
-    if let Some(l) = old_label {
+    // A backing device `detach --force` took from its lost cache belongs to no cache.
+    let detached = WritebackRecord::decode_from_label(&raw).is_some_and(|r| r.detached());
+    if let Some(l) = old_label.filter(|_| !detached) {
         let ours = old
             .as_ref()
             .is_some_and(|sb| sb.backing_uuid == l.backing_uuid);

@@ -27,8 +27,12 @@ pub(crate) fn check_cache_size(sb: &Superblock, cache: &dyn BlockDevice) -> Resu
     Ok(())
 }
 
-/// Checks the backing device is the one the cache was formatted for.
-pub(crate) fn check_backing(sb: &Superblock, backing: &dyn BlockDevice) -> Result<()> {
+/// Checks the backing device is the one the cache was formatted for, and was not detached
+/// from it; returns the writeback record its label carries (if any).
+pub(crate) fn check_backing(
+    sb: &Superblock,
+    backing: &dyn BlockDevice,
+) -> Result<Option<label::WritebackRecord>> {
     if backing.size_bytes() != sb.backing_size_bytes {
         return Err(Error::WrongBacking(format!(
             "{} is {} bytes, but this cache was formatted for a {}-byte backing device",
@@ -43,8 +47,17 @@ pub(crate) fn check_backing(sb: &Superblock, backing: &dyn BlockDevice) -> Resul
     backing
         .read_at(&mut raw, off)
         .map_err(|e| Error::io(format!("reading the label of {}", backing.describe()), e))?;
+    let record = label::WritebackRecord::decode_from_label(&raw);
+    if record.is_some_and(|r| r.detached() && r.format_id == sb.format_id) {
+        return Err(Error::WrongBacking(format!(
+            "{} was detached from this cache by `logcache detach --force` (its data not yet written back was given up) and may have been used alone since; give it a new cache with `logcache format`",
+            backing.describe()
+        )));
+    }
     match label::Label::decode(&raw)? {
-        Some(l) if l.backing_uuid == sb.backing_uuid && l.format_id == sb.format_id => Ok(()),
+        Some(l) if l.backing_uuid == sb.backing_uuid && l.format_id == sb.format_id => {
+            Ok(record.filter(|r| r.format_id == sb.format_id))
+        }
         Some(l) => Err(Error::WrongBacking(format!(
             "{} carries the label of another cache (backing uuid {}); this cache expects {}",
             backing.describe(),

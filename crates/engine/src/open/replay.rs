@@ -273,8 +273,10 @@ impl Recovered {
         buffer_count: u32,
         promote_pause: Duration,
         consistent: bool,
+        recovered_floor: Option<std::time::SystemTime>,
     ) -> State {
         let mut epochs = Epochs::new(geo.cache_block_count(), consistent);
+        epochs.set_recovered_floor(recovered_floor);
         for &(c, segment_id, block, seq) in &self.epoch_starts {
             epochs.mark_start(c, segment_id, block, seq, None);
         }

@@ -36,6 +36,11 @@ pub struct Epochs {
     list: VecDeque<EpochStart>,
     /// `writeback_order = consistent`: overwritten copies of older epochs stay for writeback.
     consistent: bool,
+    /// The age of recovered epochs: the flush point the backing label's writeback record says
+    /// the backing device held when the cache was last open. Flush times are not logged; the
+    /// backing device holds at least that state (a recovered epoch it already holds is only
+    /// written again, unchanged), so status reports it rather than nothing.
+    recovered_floor: Option<SystemTime>,
 }
 
 impl Epochs {
@@ -47,7 +52,13 @@ impl Epochs {
             pending_at: Some(SystemTime::now()),
             list: VecDeque::new(),
             consistent,
+            recovered_floor: None,
         }
+    }
+
+    /// See `recovered_floor`.
+    pub fn set_recovered_floor(&mut self, at: Option<SystemTime>) {
+        self.recovered_floor = at;
     }
 
     pub fn consistent(&self) -> bool {
@@ -140,7 +151,10 @@ impl Epochs {
     /// When the epoch holding (`segment_id`, `block`) began: the time of the flush point
     /// before it, if known.
     pub fn started_at(&self, segment_id: u64, block: u32) -> Option<SystemTime> {
-        self.holding(segment_id, block).and_then(|e| e.flushed_at)
+        self.holding(segment_id, block)
+            .map_or(self.recovered_floor, |e| {
+                e.flushed_at.or(self.recovered_floor)
+            })
     }
 
     /// Forgets epochs that start in segments before `head` (reclaimed), keeping the newest of

@@ -179,6 +179,8 @@ pub fn batch<'a>(
             return (st, Err(e));
         }
     };
+    let now = std::time::SystemTime::now();
+    let as_of_before = st.backing_consistent_as_of(now);
     let mut cleaned = 0u64;
     for (i, b) in bufs.blocks.iter().enumerate() {
         if bad.contains(&i) {
@@ -212,6 +214,10 @@ pub fn batch<'a>(
             "{} dirty block(s) failed their checksum on the cache device (first: block {lba}); they stay dirty and are not written back",
             bad.len()
         )));
+    }
+    if st.backing_consistent_as_of(now) != as_of_before {
+        // An epoch is complete on the backing device: say so on its label.
+        super::record::write(inner, &mut st);
     }
     // Clean blocks may be what the relocator needs to make room; drains watch progress.
     inner.flusher_wake.notify_one();

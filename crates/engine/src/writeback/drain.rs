@@ -62,6 +62,7 @@ pub fn persist_position(inner: &Inner, st: &mut MutexGuard<'_, State>, pos: u64)
         Ok(()) => {
             st.writeback.note_persisted(pos);
             st.counters.superblock_writes += 1;
+            super::record::write(inner, st);
             Ok(())
         }
         Err(e) => {

@@ -6,13 +6,14 @@
 //! The writeback thread's loop lives here; `policy` decides how fast, `batch` copies one batch
 //! (collect, read and verify, write sorted, sync, mark clean), `drain` persists the writeback
 //! position (every chunk before the oldest segment still holding dirty blocks is clean, so
-//! recovery replays it as clean), `inflight` keeps several backing
-//! writes in flight.
+//! recovery replays it as clean) and `record` then notes on the backing label how stale the
+//! backing device alone is, `inflight` keeps several backing writes in flight.
 
 pub mod batch;
 mod drain;
 pub mod inflight;
 mod policy;
+mod record;
 
 use std::time::{Duration, Instant};
 

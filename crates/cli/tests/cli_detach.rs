@@ -1,0 +1,220 @@
+//! `logcache detach --force --backing SPEC [--cache PATH]` for a cache device that is lost:
+//! a cache file deleted, one truncated, and a cache device that returns EIO. The EIO device is
+//! an emulation of a failing SSD: the cache file served by nbdkit's file plugin behind its
+//! error filter (every request fails with EIO while a trigger file exists), exposed to
+//! logcache as a file by nbdfuse. In each case the serve is SIGKILLed with data flushed to
+//! the cache but not written back; detach must then say which past disk the backing device
+//! holds (the drained state), mark it so the old cache is refused, and let `format` give it a
+//! new cache without `--force`.
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+
+use common::attached::{preflight, Fused};
+use common::*;
+
+const CACHE_BYTES: u64 = 16 * MIB;
+const BACKING_BYTES: u64 = 32 * MIB;
+
+/// Serves `cache` (a path) for `backing`, writes 1 MiB of 0xaa and drains it, then writes
+/// 2 MiB of 0xbb after it and flushes (durable in the cache only: writeback is off), and
+/// SIGKILLs the serve. Its sockets go in `dir` (a FUSE directory cannot hold them).
+fn lose_newest_writes(dir: &TestDir, cache: &str, backing: &str) {
+    let (socket, control) = (dir.s("serve.sock"), dir.s("serve.ctl"));
+    let served = Served::start(&[
+        "--cache",
+        cache,
+        "--backing",
+        backing,
+        "--socket",
+        &socket,
+        "--control",
+        &control,
+        "--set",
+        "writeback_idle_ms=0",
+        "--set",
+        "writeback_threshold_percent=100",
+    ]);
+    let uri = served.unix_uri();
+    qemu_io_ok(&uri, &["write -P 0xaa 0 1M", "flush"]);
+    let control = served.control();
+    logcache_ok(&["drain".as_ref(), "--control".as_ref(), control.as_os_str()]);
+    qemu_io_ok(&uri, &["write -P 0xbb 1M 2M", "flush"]);
+    let s = served.status();
+    assert_eq!(s["writeback_lag_bytes"].as_u64(), Some(2 * MIB), "{s}");
+    let killed = served.kill();
+    assert!(!killed.status.success());
+}
+
+/// The backing device holds the drained disk: the first write, not the lost one.
+fn assert_backing_holds_the_drained_disk(backing: &str) {
+    let p = Path::new(backing);
+    assert!(read_at(p, 0, MIB as usize).iter().all(|&b| b == 0xaa));
+    assert!(read_at(p, MIB, 2 * MIB as usize).iter().all(|&b| b == 0));
+}
+
+/// Runs `detach --force`, which must succeed and say what the backing device holds; returns
+/// (stdout, stderr).
+fn detach_ok(args: &[&str]) -> (String, String) {
+    let mut all = vec!["detach", "--force"];
+    all.extend_from_slice(args);
+    let out = logcache(&all);
+    assert_ok(&out, &format!("logcache {}", all.join(" ")));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("the disk as of ") && stdout.contains(" UTC"),
+        "detach does not say which disk the backing device holds:\n{stdout}"
+    );
+    assert!(stdout.contains("logcache format --cache NEW"), "{stdout}");
+    (stdout, text(&out.stderr))
+}
+
+/// After a detach: the old cache is refused, a second detach says it is done, and a new cache
+/// is formatted without --force and serves the drained disk.
+fn assert_usable_after_detach(dir: &TestDir, backing: &str) {
+    let again = logcache_ok(&["detach", "--force", "--backing", backing]);
+    assert!(again.contains("already detached"), "{again}");
+    let fresh = dir.s("fresh.img");
+    sparse(Path::new(&fresh), CACHE_BYTES);
+    logcache_ok(&["format", "--cache", &fresh, "--backing", backing]);
+    let served = Served::start(&["--cache", &fresh, "--backing", backing]);
+    let got = qemu_io_ok(
+        &served.unix_uri(),
+        &["read -P 0xaa 0 1M", "read -P 0 1M 2M"],
+    );
+    assert!(!got.contains("fail"), "{got}");
+    served.stop();
+}
+
+#[test]
+fn detach_without_force_or_label_is_one_line() {
+    let dir = TestDir::new("detach-refuse");
+    let (_cache, backing) = formatted_pair(&dir, CACHE_BYTES, BACKING_BYTES);
+    fails_with(
+        1,
+        &["detach", "--backing", &backing],
+        &["logcache drain", "--force"],
+    );
+    let plain = dir.s("plain.img");
+    sparse(Path::new(&plain), BACKING_BYTES);
+    fails_with(
+        1,
+        &["detach", "--force", "--backing", &plain],
+        &["no logcache label", "nothing to detach"],
+    );
+    // A served backing device is in use: nothing is written.
+    let served = Served::start(&["--cache", &_cache, "--backing", &backing]);
+    fails_with(
+        1,
+        &["detach", "--force", "--backing", &backing],
+        &["in use"],
+    );
+    served.stop();
+}
+
+#[test]
+fn detach_force_after_the_cache_file_was_deleted() {
+    let dir = TestDir::new("detach-deleted");
+    let (cache, backing) = formatted_pair(&dir, CACHE_BYTES, BACKING_BYTES);
+    lose_newest_writes(&dir, &cache, &backing);
+    // While it still reads whole, detach with --cache refuses: drain would keep its data.
+    fails_with(
+        1,
+        &[
+            "detach",
+            "--force",
+            "--backing",
+            &backing,
+            "--cache",
+            &cache,
+        ],
+        &["still reads whole", "logcache drain"],
+    );
+    fs::remove_file(&cache).unwrap();
+    let (stdout, stderr) = detach_ok(&["--backing", &backing, "--cache", &cache]);
+    assert!(stderr.contains("is gone"), "{stderr}");
+    assert!(stdout.contains("when writeback had caught up"), "{stdout}");
+    assert_backing_holds_the_drained_disk(&backing);
+    assert_usable_after_detach(&dir, &backing);
+}
+
+#[test]
+fn detach_force_after_the_cache_file_was_truncated() {
+    let dir = TestDir::new("detach-truncated");
+    let (cache, backing) = formatted_pair(&dir, CACHE_BYTES, BACKING_BYTES);
+    lose_newest_writes(&dir, &cache, &backing);
+    // Its superblock region survives; the log does not.
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&cache)
+        .unwrap()
+        .set_len(2 * MIB)
+        .unwrap();
+    fails_with(
+        1,
+        &["serve", "--cache", &cache, "--backing", &backing],
+        &["truncated"],
+    );
+    let (_, stderr) = detach_ok(&["--backing", &backing, "--cache", &cache]);
+    assert!(stderr.contains("is truncated"), "{stderr}");
+    assert_backing_holds_the_drained_disk(&backing);
+    assert_usable_after_detach(&dir, &backing);
+}
+
+#[test]
+fn detach_force_when_the_cache_device_returns_eio() {
+    preflight(&["nbdkit"]);
+    let dir = TestDir::new("detach-eio");
+    let raw = dir.s("cache-raw.img");
+    sparse(Path::new(&raw), CACHE_BYTES);
+    let trigger = dir.join("fail-now");
+    let sock = dir.join("nbdkit.sock");
+    let _nbdkit = Daemon::start(
+        tool("nbdkit")
+            .args(["--foreground", "--exit-with-parent", "--unix"])
+            .arg(&sock)
+            .args(["--filter=error", "file"])
+            .arg(&raw)
+            .args(["error=EIO", "error-rate=100%"])
+            .arg(format!("error-file={}", trigger.display())),
+        &sock,
+        &dir.join("nbdkit.log"),
+    );
+    let fused = Fused::start(
+        &dir,
+        "cache",
+        &format!("nbd+unix:///?socket={}", sock.display()),
+    );
+    let cache = fused.file().to_string_lossy().into_owned();
+    let backing = dir.s("backing.img");
+    sparse(Path::new(&backing), BACKING_BYTES);
+    logcache_ok(&[
+        "format",
+        "--cache",
+        &cache,
+        "--backing",
+        &backing,
+        "--segment-size",
+        "256K",
+    ]);
+    lose_newest_writes(&dir, &cache, &backing);
+    // The device fails: every read returns EIO.
+    fs::write(&trigger, b"").unwrap();
+    fails_with(1, &["serve", "--cache", &cache, "--backing", &backing], &[]);
+    let (_, stderr) = detach_ok(&["--backing", &backing, "--cache", &cache]);
+    assert!(
+        stderr.contains("is unreadable") && stderr.contains("Input/output error"),
+        "{stderr}"
+    );
+    assert_backing_holds_the_drained_disk(&backing);
+    // The device comes back with the old log intact: the detached backing device refuses it.
+    fs::remove_file(&trigger).unwrap();
+    fails_with(
+        1,
+        &["serve", "--cache", &cache, "--backing", &backing],
+        &["detached", "logcache format"],
+    );
+    assert_usable_after_detach(&dir, &backing);
+}

@@ -1,0 +1,56 @@
+//! The writeback record in the backing device's label (`format::label::WritebackRecord`): what
+//! the backing device alone holds, kept there so that `logcache detach --force` can say how
+//! stale the disk is when the cache device is lost. Written after each persisted writeback
+//! position (each flush epoch's start, and when writeback catches up): everything it claims is
+//! synced on the backing device by then. It is written without a sync of its own (the next
+//! batch's sync carries it) except when nothing is left behind: a crash may leave the previous
+//! record, which claims less, never more.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use parking_lot::MutexGuard;
+
+use crate::format::label::{WritebackRecord, RECORD_OFFSET_IN_LABEL_BYTES, RECORD_SORTED};
+use crate::format::BLOCK_SIZE_BYTES;
+use crate::inner::Inner;
+use crate::state::State;
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as u64)
+        .max(1)
+}
+
+/// Writes the record for the state now. A failure is counted and left to the next position
+/// change (the writeback batches report a failing backing device themselves).
+pub fn write(inner: &Inner, st: &mut MutexGuard<'_, State>) {
+    let now = SystemTime::now();
+    let as_of = st.backing_consistent_as_of(now);
+    let lag_bytes = st.blocks.dirty_blocks() * BLOCK_SIZE_BYTES;
+    if as_of.is_none() && st.ordered() {
+        // Recovered epochs of unknown age: the record already there still holds (it claims
+        // less than the truth).
+        return;
+    }
+    let record = WritebackRecord {
+        format_id: inner.geo.format_id,
+        flags: if st.ordered() { 0 } else { RECORD_SORTED },
+        consistent_as_of_unix_ms: as_of.map_or(0, unix_ms),
+        recorded_unix_ms: unix_ms(now),
+        lag_bytes,
+        detached_unix_ms: 0,
+    };
+    // The label is the exported disk's end: `exported_size_bytes` is its offset.
+    let offset = inner.geo.exported_size_bytes + RECORD_OFFSET_IN_LABEL_BYTES;
+    let raw = record.encode();
+    let res = MutexGuard::unlocked(st, || {
+        inner.backing.write_at(&raw, offset)?;
+        if lag_bytes == 0 {
+            inner.backing.flush()?;
+        }
+        Ok::<(), std::io::Error>(())
+    });
+    if res.is_err() {
+        st.counters.io_errors += 1;
+    }
+}
