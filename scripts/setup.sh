@@ -16,11 +16,11 @@ done
 
 # Debian packages used by tests and benchmarks: real NBD clients and servers (libnbd-bin has
 # nbdinfo, nbdcopy, nbdsh and nbdfuse; qemu-utils has qemu-img, qemu-io and qemu-nbd), fio for
-# load, xfsprogs and fuse3 for the filesystem test; python3-matplotlib
+# load, xfsprogs, e2fsprogs and fuse3 for the filesystem tests; python3-matplotlib
 # draws the benchmark charts (bench/run runs on Debian's /usr/bin/python3, never pip as root);
 # gnutls-bin has certtool and psktool, which the TLS tests use to make certificates and keys;
 # libssl-dev and pkg-config build the openssl crate (the TLS stack of the server and client).
-APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd fio qemu-utils xfsprogs fuse3 util-linux python3-matplotlib gnutls-bin libssl-dev pkg-config)
+APT_PACKAGES=(nbdkit libnbd-bin python3-libnbd fio qemu-utils xfsprogs e2fsprogs fuse3 util-linux python3-matplotlib gnutls-bin libssl-dev pkg-config)
 # apt_install [APT-GET OPTIONS...] -- PACKAGES...: installs those of PACKAGES not installed yet.
 apt_install() {
     local opts=() missing=() p

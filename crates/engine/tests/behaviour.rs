@@ -431,6 +431,77 @@ fn a_corrupted_cache_block_is_an_error_not_wrong_data() {
     assert_eq!(b, [6u8; 4096]);
 }
 
+/// A dirty block whose copy fails its checksum in `writeback_order = consistent`: its epoch can
+/// never be written back whole, and nothing newer may pass it. The engine fails, saying what
+/// is lost and what to do, rather than letting the log fill while writers wait forever (the
+/// hang this replaces); in `sorted` order everything else is written back.
+#[test]
+fn a_dirty_block_failing_its_checksum_fails_the_engine_in_epoch_order_not_a_hang() {
+    for threaded in [false, true] {
+        let pair = SimPair::new(MIB + 8 * SEG_64K, 64 * MIB, SEG_64K);
+        let e = Engine::open(pair.cache(), pair.backing(), manual(2 * SEG_64K)).unwrap();
+        for b in 0..20u64 {
+            e.write(b * 4096, &[b as u8 + 1; 4096], false).unwrap();
+        }
+        e.flush().unwrap();
+        e.close().unwrap();
+        let image = pair.cache.read_volatile(0, MIB + 8 * SEG_64K);
+        let pos = image
+            .chunks(4096)
+            .position(|c| c == [6u8; 4096])
+            .expect("block 5 is on the cache device");
+        pair.cache.corrupt(pos as u64 * 4096 + 9, 0x04);
+        let opts = OpenOptions {
+            manual_flusher: !threaded,
+            ..manual(2 * SEG_64K)
+        };
+        let e = Arc::new(Engine::open(pair.cache(), pair.backing(), opts).unwrap());
+        // Write until the log needs writeback to make room; a hang fails the test.
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let writer = e.clone();
+        std::thread::spawn(move || {
+            let mut b = 100u64;
+            let res = loop {
+                if let Err(err) = writer.write(b * 4096, &[7; 4096], false) {
+                    break Err(err);
+                }
+                b += 1;
+                if b > 100 + 2000 {
+                    break Ok(b);
+                }
+            };
+            let _ = done_tx.send(res);
+        });
+        let res = done
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| {
+                panic!("writers hang behind the corrupt block (threaded: {threaded})")
+            });
+        let err = res.expect_err("more blocks than the cache holds were written");
+        let failed = e.stats().failed.expect("the engine failed");
+        assert!(
+            failed.contains("failed their checksum") && failed.contains("writeback_order=sorted"),
+            "{failed}"
+        );
+        assert!(err.to_string().contains("checksum"), "{err}");
+        assert!(e.close().is_err(), "a failed engine does not close cleanly");
+        // In sorted order everything but the corrupt block is written back.
+        let e = Engine::open(pair.cache(), pair.backing(), manual(2 * SEG_64K)).unwrap();
+        e.set_tunable("writeback_order", "sorted").unwrap();
+        while e.writeback_step(4096).unwrap() > 0 {}
+        assert_eq!(e.stats().dirty_blocks, 1, "threaded: {threaded}");
+        assert!(e.stats().writeback_error.is_some());
+        let mut buf = [0u8; 4096];
+        assert!(matches!(
+            e.read(5 * 4096, &mut buf),
+            Err(Error::Corruption(_))
+        ));
+        e.read(6 * 4096, &mut buf).unwrap();
+        assert_eq!(buf, [7u8; 4096]);
+        e.close().unwrap();
+    }
+}
+
 /// A clean block is only a copy of the backing device's data: if its copy on the cache device
 /// is corrupt or cannot be read, the read is served from the backing device and the bad copy
 /// is dropped, rather than failing the read.

@@ -369,10 +369,11 @@ mod tests {
         assert!(choose([&zero, &zero]).unwrap().is_none());
     }
 
-    /// Version 1 caches open (their chunks carry no flags: one flush epoch); an unknown
-    /// version is refused with a message naming the versions this build reads.
+    /// Version 1 and 2 caches open (v1 chunks carry no flags: one flush epoch; v2 lacks only
+    /// the backing label's writeback record); an unknown version is refused with a message
+    /// naming the versions this build reads.
     #[test]
-    fn version_1_is_read_and_later_versions_refused() {
+    fn versions_1_and_2_are_read_and_later_versions_refused() {
         let with_version = |v: u32| {
             let mut b = sample().encode();
             put_u32(&mut b, 8, v);
@@ -380,16 +381,18 @@ mod tests {
             put_u32(&mut b, CRC_OFFSET, crc);
             b
         };
-        assert_eq!(
-            Superblock::decode(&with_version(1)).unwrap(),
-            Some(sample())
-        );
+        for v in [1, 2] {
+            assert_eq!(
+                Superblock::decode(&with_version(v)).unwrap(),
+                Some(sample())
+            );
+        }
         assert_eq!(get_u32(&sample().encode(), 8), FORMAT_VERSION);
         let err = Superblock::decode(&with_version(FORMAT_VERSION + 1))
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("format version 3") && err.contains("1 to 2"),
+            err.contains("format version 4") && err.contains("1 to 3"),
             "{err}"
         );
     }

@@ -18,7 +18,7 @@ use parking_lot::MutexGuard;
 use super::inflight;
 use crate::error::{Error, Result};
 use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
-use crate::inner::Inner;
+use crate::inner::{mark_failed, Inner};
 use crate::io::aligned::AlignedBuf;
 use crate::state::State;
 
@@ -210,10 +210,21 @@ pub fn batch<'a>(
     } else {
         st.counters.checksum_errors += bad.len() as u64;
         let lba = bufs.blocks[bad[0]].lba;
-        st.writeback.set_error(Some(format!(
-            "{} dirty block(s) failed their checksum on the cache device (first: block {lba}); they stay dirty and are not written back",
-            bad.len()
-        )));
+        if st.ordered() {
+            // Their newest data is gone, and in flush-epoch order nothing newer may reach the
+            // backing device before them: writeback could never go on, the log would fill and
+            // writers would wait forever. Fail, saying what is lost and what to do.
+            let msg = format!(
+                "{} dirty block(s) failed their checksum on the cache device (first: block {lba}): their newest data is lost, and writeback in flush-epoch order cannot pass them; serve again with --set writeback_order=sorted to write back everything else, or give the cache up with `logcache detach --force`",
+                bad.len()
+            );
+            mark_failed(inner, &mut st, msg);
+        } else {
+            st.writeback.set_error(Some(format!(
+                "{} dirty block(s) failed their checksum on the cache device (first: block {lba}); they stay dirty and are not written back",
+                bad.len()
+            )));
+        }
     }
     if st.backing_consistent_as_of(now) != as_of_before {
         // An epoch is complete on the backing device: say so on its label.
