@@ -190,15 +190,7 @@ fn detach_force_when_the_cache_device_returns_eio() {
     let cache = fused.file().to_string_lossy().into_owned();
     let backing = dir.s("backing.img");
     sparse(Path::new(&backing), BACKING_BYTES);
-    logcache_ok(&[
-        "format",
-        "--cache",
-        &cache,
-        "--backing",
-        &backing,
-        "--segment-size",
-        "256K",
-    ]);
+    format_256k(&cache, &backing);
     lose_newest_writes(&dir, &cache, &backing);
     // The device fails: every read returns EIO.
     fs::write(&trigger, b"").unwrap();

@@ -379,16 +379,21 @@ pub fn formatted_pair(dir: &TestDir, cache_bytes: u64, backing_bytes: u64) -> (S
     let backing = dir.s("backing.img");
     sparse(Path::new(&cache), cache_bytes);
     sparse(Path::new(&backing), backing_bytes);
+    format_256k(&cache, &backing);
+    (cache, backing)
+}
+
+/// `logcache format` of `cache` for `backing` with 256 KiB segments.
+pub fn format_256k(cache: &str, backing: &str) {
     logcache_ok(&[
         "format",
         "--cache",
-        &cache,
+        cache,
         "--backing",
-        &backing,
+        backing,
         "--segment-size",
         "256K",
     ]);
-    (cache, backing)
 }
 
 /// `logcache status --json --control PATH`, parsed.
