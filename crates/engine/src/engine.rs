@@ -172,6 +172,7 @@ impl Engine {
             flusher_lock: Mutex::new(()),
             relocate_buf: Mutex::new(AlignedBuf::new(segment_bytes as usize)),
             backing_order: Mutex::new(()),
+            last_record: Mutex::new(None),
         });
         {
             let mut st = inner.state.lock();

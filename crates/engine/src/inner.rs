@@ -49,6 +49,10 @@ pub(crate) struct Inner {
     /// data in flight can never land on the backing device after the zeros. Taken before the
     /// state lock, never while holding it.
     pub backing_order: Mutex<()>,
+    /// When the writeback record was last written to the backing label and the lag it
+    /// recorded (threads mode); held across each record write, which it serialises
+    /// (`writeback::record`). Taken without the state lock.
+    pub last_record: Mutex<Option<(Instant, u64)>>,
 }
 
 impl Inner {

@@ -1,12 +1,13 @@
 //! The writeback record in the backing device's label (`format::label::WritebackRecord`): what
 //! the backing device alone holds, kept there so that `logcache detach --force` can say how
 //! stale the disk is when the cache device is lost. Written after each persisted writeback
-//! position (each flush epoch's start, and when writeback catches up): everything it claims is
-//! synced on the backing device by then. It is written without a sync of its own (the next
+//! position and each flush epoch written back whole, at most once a second while writeback is
+//! behind and once when it catches up: everything it claims is synced on the backing device by
+//! then. It is written without a sync of its own (the next
 //! batch's sync carries it) except when nothing is left behind: a crash may leave the previous
 //! record, which claims less, never more.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::MutexGuard;
 
@@ -14,6 +15,10 @@ use crate::format::label::{WritebackRecord, RECORD_OFFSET_IN_LABEL_BYTES, RECORD
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::inner::Inner;
 use crate::state::State;
+
+/// How often the record is rewritten while writeback is behind (threads mode; manual mode reads
+/// no clock and writes it every time, so a seeded run replays the same IOs).
+const RECORD_EVERY: Duration = Duration::from_secs(1);
 
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -43,7 +48,22 @@ pub fn write(inner: &Inner, st: &mut MutexGuard<'_, State>) {
     // The label is the exported disk's end: `exported_size_bytes` is its offset.
     let offset = inner.geo.exported_size_bytes + RECORD_OFFSET_IN_LABEL_BYTES;
     let raw = record.encode();
+    let clock = inner.drive.clock();
     let res = MutexGuard::unlocked(st, || {
+        // One record write at a time (the writeback thread, a drain, close): two writes of
+        // one range must not be in flight together. Taken without the state lock.
+        let mut last = inner.last_record.lock();
+        if let Some(now) = clock {
+            // A far seek on a disk: at most once a second while writeback is behind (a record
+            // claiming an older state is still true), and once when it catches up.
+            let due = last.is_none_or(|(at, lag)| {
+                now.saturating_duration_since(at) >= RECORD_EVERY || (lag_bytes == 0 && lag != 0)
+            });
+            if !due {
+                return Ok(());
+            }
+            *last = Some((now, lag_bytes));
+        }
         inner.backing.write_at(&raw, offset)?;
         if lag_bytes == 0 {
             inner.backing.flush()?;
