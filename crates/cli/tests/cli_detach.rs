@@ -210,3 +210,33 @@ fn detach_force_when_the_cache_device_returns_eio() {
     );
     assert_usable_after_detach(&dir, &backing);
 }
+
+/// An NBD backing device (nbdkit's file plugin): no local lock, an owner record beside the
+/// writeback record in its label block. The killed serve's record names a dead process, so
+/// detach goes ahead; the detach mark and the new cache work over NBD as over a file.
+#[test]
+fn detach_force_over_an_nbd_backing_device() {
+    let dir = TestDir::new("detach-nbd");
+    let file = dir.s("backing.img");
+    sparse(Path::new(&file), BACKING_BYTES);
+    let sock = dir.join("backing.sock");
+    let _nbdkit = Daemon::start(
+        tool("nbdkit")
+            .args(["--foreground", "--exit-with-parent", "--unix"])
+            .arg(&sock)
+            .arg("file")
+            .arg(&file),
+        &sock,
+        &dir.join("nbdkit.log"),
+    );
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let cache = dir.s("cache.img");
+    sparse(Path::new(&cache), CACHE_BYTES);
+    format_256k(&cache, &uri);
+    lose_newest_writes(&dir, &cache, &uri);
+    fs::remove_file(&cache).unwrap();
+    let (stdout, _) = detach_ok(&["--backing", &uri]);
+    assert!(stdout.contains("when writeback had caught up"), "{stdout}");
+    assert_backing_holds_the_drained_disk(&file);
+    assert_usable_after_detach(&dir, &uri);
+}
