@@ -132,6 +132,12 @@ fn detach_force_after_the_cache_file_was_deleted() {
         ],
         &["still reads whole", "logcache drain"],
     );
+    // `check` shows what detach would report.
+    let checked = text(&logcache(&["check", "--cache", &cache, "--backing", &backing]).stdout);
+    assert!(
+        checked.contains("writeback record: alone, the backing device holds the disk as of"),
+        "{checked}"
+    );
     fs::remove_file(&cache).unwrap();
     let (stdout, stderr) = detach_ok(&["--backing", &backing, "--cache", &cache]);
     assert!(stderr.contains("is gone"), "{stderr}");

@@ -488,7 +488,19 @@ fn check_backing(
     findings: &mut Vec<Finding>,
 ) -> Result<BackingReport> {
     let problem = match crate::open::check_backing(sb, backing) {
-        Ok(_) => None,
+        Ok(record) => {
+            findings.push(info(match record {
+                Some(r) if r.consistent_as_of_unix_ms != 0 => format!(
+                    "the backing label's writeback record: alone, the backing device holds the disk as of unix time {} s ({} bytes behind when recorded at {} s; `logcache detach --force` reports this if the cache is lost)",
+                    r.consistent_as_of_unix_ms / 1000,
+                    r.lag_bytes,
+                    r.recorded_unix_ms / 1000
+                ),
+                Some(_) => "the backing label's writeback record: the backing device alone is not known to be a consistent disk (sorted writeback, or no flush point written back yet)".to_string(),
+                None => "the backing label has no writeback record yet (written once writeback persists its position)".to_string(),
+            }));
+            None
+        }
         Err(Error::WrongBacking(why)) => Some(why),
         Err(Error::Corruption(why)) => Some(format!("{}: {why}", backing.describe())),
         Err(e) => return Err(e),
