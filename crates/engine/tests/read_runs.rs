@@ -268,3 +268,26 @@ fn a_device_error_in_the_middle_of_a_multi_run_read() {
     let err = e.read(0, &mut out).unwrap_err();
     assert!(matches!(err, Error::Corruption(_)), "{err}");
 }
+
+/// A miss spanning several windows (4 MiB, the windows are 1 MiB) is one backing-device read,
+/// not one per window: the run of blocks the cache lacks carries over from window to window,
+/// so a large miss has all of its bytes in flight at the backing device at once.
+#[test]
+fn a_large_miss_is_one_backing_read() {
+    let pair = SimPair::new(MIB + 16 * MIB, 64 * MIB, MIB);
+    let miss_bytes = 4 * MIB as usize;
+    pair.backing.write_raw(8 * MIB, &vec![0xC3; miss_bytes]);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    let reads_before = pair.backing.read_count();
+    let mut out = vec![0u8; miss_bytes];
+    e.read(8 * MIB, &mut out).unwrap();
+    assert!(
+        out.iter().all(|&b| b == 0xC3),
+        "the miss returned wrong data"
+    );
+    assert_eq!(
+        pair.backing.read_count() - reads_before,
+        1,
+        "a 4 MiB miss took more than one backing read"
+    );
+}
