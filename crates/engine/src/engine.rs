@@ -173,6 +173,7 @@ impl Engine {
             relocate_buf: Mutex::new(AlignedBuf::new(segment_bytes as usize)),
             backing_order: Mutex::new(()),
             last_record: Mutex::new(None),
+            record_pending: std::sync::atomic::AtomicBool::new(false),
         });
         {
             let mut st = inner.state.lock();

@@ -53,6 +53,8 @@ pub(crate) struct Inner {
     /// recorded (threads mode); held across each record write, which it serialises
     /// (`writeback::record`). Taken without the state lock.
     pub last_record: Mutex<Option<(Instant, u64)>>,
+    /// A record was due but paced off: the writeback thread writes it once the pace allows.
+    pub record_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Inner {

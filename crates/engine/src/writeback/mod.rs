@@ -58,6 +58,7 @@ pub fn run(inner: &Inner) {
         } = plan
         else {
             drain::maybe_persist(inner, &mut st, &mut pacer, now);
+            record::write_pending(inner, &mut st);
             inner.writeback_wake.wait_for(&mut st, POLL);
             continue;
         };

@@ -7,6 +7,7 @@
 //! batch's sync carries it) except when nothing is left behind: a crash may leave the previous
 //! record, which claims less, never more.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use parking_lot::MutexGuard;
@@ -54,14 +55,17 @@ pub fn write(inner: &Inner, st: &mut MutexGuard<'_, State>) {
         // one range must not be in flight together. Taken without the state lock.
         let mut last = inner.last_record.lock();
         if let Some(now) = clock {
-            // A far seek on a disk: at most once a second while writeback is behind (a record
-            // claiming an older state is still true), and once when it catches up.
+            // A far seek on a disk: at most once a second (a record claiming an older state is
+            // still true; the writeback thread writes a paced-off one later, `pending`), and at
+            // once when writeback catches up after being behind.
             let due = last.is_none_or(|(at, lag)| {
                 now.saturating_duration_since(at) >= RECORD_EVERY || (lag_bytes == 0 && lag != 0)
             });
             if !due {
+                inner.record_pending.store(true, Ordering::Relaxed);
                 return Ok(());
             }
+            inner.record_pending.store(false, Ordering::Relaxed);
             *last = Some((now, lag_bytes));
         }
         inner.backing.write_at(&raw, offset)?;
@@ -72,5 +76,12 @@ pub fn write(inner: &Inner, st: &mut MutexGuard<'_, State>) {
     });
     if res.is_err() {
         st.counters.io_errors += 1;
+    }
+}
+
+/// Writes a record paced off earlier, if any (the writeback thread, when idle).
+pub fn write_pending(inner: &Inner, st: &mut MutexGuard<'_, State>) {
+    if inner.record_pending.load(Ordering::Relaxed) {
+        write(inner, st);
     }
 }
