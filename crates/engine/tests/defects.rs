@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
+use logcache_engine::io::BlockDevice;
 use logcache_engine::{Engine, Error, OpenOptions};
 use logcache_testkit::fault::{FaultDevice, FaultKind, OpKind};
 use logcache_testkit::gate::GateDevice;
@@ -381,5 +382,75 @@ fn a_partial_write_over_a_corrupt_clean_block_uses_the_backing_data() {
     e.read(lba * 4096, &mut buf).unwrap();
     assert_eq!(buf[..512], [0x22; 512]);
     assert_eq!(buf[512..], [0x11; 3584]);
+    e.close().unwrap();
+}
+
+/// Issue 19 (smaller finding): a write-through block's clean log entry says "the backing device
+/// holds this", so it must not become durable before a backing sync that covers the backing
+/// write. The flusher syncs the backing device before writing queued chunks when a bypass
+/// write is unsynced; a chunk sealed while that sync runs may hold a clean entry whose backing
+/// write ended after the sync began. Window, opened on purpose (manual mode, so the flusher
+/// runs where the test says): write-through W's backing write is held; write-through X ends
+/// (a sync is owed) and its chunk is sealed; a flusher round's backing sync is done (covering
+/// X, not W) and held before it returns;
+/// W's backing write ends and its chunk is sealed; the sync ends and the round writes and
+/// syncs the queued chunks. A power cut then keeps W's clean entry but loses W's unsynced
+/// backing write: the cache serves data the backing device does not hold (and would lose
+/// it at eviction). Before the fix the round took W's chunk too.
+#[test]
+fn a_write_through_clean_entry_is_not_durable_before_its_backing_sync() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let (w_lba, x_lba) = (40u64, 80u64);
+    pair.backing.write_raw(w_lba * 4096, &[0x11; 4096]);
+    let backing = Arc::new(GateDevice::new(pair.backing()));
+    let opts = OpenOptions {
+        seal_interval_ms: Some(1000),
+        ..manual(4 * SEG_64K)
+    };
+    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+    e.set_tunable("cache_mode", "write-through").unwrap();
+    // Seals the open chunk now (a due periodic seal; manual mode reads no clock).
+    let later = || Instant::now() + Duration::from_secs(3600);
+
+    backing.hold_range(OpKind::Write, w_lba * 4096, 4096);
+    let we = e.clone();
+    let w = std::thread::spawn(move || we.write(w_lba * 4096, &[0x22; 4096], false));
+    assert!(
+        backing.wait_held(OpKind::Write, 1, HANG),
+        "W never reached the backing device"
+    );
+    e.write(x_lba * 4096, &[0x33; 4096], false).unwrap();
+    e.seal_if_due(later());
+    backing.hold_after(OpKind::Flush);
+    let fe = e.clone();
+    let round = std::thread::spawn(move || fe.run_flusher());
+    assert!(
+        backing.wait_held(OpKind::Flush, 1, HANG),
+        "the flusher round did not sync the backing device first"
+    );
+    backing.release(OpKind::Write);
+    bounded("W's write-through", move || w.join().unwrap()).unwrap();
+    e.seal_if_due(later());
+    backing.release(OpKind::Flush);
+    bounded("the flusher round", move || round.join().unwrap()).unwrap();
+
+    let (cache_cut, backing_cut) = (power_cut_copy(&pair.cache), power_cut_copy(&pair.backing));
+    let mut on_backing = [0u8; 4096];
+    backing_cut.read_at(&mut on_backing, w_lba * 4096).unwrap();
+    let e2 = Engine::open(
+        Arc::new(cache_cut),
+        Arc::new(backing_cut),
+        manual(4 * SEG_64K),
+    )
+    .unwrap();
+    let mut buf = [0u8; 4096];
+    e2.read(w_lba * 4096, &mut buf).unwrap();
+    assert_eq!(
+        buf[0], on_backing[0],
+        "after a power cut block {w_lba} reads {:#x} from a clean cached copy while the backing \
+         device holds {:#x}",
+        buf[0], on_backing[0]
+    );
+    e2.close().unwrap();
     e.close().unwrap();
 }

@@ -22,6 +22,11 @@ pub const HOLD_MAX: Duration = Duration::from_secs(120);
 struct Doors {
     /// Per operation kind: whether new operations of that kind are held.
     closed: [bool; 4],
+    /// Per operation kind: if set, only operations overlapping this byte range `[start, end)`
+    /// are held (a sync has no range and is held whenever its kind is).
+    only: [Option<(u64, u64)>; 4],
+    /// Per operation kind: held after it was done (before it returns) instead of before.
+    after: [bool; 4],
     /// Per operation kind: operations waiting at the door now.
     waiting: [u32; 4],
     /// Per operation kind: operations that were held and then went through.
@@ -49,7 +54,30 @@ impl GateDevice {
     /// Holds every later operation of kind `op` (write-zeroes counts as `Discard`) until
     /// `release(op)`.
     pub fn hold(&self, op: OpKind) {
-        self.doors.lock().closed[op as usize] = true;
+        let mut d = self.doors.lock();
+        d.closed[op as usize] = true;
+        d.only[op as usize] = None;
+        d.after[op as usize] = false;
+    }
+
+    /// Holds every later operation of kind `op` after the device did it, before it returns
+    /// (a sync that has covered what was written before it and has not told its caller yet),
+    /// until `release(op)`.
+    pub fn hold_after(&self, op: OpKind) {
+        let mut d = self.doors.lock();
+        d.closed[op as usize] = true;
+        d.only[op as usize] = None;
+        d.after[op as usize] = true;
+    }
+
+    /// Holds later operations of kind `op` that overlap bytes `[offset, offset + len_bytes)`
+    /// until `release(op)`; the others of that kind pass (to hold one write while others run).
+    pub fn hold_range(&self, op: OpKind, offset: u64, len_bytes: u64) {
+        assert!(len_bytes > 0, "an empty range holds nothing");
+        let mut d = self.doors.lock();
+        d.closed[op as usize] = true;
+        d.only[op as usize] = Some((offset, offset + len_bytes));
+        d.after[op as usize] = false;
     }
 
     /// Lets held and later operations of kind `op` through.
@@ -82,11 +110,16 @@ impl GateDevice {
     }
 
     /// The door every operation passes: waits while its kind is held (at most `HOLD_MAX`).
-    fn pass(&self, op: OpKind) {
+    fn pass(&self, op: OpKind, range: Option<(u64, u64)>, done: bool) {
         let i = op as usize;
         let mut d = self.doors.lock();
-        if !d.closed[i] {
+        if !d.closed[i] || d.after[i] != done {
             return;
+        }
+        if let (Some((start, end)), Some((offset, len))) = (d.only[i], range) {
+            if offset + len <= start || offset >= end {
+                return;
+            }
         }
         let until = Instant::now() + HOLD_MAX;
         d.waiting[i] += 1;
@@ -108,33 +141,48 @@ impl BlockDevice for GateDevice {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.pass(OpKind::Read);
-        self.inner.read_at(buf, offset)
+        let range = Some((offset, buf.len() as u64));
+        self.pass(OpKind::Read, range, false);
+        let r = self.inner.read_at(buf, offset);
+        self.pass(OpKind::Read, range, true);
+        r
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        self.pass(OpKind::Write);
-        self.inner.write_at(buf, offset)
+        let range = Some((offset, buf.len() as u64));
+        self.pass(OpKind::Write, range, false);
+        let r = self.inner.write_at(buf, offset);
+        self.pass(OpKind::Write, range, true);
+        r
     }
 
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
-        self.pass(OpKind::Write);
-        self.inner.write_vectored_at(bufs, offset)
+        let len = bufs.iter().map(|b| b.len() as u64).sum();
+        self.pass(OpKind::Write, Some((offset, len)), false);
+        let r = self.inner.write_vectored_at(bufs, offset);
+        self.pass(OpKind::Write, Some((offset, len)), true);
+        r
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.pass(OpKind::Flush);
-        self.inner.flush()
+        self.pass(OpKind::Flush, None, false);
+        let r = self.inner.flush();
+        self.pass(OpKind::Flush, None, true);
+        r
     }
 
     fn discard(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
-        self.pass(OpKind::Discard);
-        self.inner.discard(offset, len_bytes)
+        self.pass(OpKind::Discard, Some((offset, len_bytes)), false);
+        let r = self.inner.discard(offset, len_bytes);
+        self.pass(OpKind::Discard, Some((offset, len_bytes)), true);
+        r
     }
 
     fn write_zeroes(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
-        self.pass(OpKind::Discard);
-        self.inner.write_zeroes(offset, len_bytes)
+        self.pass(OpKind::Discard, Some((offset, len_bytes)), false);
+        let r = self.inner.write_zeroes(offset, len_bytes);
+        self.pass(OpKind::Discard, Some((offset, len_bytes)), true);
+        r
     }
 
     fn describe(&self) -> String {
@@ -165,6 +213,34 @@ mod tests {
         t.join().unwrap();
         assert_eq!(gate.passed(OpKind::Flush), 1);
         assert_eq!(gate.timed_out(), 0);
+    }
+
+    #[test]
+    fn a_range_hold_holds_only_operations_that_overlap_it() {
+        let gate = Arc::new(GateDevice::new(Arc::new(SimDevice::new(1 << 20))));
+        gate.hold_range(OpKind::Write, 8192, 4096);
+        gate.write_at(&[1; 4096], 4096).unwrap();
+        gate.write_at(&[1; 4096], 12288).unwrap();
+        let g = gate.clone();
+        let t = std::thread::spawn(move || g.write_at(&[2; 512], 8192 + 512).unwrap());
+        assert!(gate.wait_held(OpKind::Write, 1, Duration::from_secs(60)));
+        gate.release(OpKind::Write);
+        t.join().unwrap();
+        assert_eq!(gate.passed(OpKind::Write), 1);
+    }
+
+    #[test]
+    fn an_operation_held_after_is_done_before_it_returns() {
+        let dev = SimDevice::new(1 << 20);
+        let gate = Arc::new(GateDevice::new(Arc::new(dev.clone())));
+        gate.write_at(&[7; 4096], 0).unwrap();
+        gate.hold_after(OpKind::Flush);
+        let g = gate.clone();
+        let t = std::thread::spawn(move || g.flush().unwrap());
+        assert!(gate.wait_held(OpKind::Flush, 1, Duration::from_secs(60)));
+        assert_eq!(dev.durable_image()[0], 7, "the held sync was done");
+        gate.release(OpKind::Flush);
+        t.join().unwrap();
     }
 
     #[test]

@@ -113,8 +113,13 @@ fn step<'a>(
     mut st: MutexGuard<'a, State>,
 ) -> Result<(MutexGuard<'a, State>, bool)> {
     // Chunks may say "the backing device holds this" (write-through blocks): that must not
-    // reach the cache device before the backing device has it for sure.
+    // reach the cache device before the backing device has it for sure. The sync covers only
+    // bypass writes done when it starts, so this round takes only the chunks queued by then: a
+    // chunk sealed during the sync may hold a clean entry whose backing write ended after the
+    // sync began (issue 19); it waits for the next round's sync.
+    let mut take_max = CHUNKS_PER_ROUND_MAX;
     if let (false, Some(target)) = (st.ring.queue_is_empty(), st.bypass.sync_owed()) {
+        take_max = take_max.min(st.ring.queued_count());
         drop(st);
         let res = inner.backing.flush();
         st = inner.state.lock();
@@ -133,7 +138,7 @@ fn step<'a>(
         st.bypass.note_synced(target, inner.backing.reconnects());
         st.counters.backing_syncs += 1;
     }
-    let batch = st.ring.take_queued(CHUNKS_PER_ROUND_MAX);
+    let batch = st.ring.take_queued(take_max);
     let synced_for_headers = st.seqs.synced();
     let mut progressed = !batch.is_empty();
     drop(st);

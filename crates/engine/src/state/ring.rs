@@ -551,6 +551,11 @@ impl Ring {
         self.queue.is_empty()
     }
 
+    /// Sealed chunks waiting for the flusher.
+    pub fn queued_count(&self) -> usize {
+        self.queue.len()
+    }
+
     /// Takes up to `max` sealed chunks, oldest first, for the flusher to write.
     pub fn take_queued(&mut self, max: usize) -> Vec<SealedChunk> {
         let take = self.queue.len().min(max);
