@@ -454,3 +454,40 @@ fn a_write_through_clean_entry_is_not_durable_before_its_backing_sync() {
     e2.close().unwrap();
     e.close().unwrap();
 }
+
+/// Issue 19 (smaller finding): a TRIM held `backing_order`, which every writeback batch takes,
+/// from logging its drop range to the end of its backing discard, so writeback stalled for the
+/// TRIM's cache sync too (and, before TRIM became a hint, its zeroing, a backing sync and a
+/// superblock write). The order matters only where the discard is sent: once the drop range
+/// is logged no batch holds the dropped blocks. Window: the TRIM's cache sync is held; a
+/// writeback batch of another block must still run. Before the fix it waited for the sync.
+#[test]
+fn writeback_runs_while_a_trim_waits_for_its_cache_sync() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let cache = Arc::new(GateDevice::new(pair.cache()));
+    let e = Engine::open(cache.clone(), pair.backing(), manual(4 * SEG_64K)).unwrap();
+    // Sorted order: the batch needs no superblock write (which would wait for the held sync).
+    e.set_tunable("writeback_order", "sorted").unwrap();
+    e.write(0, &[0x44; 4096], false).unwrap();
+    e.write(100 * 4096, &[0x55; 4096], false).unwrap();
+    e.flush().unwrap();
+    cache.hold(OpKind::Flush);
+    let te = e.clone();
+    let trim = std::thread::spawn(move || te.discard(100 * 4096, 4096, false));
+    assert!(
+        cache.wait_held(OpKind::Flush, 1, HANG),
+        "the TRIM never synced its drop range"
+    );
+    let we = e.clone();
+    let written_back = bounded("a writeback batch while a TRIM waits for its cache sync", move || {
+        we.writeback_step(64)
+    });
+    cache.release(OpKind::Flush);
+    let written_back = written_back.unwrap();
+    bounded("the TRIM", move || trim.join().unwrap()).unwrap();
+    assert_eq!(written_back, 1, "block 0 is written back");
+    let mut buf = [0u8; 4096];
+    pair.backing.read_at(&mut buf, 0).unwrap();
+    assert_eq!(buf, [0x44; 4096]);
+    e.close().unwrap();
+}

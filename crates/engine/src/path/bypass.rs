@@ -258,21 +258,28 @@ pub fn trim(inner: &Inner, offset_bytes: u64, len_bytes: u64) -> Result<()> {
         return Ok(());
     }
     // The order lock is not held while waiting for room in the log: writeback may make it.
+    // It is taken while logging, so no writeback batch holding a dropped block is in flight
+    // (a batch holds it from collecting to marking clean), and once the drop range is logged
+    // no batch can collect one; so it is let go while the drop range is synced (writeback
+    // need not stall for that) and taken again only for the discard, which must not overtake
+    // a batch in flight.
     let mut lba = first;
-    let order = loop {
+    loop {
         let order = inner.backing_order.lock();
         let mut st = inner.state.lock();
         check_usable(&st)?;
         (lba, _, _, _) = log_range_some(&mut st, inner, KIND_DROP, lba, end);
         if lba == end {
             st.bypass.begin_io();
-            break order;
+            break;
         }
         drop(order);
         drop(wait_for_room(inner, st)?);
-    };
+    }
+    let mut order = None;
     let res = (|| {
         wait_durable(inner)?;
+        order = Some(inner.backing_order.lock());
         let in_order = {
             let st = inner.state.lock();
             !st.ordered()
