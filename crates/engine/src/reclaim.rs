@@ -145,8 +145,20 @@ pub fn relocate_head<'a>(
     for (l, ok) in live.iter().zip(verified) {
         let seg_buf = &*seg_buf;
         if !ok {
-            // A damaged block stays where it is; reads of it report the error.
             st.counters.checksum_errors += 1;
+            if st.blocks.lookup(l.lba) == Some(l.cache_block) && st.blocks.dirty(l.cache_block) != 0
+            {
+                // Its newest data is gone, writeback cannot write it and nothing can move it:
+                // the head can never pass this segment, and once the ring came round writers
+                // would wait for room forever with the engine "healthy". Fail, saying so.
+                inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
+                let e = Error::Corruption(format!(
+                    "dirty block {} fails its checksum on the cache device (cache block {}): its newest data is lost, and the log cannot reclaim the segment holding it, so new writes cannot get room; give the cache up (the backing device holds every other block as last written back)",
+                    l.lba, l.cache_block
+                ));
+                return Err(fail(inner, st, e));
+            }
+            // A damaged clean block stays where it is; reads of it go to the backing device.
             continue;
         }
         if st.blocks.lookup(l.lba) != Some(l.cache_block) {

@@ -479,9 +479,10 @@ fn writeback_runs_while_a_trim_waits_for_its_cache_sync() {
         "the TRIM never synced its drop range"
     );
     let we = e.clone();
-    let written_back = bounded("a writeback batch while a TRIM waits for its cache sync", move || {
-        we.writeback_step(64)
-    });
+    let written_back = bounded(
+        "a writeback batch while a TRIM waits for its cache sync",
+        move || we.writeback_step(64),
+    );
     cache.release(OpKind::Flush);
     let written_back = written_back.unwrap();
     bounded("the TRIM", move || trim.join().unwrap()).unwrap();
@@ -490,4 +491,52 @@ fn writeback_runs_while_a_trim_waits_for_its_cache_sync() {
     pair.backing.read_at(&mut buf, 0).unwrap();
     assert_eq!(buf, [0x44; 4096]);
     e.close().unwrap();
+}
+
+/// Issue 19 (smaller finding), the reclaim side: a dirty block whose copy on the cache device
+/// fails its checksum can be neither written back nor moved by the relocator. In sorted order
+/// writeback goes on around it, so the ring comes round to its segment, which the head can
+/// never pass: writers then waited for room forever while status said healthy. Now the
+/// relocator fails the engine, saying what is lost. (In consistent order writeback itself
+/// stops at such a block and fails the engine.) Before the fix the writes hung.
+#[test]
+fn a_corrupt_dirty_block_the_head_cannot_pass_fails_the_engine() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 64 * MIB, SEG_64K);
+    let opts = OpenOptions {
+        ram_buffer_bytes: 2 * SEG_64K,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(pair.cache(), pair.backing(), opts.clone()).unwrap();
+    e.set_tunable("writeback_order", "sorted").unwrap();
+    e.set_tunable("writeback_threshold_percent", "100").unwrap();
+    for b in 0..8u64 {
+        e.write(b * 4096, &[0xA0 + b as u8; 4096], false).unwrap();
+    }
+    e.flush().unwrap();
+    e.close().unwrap();
+    let image = pair.cache.read_volatile(0, MIB + 16 * SEG_64K);
+    let pos = image
+        .chunks(4096)
+        .position(|c| c == [0xA5; 4096])
+        .expect("block 5 is on the cache device");
+    pair.cache.corrupt(pos as u64 * 4096 + 100, 0x01);
+
+    let e = Engine::open(pair.cache(), pair.backing(), opts).unwrap();
+    // Everything else is written back at once; block 5 stays dirty.
+    e.set_tunable("writeback_threshold_percent", "0").unwrap();
+    let w = e.clone();
+    let res = bounded("writes that wrap the ring", move || {
+        for i in 0..3000u64 {
+            w.write((100 + i % 500) * 4096, &[i as u8; 4096], false)?;
+        }
+        Ok::<(), Error>(())
+    });
+    let err = res.expect_err("the ring cannot come round past the damaged dirty block");
+    assert!(matches!(err, Error::Failed(_)), "{err}");
+    let failed = e.stats().failed.expect("status shows the failure");
+    assert!(
+        failed.contains("checksum") && failed.contains("block 5"),
+        "{failed}"
+    );
 }
