@@ -59,6 +59,8 @@ impl Served {
         gauge("ram_buffers_free", s.ram_buffers_free as f64);
         gauge("ram_buffer_bytes", s.ram_buffer_bytes as f64);
         gauge("index_memory_bytes", s.index_memory_bytes as f64);
+        gauge("zero_ranges", s.zero_ranges as f64);
+        gauge("zero_blocks_forgotten", s.zero_blocks_forgotten as f64);
         // The engine reports u64::MAX for "unpaced"; keep the JSON numbers small and exact.
         let full_speed = s.writeback_rate_blocks_per_s == u64::MAX;
         gauge("writeback_full_speed", full_speed as u64 as f64);

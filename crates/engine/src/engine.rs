@@ -482,6 +482,8 @@ impl Engine {
             head_segment_id: st.ring.head_segment_id(),
             epoch: st.seqs.epoch(),
             index_memory_bytes: st.blocks.memory_bytes(),
+            zero_ranges: st.zeros.range_count() as u64,
+            zero_blocks_forgotten: st.zeros.forgotten_blocks(),
             failed: st.health.failed().map(str::to_string),
             mode: tunables::MODE_NAMES[self.inner.tunables.get(tunables::CACHE_MODE) as usize],
             read_cache: self.inner.tunables.get(tunables::READ_CACHE) != 0,

@@ -39,4 +39,4 @@ pub use engine::{Engine, OpenOptions};
 pub use error::{Error, Result};
 pub use open::create::{format_cache, FormatOptions};
 pub use stats::{Counters, RecoveryReport, Stats};
-pub use status::Extent;
+pub use status::{Extent, ExtentKind};

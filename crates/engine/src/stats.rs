@@ -220,6 +220,10 @@ pub struct Stats {
     pub head_segment_id: u64,
     pub epoch: u64,
     pub index_memory_bytes: u64,
+    /// Block ranges recorded as reading zeros (WRITE_ZEROES, not written since) for block
+    /// status, and zeroed blocks forgotten for want of room (reported as data, which is safe).
+    pub zero_ranges: u64,
+    pub zero_blocks_forgotten: u64,
     pub failed: Option<String>,
     /// `cache_mode`: "write-back", "write-through" or "write-around".
     pub mode: &'static str,

@@ -1,14 +1,15 @@
-//! Block status (for NBD's `base:allocation`): which runs of the disk hold data and which are
-//! holes that read as zeros, so copy and backup tools can skip the holes.
+//! Block status (for NBD's `base:allocation`): which runs of the disk hold data, which read as
+//! zeros, and which are holes reading as zeros, so copy and backup tools can skip them.
 //!
-//! The one rule: never call a range a hole unless it reads as zeros. A block with a dirty
-//! cached copy is always data (only the cache has its newest bytes); anywhere else the backing
-//! device holds what a read returns (a clean cached copy is a copy of it), so its answer
-//! stands: a hole for a sparse file's `SEEK_HOLE` ranges, data for devices that cannot tell.
-//! The index is asked first and the backing device after, as the read path does: a write that
-//! returned is dirty in the index or, once written back, on the backing device before its
-//! block is marked clean, so it is seen by one of the two. WRITE_ZEROES and TRIM punch holes in a file
-//! backing device, so zeroed ranges are reported as holes once that is done.
+//! The one rule: never call a range zero unless it reads as zeros. A block with a dirty
+//! cached copy is always data (only the cache has its newest bytes). A block a WRITE_ZEROES
+//! covered and nothing wrote or trimmed since (`state::zeros`) is zero over any backing device.
+//! Anywhere else the backing device holds what a read returns (a clean cached copy is a copy
+//! of it), so its answer stands: a hole for a sparse file's `SEEK_HOLE` ranges, data for
+//! devices that cannot tell. The state is asked first and the backing device after, as the
+//! read path does: a write that returned is dirty in the index or, once written back, on the
+//! backing device before its block is marked clean, so it is seen by one of the two; and every
+//! write removes its blocks from the zero ranges before it returns.
 
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE_BYTES;
@@ -21,12 +22,33 @@ const BLOCKS_PER_LOCK_HOLD: u64 = 4096;
 /// lets a server describe less than was asked).
 pub const MAX_STATUS_WALK_BYTES: u64 = 1 << 30;
 
+/// What a run of the disk holds, as far as block status can tell without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtentKind {
+    /// May hold data (the answer that is always safe).
+    Data,
+    /// Reads as zeros (a WRITE_ZEROES not overwritten since); storage may be allocated.
+    Zero,
+    /// Nothing is stored there and it reads as zeros.
+    ZeroHole,
+}
+
 /// One run of the disk with one status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {
     pub length_bytes: u64,
-    /// Nothing is stored there and it reads as zeros; otherwise the run may hold data.
-    pub zero_hole: bool,
+    pub kind: ExtentKind,
+}
+
+/// Which source answers for a run of blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// A dirty cached copy: data.
+    Dirty,
+    /// Zeroed and not written since: zero, or a hole if the backing device says so.
+    Zeroed,
+    /// The backing device.
+    Backing,
 }
 
 /// Appends extents describing `[offset_bytes, offset_bytes + len_bytes)` of the engine's disk
@@ -44,18 +66,24 @@ pub(crate) fn block_status(
     let end_bytes = offset_bytes + len_bytes.min(MAX_STATUS_WALK_BYTES);
     let mut pos = offset_bytes;
     while pos < end_bytes {
-        let (dirty, run_end_bytes) = dirty_run(inner, pos, end_bytes)?;
+        let (source, run_end_bytes) = cached_run(inner, pos, end_bytes)?;
         assert!(run_end_bytes > pos && run_end_bytes <= end_bytes);
-        if dirty {
-            if !push(out, max_extents, run_end_bytes - pos, false) {
+        if source == Source::Dirty {
+            if !push(out, max_extents, run_end_bytes - pos, ExtentKind::Data) {
                 break;
             }
             pos = run_end_bytes;
             continue;
         }
-        let covered_bytes =
-            device_status(&*inner.backing, pos, run_end_bytes - pos, max_extents, out)
-                .map_err(|e| Error::io("asking the backing device for its holes", e))?;
+        let covered_bytes = device_status_as(
+            &*inner.backing,
+            pos,
+            run_end_bytes - pos,
+            max_extents,
+            source == Source::Zeroed,
+            out,
+        )
+        .map_err(|e| Error::io("asking the backing device for its holes", e))?;
         pos += covered_bytes;
         if pos < run_end_bytes {
             break; // `out` is full.
@@ -76,18 +104,31 @@ pub fn device_status(
     max_extents: usize,
     out: &mut Vec<Extent>,
 ) -> std::io::Result<u64> {
+    device_status_as(device, offset_bytes, len_bytes, max_extents, false, out)
+}
+
+/// As [`device_status`]; with `zeroed` (the range is known to read as zeros), what the device
+/// calls data is reported as zero.
+fn device_status_as(
+    device: &dyn BlockDevice,
+    offset_bytes: u64,
+    len_bytes: u64,
+    max_extents: usize,
+    zeroed: bool,
+    out: &mut Vec<Extent>,
+) -> std::io::Result<u64> {
     assert!(max_extents > 0);
     let mut covered_bytes = 0;
     while covered_bytes < len_bytes {
         let pos = offset_bytes + covered_bytes;
         let (run_bytes, allocation) = device.allocation(pos, len_bytes - covered_bytes)?;
         assert!(run_bytes > 0 && run_bytes <= len_bytes - covered_bytes);
-        if !push(
-            out,
-            max_extents,
-            run_bytes,
-            allocation == Allocation::ZeroHole,
-        ) {
+        let kind = match allocation {
+            Allocation::ZeroHole => ExtentKind::ZeroHole,
+            Allocation::Data if zeroed => ExtentKind::Zero,
+            Allocation::Data => ExtentKind::Data,
+        };
+        if !push(out, max_extents, run_bytes, kind) {
             break;
         }
         covered_bytes += run_bytes;
@@ -95,38 +136,50 @@ pub fn device_status(
     Ok(covered_bytes)
 }
 
-/// Whether the block holding `pos` has a dirty cached copy, and where the run of blocks with
-/// the same answer ends (capped at `end_bytes` and at one lock hold's worth of blocks).
-fn dirty_run(inner: &Inner, pos: u64, end_bytes: u64) -> Result<(bool, u64)> {
+/// Which source answers for the block holding `pos`, and where the run of blocks with the same
+/// answer ends (capped at `end_bytes` and at one lock hold's worth of blocks).
+fn cached_run(inner: &Inner, pos: u64, end_bytes: u64) -> Result<(Source, u64)> {
     assert!(pos < end_bytes);
     let st = inner.state.lock();
     check_usable(&st)?;
-    if st.blocks.dirty_blocks() == 0 {
-        return Ok((false, end_bytes));
-    }
-    let is_dirty = |lba| {
-        st.blocks
-            .lookup(lba)
-            .is_some_and(|c| st.blocks.dirty(c) != 0)
-    };
     let first_lba = pos / BLOCK_SIZE_BYTES;
-    let end_lba = end_bytes
-        .div_ceil(BLOCK_SIZE_BYTES)
-        .min(first_lba + BLOCKS_PER_LOCK_HOLD);
-    let dirty = is_dirty(first_lba);
+    let end_lba = end_bytes.div_ceil(BLOCK_SIZE_BYTES);
+    // The zero ranges change only at their edges: one lookup caps the run.
+    let (zeroed, zero_run_end_lba) = st.zeros.run(first_lba, end_lba);
+    let undirtied = if zeroed {
+        Source::Zeroed
+    } else {
+        Source::Backing
+    };
+    if st.blocks.dirty_blocks() == 0 {
+        return Ok((undirtied, (zero_run_end_lba * BLOCK_SIZE_BYTES).min(end_bytes)));
+    }
+    let source_of = |lba| {
+        let dirty = st
+            .blocks
+            .lookup(lba)
+            .is_some_and(|c| st.blocks.dirty(c) != 0);
+        if dirty {
+            Source::Dirty
+        } else {
+            undirtied
+        }
+    };
+    let end_lba = zero_run_end_lba.min(first_lba + BLOCKS_PER_LOCK_HOLD);
+    let source = source_of(first_lba);
     let mut lba = first_lba + 1;
-    while lba < end_lba && is_dirty(lba) == dirty {
+    while lba < end_lba && source_of(lba) == source {
         lba += 1;
     }
-    Ok((dirty, (lba * BLOCK_SIZE_BYTES).min(end_bytes)))
+    Ok((source, (lba * BLOCK_SIZE_BYTES).min(end_bytes)))
 }
 
 /// Adds a run to `out`, merged into the last extent when the status is the same; `false` (and
 /// nothing added) when that needs a new extent and `out` is full.
-fn push(out: &mut Vec<Extent>, max_extents: usize, length_bytes: u64, zero_hole: bool) -> bool {
+fn push(out: &mut Vec<Extent>, max_extents: usize, length_bytes: u64, kind: ExtentKind) -> bool {
     assert!(length_bytes > 0);
     if let Some(last) = out.last_mut() {
-        if last.zero_hole == zero_hole {
+        if last.kind == kind {
             last.length_bytes += length_bytes;
             return true;
         }
@@ -134,10 +187,7 @@ fn push(out: &mut Vec<Extent>, max_extents: usize, length_bytes: u64, zero_hole:
     if out.len() >= max_extents {
         return false;
     }
-    out.push(Extent {
-        length_bytes,
-        zero_hole,
-    });
+    out.push(Extent { length_bytes, kind });
     true
 }
 
@@ -188,7 +238,10 @@ mod tests {
         let mut out = Vec::new();
         let covered = device_status(&device, 100, 6 * 4096 - 100, 8, &mut out).unwrap();
         assert_eq!(covered, 6 * 4096 - 100);
-        let lengths: Vec<(u64, bool)> = out.iter().map(|e| (e.length_bytes, e.zero_hole)).collect();
+        let lengths: Vec<(u64, bool)> = out
+            .iter()
+            .map(|e| (e.length_bytes, e.kind == ExtentKind::ZeroHole))
+            .collect();
         assert_eq!(
             lengths,
             [
@@ -201,7 +254,7 @@ mod tests {
         out.clear();
         let covered = device_status(&device, 0, 6 * 4096, 1, &mut out).unwrap();
         assert_eq!((covered, out.len()), (8192, 1));
-        assert!(out[0].zero_hole);
+        assert_eq!(out[0].kind, ExtentKind::ZeroHole);
     }
 
     #[test]
@@ -216,7 +269,7 @@ mod tests {
             out,
             [Extent {
                 length_bytes: 4096,
-                zero_hole: false
+                kind: ExtentKind::Data
             }]
         );
     }

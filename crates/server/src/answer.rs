@@ -8,7 +8,7 @@ use logcache_nbd::request::Request;
 
 use crate::connection::Connection;
 use crate::limits::{INLINE_READ_MAX_BYTES, MAX_BLOCK_STATUS_EXTENTS};
-use crate::meta::{MetaContext, BASE_ALLOCATION_ZERO_HOLE};
+use crate::meta::{base_allocation_flags, MetaContext};
 use crate::{errno, ops, reply};
 
 /// READ on a worker: the reply built in `out` (a buffer the worker keeps) so that the data
@@ -137,30 +137,28 @@ pub(crate) fn block_status(connection: &Connection, replies: &mut Vec<u8>, reque
     let mut descriptors = Vec::new();
     for context in session.contexts.iter() {
         let export = &*connection.server.export;
+        descriptors.clear();
+        // Each context's provider describes the range in its own extents and flags.
         let result = match context {
-            MetaContext::BaseAllocation => export.block_status(
-                request.offset_bytes,
-                u64::from(request.length_bytes),
-                max_extents,
-                &mut extents,
-            ),
+            MetaContext::BaseAllocation => export
+                .block_status(
+                    request.offset_bytes,
+                    u64::from(request.length_bytes),
+                    max_extents,
+                    &mut extents,
+                )
+                .map(|()| {
+                    descriptors.extend(extents.iter().map(|extent| BlockDescriptor {
+                        length_bytes: u32::try_from(extent.length_bytes)
+                            .expect("extents lie inside a request of at most 4 GiB"),
+                        status_flags: base_allocation_flags(extent.kind),
+                    }))
+                }),
         };
         if let Err(error) = result {
             push_result(replies, true, request.cookie, Err(error));
             return;
         }
-        descriptors.clear();
-        descriptors.extend(extents.iter().map(|extent| {
-            BlockDescriptor {
-                length_bytes: u32::try_from(extent.length_bytes)
-                    .expect("extents lie inside a request of at most 4 GiB"),
-                status_flags: if extent.zero_hole {
-                    BASE_ALLOCATION_ZERO_HOLE
-                } else {
-                    0
-                },
-            }
-        }));
         assert!(!descriptors.is_empty() && descriptors.len() <= max_extents);
         let done = Some(context.id()) == last_id;
         reply::push_block_status(replies, request.cookie, context.id(), &descriptors, done);

@@ -4,6 +4,7 @@
 //! A new context (changed-block tracking, `qemu:dirty-bitmap:NAME`) is one more variant of
 //! [`MetaContext`] and one more arm in `answer::block_status` that asks the export for it.
 
+use logcache_engine::ExtentKind;
 use logcache_nbd::consts::{META_CONTEXT_BASE_ALLOCATION, STATE_HOLE, STATE_ZERO};
 
 /// A metadata context this server can report on.
@@ -13,8 +14,15 @@ pub(crate) enum MetaContext {
     BaseAllocation,
 }
 
-/// Status flags of a `base:allocation` extent: a hole reading as zeros, or data (0).
-pub(crate) const BASE_ALLOCATION_ZERO_HOLE: u32 = STATE_HOLE | STATE_ZERO;
+/// Status flags of a `base:allocation` extent: a hole reading as zeros, zeros (allocated or
+/// not known to be a hole), or data (0).
+pub(crate) fn base_allocation_flags(kind: ExtentKind) -> u32 {
+    match kind {
+        ExtentKind::Data => 0,
+        ExtentKind::Zero => STATE_ZERO,
+        ExtentKind::ZeroHole => STATE_HOLE | STATE_ZERO,
+    }
+}
 
 impl MetaContext {
     /// Every context offered, in the order lists and block status replies use.

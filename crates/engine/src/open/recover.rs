@@ -125,6 +125,7 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
         zero_applied_seq: cp.zero_applied_seq,
         zero_ranges: Vec::new(),
         distrusted: Vec::new(),
+        zeros: Default::default(),
         epoch_starts: Vec::new(),
         shadows: Default::default(),
         blocks_per_segment: geo.blocks_per_segment,

@@ -22,6 +22,7 @@ use crate::state::promotion::Promotion;
 use crate::state::room::Room;
 use crate::state::seqs::Seqs;
 use crate::state::writeback::WritebackState;
+use crate::state::zeros::Zeros;
 use crate::state::{Ring, SegmentInfo, State};
 use crate::stats::{Counters, RecoveryReport};
 
@@ -50,6 +51,9 @@ pub struct Recovered {
     /// Blocks logged as (partly) clean after a zero range to apply again: the zeros may undo
     /// their "clean", so open writes them back (cache block, lba) before anything else.
     pub distrusted: Vec<(u32, u64)>,
+    /// Blocks the log's zero ranges left reading as zeros, not written or trimmed since (in
+    /// log order; a block's own later entry removes it).
+    pub(super) zeros: Zeros,
     pub(super) blocks_per_segment: u32,
     /// Chunks that start a flush epoch (`FLAG_FLUSH_BEFORE`): first cache block, segment id,
     /// block in segment, sequence; in log order.
@@ -108,7 +112,13 @@ impl Recovered {
         // Ranges first: every live block entry of a chunk was written after its ranges.
         for e in entries.iter().filter(|e| e.is_range()) {
             check_replayable(geo, h, e)?;
-            self.drop_range(e.lba, e.range_blocks() as u64);
+            let count = e.range_blocks() as u64;
+            self.drop_range(e.lba, count);
+            if e.kind == KIND_ZERO {
+                self.zeros.insert(e.lba, e.lba + count);
+            } else {
+                self.zeros.remove(e.lba, e.lba + count);
+            }
             if e.kind == KIND_ZERO && !written_back && h.seq > self.zero_applied_seq {
                 self.zero_ranges.push((e.lba, e.range_blocks() as u64));
             }
@@ -129,6 +139,9 @@ impl Recovered {
             match e.kind {
                 KIND_HOLE => blk += 1,
                 KIND_DATA => {
+                    // Written after the chunk's ranges (a hole entry names no block, and what
+                    // replaced its write is an entry of this chunk).
+                    self.zeros.remove(e.lba, e.lba + 1);
                     let c = geo.cache_block(slot, blk);
                     blk += 1;
                     if let Some(prev) = self.index.insert(e.lba, c) {
@@ -305,6 +318,7 @@ impl Recovered {
             room: Room::default(),
             writeback: WritebackState::new(self.writeback_seq.min(self.last_seq)),
             epochs,
+            zeros: self.zeros,
             promotion: Promotion::new(promote_pause),
             bypass: Bypass::default(),
             streams: Default::default(),

@@ -85,6 +85,13 @@ fn log_range_some(
         }
         last_seq = st.ring.open().seq;
         let dropped = st.kill_range(lba, count as u64);
+        // A zero range reads as zeros from now on; a drop range (TRIM, or a write bypassing the
+        // cache) may leave anything.
+        if kind == KIND_ZERO {
+            st.zeros.insert(lba, lba + count as u64);
+        } else {
+            st.zeros.remove(lba, lba + count as u64);
+        }
         st.counters.blocks_invalidated += dropped;
         lba += count as u64;
     }

@@ -75,6 +75,8 @@ fn write_block(
     let mut disk_copy: Option<OnDiskCopy> = None;
     let mut st = inner.state.lock();
     check_usable(&st)?;
+    // No longer zeros, from before the write can return (early is safe: a write is in flight).
+    st.zeros.remove(lba, lba + 1);
     if request_bytes > 0 {
         st.counters.writes += 1;
         st.counters.write_bytes += request_bytes;

@@ -21,6 +21,7 @@ pub mod room;
 pub mod seqs;
 pub mod streams;
 pub mod writeback;
+pub mod zeros;
 
 use self::blocks::Blocks;
 use self::buffers::SegmentBuffers;
@@ -32,6 +33,7 @@ pub use self::ring::{Location, Ring, SealedChunk, SegmentInfo, RESERVE_SEGMENTS}
 use self::room::Room;
 use self::seqs::Seqs;
 use self::writeback::WritebackState;
+use self::zeros::Zeros;
 use crate::format::chunk::{ChunkHeader, Entry, FLAG_FLUSH_BEFORE, KIND_DATA};
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::geometry::{CacheBlock, Geometry};
@@ -80,6 +82,8 @@ pub struct State {
     pub writeback: WritebackState,
     /// Flush epochs: where each starts, the newest one, `writeback_order`.
     pub epochs: Epochs,
+    /// Blocks a WRITE_ZEROES left reading as zeros, not written or trimmed since.
+    pub zeros: Zeros,
     pub counters: Counters,
 }
 

@@ -227,6 +227,27 @@ impl History {
     /// The read sent at `ri` returned: checks each of its sectors (`vals[i]` is what sector
     /// `first + i` read as). The first violation, if any.
     pub fn end_read(&mut self, ri: u64, first: usize, vals: &[Option<Val>]) -> Result<(), String> {
+        let rc = self.end_query(ri);
+        for (i, v) in vals.iter().enumerate() {
+            self.check(first + i, *v, |d| d.complete < ri, rc)?;
+        }
+        Ok(())
+    }
+
+    /// A block status query sent at `ri` (with `begin_read`) returned, calling sector
+    /// `first + i` zero where `zero[i]`: each such sector must be one a read sent then could
+    /// have returned as zeros. Sectors called data promise nothing.
+    pub fn end_status(&mut self, ri: u64, first: usize, zero: &[bool]) -> Result<(), String> {
+        let rc = self.end_query(ri);
+        for (i, _) in zero.iter().enumerate().filter(|(_, &z)| z) {
+            self.check(first + i, Some(Val::Zeros), |d| d.complete < ri, rc)
+                .map_err(|msg| format!("block status called it zero: {msg}"))?;
+        }
+        Ok(())
+    }
+
+    /// A read or status query sent at `ri` ends: returns the time it ended.
+    fn end_query(&mut self, ri: u64) -> u64 {
         let rc = self.tick();
         let i = self
             .reads_in_flight
@@ -234,10 +255,7 @@ impl History {
             .position(|&t| t == ri)
             .expect("a read ends once");
         self.reads_in_flight.swap_remove(i);
-        for (i, v) in vals.iter().enumerate() {
-            self.check(first + i, *v, |d| d.complete < ri, rc)?;
-        }
-        Ok(())
+        rc
     }
 
     fn check(
