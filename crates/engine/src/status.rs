@@ -152,7 +152,10 @@ fn cached_run(inner: &Inner, pos: u64, end_bytes: u64) -> Result<(Source, u64)> 
         Source::Backing
     };
     if st.blocks.dirty_blocks() == 0 {
-        return Ok((undirtied, (zero_run_end_lba * BLOCK_SIZE_BYTES).min(end_bytes)));
+        return Ok((
+            undirtied,
+            (zero_run_end_lba * BLOCK_SIZE_BYTES).min(end_bytes),
+        ));
     }
     let source_of = |lba| {
         let dirty = st

@@ -61,11 +61,25 @@ const SEAL_WAIT: Duration = Duration::from_secs(20);
 
 #[derive(Clone, Debug)]
 enum Req {
-    Write { t: Token, id: u64, fua: bool },
-    Zero { t: Token, fua: bool, trim: bool },
-    Read { first: u64, count: u64 },
+    Write {
+        t: Token,
+        id: u64,
+        fua: bool,
+    },
+    Zero {
+        t: Token,
+        fua: bool,
+        trim: bool,
+    },
+    Read {
+        first: u64,
+        count: u64,
+    },
     /// Block status of a range: every sector called zero is checked like a read of zeros.
-    Status { first: u64, count: u64 },
+    Status {
+        first: u64,
+        count: u64,
+    },
     Flush,
     Mode(&'static str),
 }
@@ -196,9 +210,9 @@ fn run_req(e: &Engine, sh: &Shared, req: Req) {
             assert!(zero.len() as u64 <= count, "extents past the query");
             let claims = zero.iter().filter(|&&z| z).count() as u64;
             if let Err(msg) = sh.model.lock().end_status(ri, first as usize, &zero) {
-                sh.errors
-                    .lock()
-                    .push(format!("block status of {count} sectors from {first}: {msg}"));
+                sh.errors.lock().push(format!(
+                    "block status of {count} sectors from {first}: {msg}"
+                ));
             }
             sh.zero_claims_checked.fetch_add(claims, Ordering::Relaxed);
             r

@@ -148,10 +148,12 @@ pub(crate) fn block_status(connection: &Connection, replies: &mut Vec<u8>, reque
                     &mut extents,
                 )
                 .map(|()| {
-                    descriptors.extend(extents.iter().map(|extent| BlockDescriptor {
-                        length_bytes: u32::try_from(extent.length_bytes)
-                            .expect("extents lie inside a request of at most 4 GiB"),
-                        status_flags: base_allocation_flags(extent.kind),
+                    descriptors.extend(extents.iter().map(|extent| {
+                        BlockDescriptor {
+                            length_bytes: u32::try_from(extent.length_bytes)
+                                .expect("extents lie inside a request of at most 4 GiB"),
+                            status_flags: base_allocation_flags(extent.kind),
+                        }
                     }))
                 }),
         };

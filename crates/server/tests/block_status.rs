@@ -316,3 +316,154 @@ fn hostile_block_status_requests_get_errors_and_the_server_keeps_serving() {
     assert_eq!(extents, [(1, ZERO_HOLE)]);
     still_serving(&mut client);
 }
+
+/// What a 4 KiB block of the model holds, for block status over a backing device that cannot
+/// tell holes (a RAM device, as a block device or an RBD image).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Block {
+    /// Written (a partial write-zeroes writes zeros into the block: data too), or never touched.
+    Data,
+    /// Covered whole by a write-zeroes and not written or trimmed since: must be called zero.
+    Zeroed,
+    /// Trimmed whole: either answer, but zero only if it reads as zeros.
+    Trimmed,
+}
+
+/// `nbdinfo --map --json` or `qemu-img map --output=json` as a zero flag per 4 KiB block.
+fn zero_flags_per_block(tool: &str, uri: &str, blocks: usize) -> Vec<bool> {
+    let out = if tool == "nbdinfo" {
+        run("nbdinfo", &["--map", "--json", uri]).expect_success("nbdinfo --map")
+    } else {
+        run("qemu-img", &["map", "--output=json", "-f", "raw", uri]).expect_success("qemu-img map")
+    };
+    let map: serde_json::Value = serde_json::from_str(&out.stdout).expect("map JSON");
+    let mut zero = Vec::new();
+    for e in map.as_array().expect("an array of extents") {
+        let (offset, length, is_zero) = if tool == "nbdinfo" {
+            let flags = e["type"].as_u64().unwrap() as u32;
+            (
+                e["offset"].as_u64(),
+                e["length"].as_u64(),
+                flags & STATE_ZERO != 0,
+            )
+        } else {
+            (
+                e["start"].as_u64(),
+                e["length"].as_u64(),
+                e["zero"].as_bool().unwrap(),
+            )
+        };
+        let (offset, length) = (offset.unwrap(), length.unwrap());
+        assert_eq!(
+            offset,
+            zero.len() as u64 * 4096,
+            "{tool}: extents in order: {e}"
+        );
+        assert_eq!(length % 4096, 0, "{tool}: whole blocks here: {e}");
+        zero.extend(std::iter::repeat_n(is_zero, (length / 4096) as usize));
+    }
+    assert!(zero.len() >= blocks, "{tool} covered {} blocks", zero.len());
+    zero.truncate(blocks);
+    zero
+}
+
+/// Checks both tools' maps against the model: zeroed blocks zero, data blocks data, trimmed
+/// blocks zero only where they read as zeros.
+fn check_zero_map(engine: &Engine, uri: &str, model: &[Block], when: &str) {
+    for tool in ["nbdinfo", "qemu-img"] {
+        let zero = zero_flags_per_block(tool, uri, model.len());
+        for (b, (&m, &z)) in model.iter().zip(&zero).enumerate() {
+            let ok = match m {
+                Block::Data => !z,
+                Block::Zeroed => z,
+                Block::Trimmed => {
+                    let mut buf = vec![0u8; 4096];
+                    engine.read(b as u64 * 4096, &mut buf).unwrap();
+                    !z || buf.iter().all(|&x| x == 0)
+                }
+            };
+            assert!(ok, "{when}: {tool} calls block {b} ({m:?}) zero={z}");
+        }
+    }
+}
+
+/// Seeded writes, write-zeroes and TRIMs through `nbdsh` over a backing device that has no
+/// holes to report: `nbdinfo --map` and `qemu-img map` give exactly the zeroed blocks the zero
+/// flag, never a written one; the same after a clean restart and after a crash (the zero
+/// ranges are rebuilt from the log, which still holds them).
+#[test]
+fn zeroed_ranges_over_a_backing_without_holes_map_as_a_model_seeded() {
+    const BLOCKS: u64 = 96;
+    for seed in 0..6u64 {
+        let mut rng = logcache_testkit::rng::Rng::new(seed);
+        let dir = TestDir::new(&format!("zero-map-{seed}"));
+        let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(128 * MIB));
+        // Ops stay in the first BLOCKS blocks; the rest leaves room for what the format keeps.
+        let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(BLOCKS * 4096 + MIB));
+        backing
+            .write_at(&vec![0x5a; (BLOCKS * 4096) as usize], 0)
+            .unwrap();
+        format_cache(&*cache, &*backing, &FormatOptions::default()).expect("format");
+        let mut model = vec![Block::Data; BLOCKS as usize];
+        let mut script = String::new();
+        for _ in 0..40 {
+            // Sector-aligned ranges: whole blocks and partial ones at the ends.
+            let first_sector = rng.below(BLOCKS * 8);
+            let sectors = rng.range(1, (BLOCKS * 8 - first_sector).min(160));
+            let (off, len) = (first_sector * 512, sectors * 512);
+            let whole = (off.div_ceil(4096), (off + len) / 4096);
+            let touched = (off / 4096, (off + len).div_ceil(4096));
+            match rng.below(3) {
+                0 => {
+                    script += &format!("h.pwrite(b'\\x77' * {len}, {off})\n");
+                    model[touched.0 as usize..touched.1 as usize].fill(Block::Data);
+                }
+                1 => {
+                    script += &format!("h.zero({len}, {off})\n");
+                    // The partial blocks at the ends are written with zeros.
+                    model[touched.0 as usize..touched.1 as usize].fill(Block::Data);
+                    if whole.0 < whole.1 {
+                        model[whole.0 as usize..whole.1 as usize].fill(Block::Zeroed);
+                    }
+                }
+                _ => {
+                    script += &format!("h.trim({len}, {off})\n");
+                    if whole.0 < whole.1 {
+                        model[whole.0 as usize..whole.1 as usize].fill(Block::Trimmed);
+                    }
+                }
+            }
+        }
+        script += "h.flush()\n";
+        let (engine, server, socket) = serve_engine(&dir, cache.clone(), backing.clone());
+        let uri = unix_uri(&socket);
+        nbdsh(&uri, &[], &script).expect_success("nbdsh writes, zeroes and trims");
+        assert!(
+            model.contains(&Block::Zeroed),
+            "seed {seed}: the schedule zeroes nothing"
+        );
+        check_zero_map(&engine, &uri, &model, &format!("seed {seed}"));
+
+        server.shutdown();
+        engine.close().expect("clean close");
+        let (engine, server, socket) = serve_engine(&dir, cache.clone(), backing.clone());
+        check_zero_map(
+            &engine,
+            &unix_uri(&socket),
+            &model,
+            &format!("seed {seed} after a clean restart"),
+        );
+
+        server.shutdown();
+        engine.crash();
+        let (engine, server, socket) = serve_engine(&dir, cache, backing);
+        check_zero_map(
+            &engine,
+            &unix_uri(&socket),
+            &model,
+            &format!("seed {seed} after a crash"),
+        );
+        server.shutdown();
+        drop(engine);
+    }
+}
