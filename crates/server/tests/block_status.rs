@@ -3,8 +3,13 @@
 
 mod server_support;
 
-use std::path::Path;
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use logcache_engine::io::file::{create_sparse, FileDevice, FileOptions};
 use logcache_engine::io::memory::MemDevice;
@@ -23,7 +28,7 @@ const ZERO_HOLE: u32 = STATE_HOLE | STATE_ZERO;
 
 /// A server on an engine whose backing device is a sparse file.
 struct SparseFixture {
-    _dir: TestDir,
+    dir: TestDir,
     engine: Engine,
     server: Server,
     socket: std::path::PathBuf,
@@ -42,7 +47,7 @@ impl SparseFixture {
         format_cache(&*cache, &*backing, &FormatOptions::default()).expect("format");
         let (engine, server, socket) = serve_engine(&dir, cache, backing);
         SparseFixture {
-            _dir: dir,
+            dir,
             engine,
             server,
             socket,
@@ -181,24 +186,112 @@ h.flush()
     );
 }
 
+/// A Unix-socket relay in front of a server: counts the bytes the server sends on every
+/// connection made through it.
+struct Relay {
+    socket: PathBuf,
+    sent_bytes: Arc<AtomicU64>,
+    active: Arc<AtomicU64>,
+}
+
+impl Relay {
+    fn start(dir: &Path, server_socket: &Path) -> Relay {
+        let socket = dir.join("relay.sock");
+        let listener = UnixListener::bind(&socket).expect("relay socket");
+        let sent_bytes = Arc::new(AtomicU64::new(0));
+        let active = Arc::new(AtomicU64::new(0));
+        let (sent, live, server) = (sent_bytes.clone(), active.clone(), server_socket.to_owned());
+        // The accepting thread lives as long as the test process.
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let upstream = UnixStream::connect(&server).expect("relay to the server");
+                live.fetch_add(1, Ordering::SeqCst);
+                let (sent, live) = (sent.clone(), live.clone());
+                std::thread::spawn(move || {
+                    let (to_server, from_server) = (upstream.try_clone().unwrap(), upstream);
+                    let (from_client, to_client) = (client.try_clone().unwrap(), client);
+                    let up = std::thread::spawn(move || pump(from_client, to_server, None));
+                    pump(from_server, to_client, Some(&sent));
+                    up.join().unwrap();
+                    live.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Relay {
+            socket,
+            sent_bytes,
+            active,
+        }
+    }
+
+    /// The bytes the server sent, once every connection through the relay has closed.
+    fn sent_bytes_when_idle(&self) -> u64 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.active.load(Ordering::SeqCst) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "relayed connections never closed"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.sent_bytes.load(Ordering::SeqCst)
+    }
+}
+
+/// Copies `from` to `to` until EOF or an error (counting into `count`), then shuts both down.
+fn pump(mut from: UnixStream, mut to: UnixStream, count: Option<&AtomicU64>) {
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+                if let Some(count) = count {
+                    count.fetch_add(n as u64, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+/// The case: a 16 GiB disk holding 100 MiB of data. `nbdcopy` skips the holes, so the
+/// server sends little more than the data (counted on the wire by a relay), and the engine
+/// reads only the data.
 #[test]
 fn nbdcopy_of_a_sparse_disk_reads_little_more_than_the_data() {
-    const DATA_BYTES: u64 = 8 * MIB;
-    let fixture = SparseFixture::start("nbdcopy", 4 << 30, |backing| {
-        // A few MiB of data scattered over the disk.
-        for i in 0..8u64 {
+    const DISK_BYTES: u64 = 16 << 30;
+    const PIECES: u64 = 100;
+    const DATA_BYTES: u64 = PIECES * MIB;
+    let fixture = SparseFixture::start("nbdcopy", DISK_BYTES, |backing| {
+        // 100 pieces of 1 MiB spread evenly over the disk.
+        let stride_bytes = DISK_BYTES / PIECES / MIB * MIB;
+        for i in 0..PIECES {
             backing
-                .write_at(&vec![i as u8 + 1; MIB as usize], i * (512 * MIB))
+                .write_at(&vec![i as u8 + 1; MIB as usize], i * stride_bytes)
                 .unwrap();
         }
         backing.flush().unwrap();
     });
+    let relay = Relay::start(&fixture.dir.path, &fixture.socket);
     let reads_before = fixture.engine.stats().counters.read_bytes;
-    run("nbdcopy", &[&fixture.uri(), "null:"]).expect_success("nbdcopy");
+    run("nbdcopy", &[&unix_uri(&relay.socket), "null:"]).expect_success("nbdcopy");
     let read_bytes = fixture.engine.stats().counters.read_bytes - reads_before;
+    let sent_bytes = relay.sent_bytes_when_idle();
+    eprintln!(
+        "nbdcopy of {DISK_BYTES} bytes: the server sent {sent_bytes}, the engine read {read_bytes}"
+    );
     assert!(
         (DATA_BYTES..DATA_BYTES + 8 * MIB).contains(&read_bytes),
-        "nbdcopy read {read_bytes} bytes of a disk holding {DATA_BYTES}"
+        "nbdcopy made the engine read {read_bytes} bytes of a disk holding {DATA_BYTES}"
+    );
+    assert!(
+        (DATA_BYTES..DATA_BYTES + 8 * MIB).contains(&sent_bytes),
+        "the server sent {sent_bytes} bytes for a copy of a disk holding {DATA_BYTES}"
     );
 }
 
