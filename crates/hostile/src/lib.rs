@@ -11,11 +11,18 @@
 //! superblock, label and chunk decoders, with checksums fixed up so the fields behind them are
 //! reached), [`open_corrupted_cache`] (recovery of a real cache image with bytes changed),
 //! [`rbd_diff`] (an `rbd diff v1` stream, as `logcache import-diff` reads it), and
-//! [`tls_settings`] (an NBD URI with TLS parameters, and a psktool key file). Hostile TLS peers
-//! (handshakes cut short, garbage after STARTTLS) need a live server: they are in
-//! `crates/server/tests/hostile_clients.rs`.
+//! [`tls_settings`] (an NBD URI with TLS parameters, and a psktool key file), and
+//! [`nbd_session`] (one client session against a live in-process server: block status
+//! requests past the end, of length zero, with unknown flags; TLS handshakes cut short and
+//! garbage after STARTTLS; the server must then still serve). `nbd_session` is not in [`all`]:
+//! each case is a connection, too slow for the dispatcher's thousands of cases.
+//! `crates/server/tests/hostile_clients.rs` runs more hostile clients at once beside a
+//! well-behaved one.
 
 mod cache_image;
+mod nbd_session;
+
+pub use nbd_session::nbd_session;
 
 use logcache_diff::{Decoder, Encoder, Piece};
 use logcache_engine::format::{chunk, label::Label, superblock};

@@ -10,8 +10,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use logcache_engine::format::superblock::SUPERBLOCK_MAGIC;
 use logcache_hostile::Outcome;
-use logcache_nbd::consts::{IHAVEOPT, REQUEST_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC};
+use logcache_nbd::consts::{
+    CMD_FLAG_REQ_ONE, IHAVEOPT, OPT_LIST_META_CONTEXT, OPT_SET_META_CONTEXT, OPT_STARTTLS,
+    REQUEST_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC,
+};
 use logcache_nbd::handshake::{InfoRequest, MetaContextRequest, OptionHeader};
+use logcache_nbd::request::{Command, Request};
 use logcache_testkit::rng::{seed_from_env, Rng};
 
 fn cases(default: u64) -> u64 {
@@ -348,6 +352,101 @@ fn tls_uris_and_key_files_parse_or_are_refused() {
                 text.push_str(PIECES[rng.below(PIECES.len() as u64) as usize]);
             }
             mutate(rng, text.into_bytes())
+        },
+    );
+}
+
+/// Client sessions against a live server: option haggling, request frames after a good
+/// handshake (mostly block status with hostile offsets, lengths and flags), and bytes after
+/// STARTTLS (a TLS record cut short, or garbage).
+#[test]
+fn hostile_sessions_are_answered_and_the_server_keeps_serving() {
+    const EXPORT_BYTES: u64 = (8 << 20) - 4096;
+    campaign(
+        "nbd_session",
+        cases(300),
+        logcache_hostile::nbd_session,
+        |rng| {
+            let selector = rng.below(4) as u8;
+            let mut v = vec![selector];
+            match selector {
+                0 => {
+                    for _ in 0..rng.below(4) {
+                        let option = [OPT_SET_META_CONTEXT, OPT_LIST_META_CONTEXT, OPT_STARTTLS]
+                            [rng.below(3) as usize];
+                        let payload = if option == OPT_STARTTLS {
+                            Vec::new()
+                        } else {
+                            let queries = ["base:allocation", "base:", "qemu:dirty-bitmap:x", ""];
+                            MetaContextRequest {
+                                export_name: String::new(),
+                                queries: (0..rng.below(3))
+                                    .map(|_| queries[rng.below(4) as usize].to_owned())
+                                    .collect(),
+                            }
+                            .encode()
+                            .unwrap()
+                        };
+                        let header = OptionHeader {
+                            option,
+                            length_bytes: payload.len() as u32,
+                        };
+                        v.extend(header.encode());
+                        v.extend(payload);
+                    }
+                    v = mutate(rng, v);
+                }
+                1 | 2 => {
+                    for cookie in 0..rng.range(1, 4) {
+                        let command = if rng.below(4) == 0 {
+                            Command::from_wire(rng.below(12) as u16)
+                        } else {
+                            Command::BlockStatus
+                        };
+                        let offset_bytes = match rng.below(4) {
+                            0 => EXPORT_BYTES - rng.below(8192),
+                            1 => EXPORT_BYTES + rng.below(1 << 20),
+                            2 => u64::MAX - rng.below(4096),
+                            _ => rng.below(EXPORT_BYTES),
+                        };
+                        let length_bytes = match rng.below(4) {
+                            0 => 0,
+                            1 => u32::MAX - rng.below(4096) as u32,
+                            _ => rng.below(1 << 24) as u32,
+                        };
+                        let flags = match rng.below(3) {
+                            0 => CMD_FLAG_REQ_ONE,
+                            1 => rng.below(1 << 16) as u16,
+                            _ => 0,
+                        };
+                        let request = Request {
+                            flags,
+                            command,
+                            cookie,
+                            offset_bytes,
+                            length_bytes,
+                        };
+                        let frame = request.encode().to_vec();
+                        v.extend(if rng.below(4) == 0 {
+                            mutate(rng, frame)
+                        } else {
+                            frame
+                        });
+                    }
+                }
+                _ => {
+                    if rng.below(2) == 0 {
+                        // A TLS handshake record promising more than arrives.
+                        let length = rng.range(40, 600) as u16;
+                        v.extend([0x16, 0x03, 0x01]);
+                        v.extend(length.to_be_bytes());
+                        v.extend(random_bytes(rng, u64::from(length) - 1));
+                    } else {
+                        v.extend(random_bytes(rng, 600));
+                    }
+                }
+            }
+            v
         },
     );
 }
