@@ -137,9 +137,13 @@ impl Reader {
         let total_bytes = REQUEST_HEADER_BYTES + payload_bytes;
         if payload_bytes == 0 {
             self.input.consume(REQUEST_HEADER_BYTES);
+            // Not through TLS: the reader would encrypt the whole reply while the client's
+            // next requests wait undecrypted in the TLS layer, unseen by the test above
+            // (measured: 1 MiB TLS reads at qd8 fell to a quarter of plain ones).
             let inline = request.command == Command::Read
                 && verdict.is_ok()
                 && self.input.buffered_bytes() < REQUEST_HEADER_BYTES
+                && !self.connection.stream.is_tls()
                 && self.read_inline(&request)?;
             if !inline {
                 self.handle(request, verdict, Payload::Borrowed(&[]));
