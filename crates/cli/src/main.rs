@@ -27,6 +27,9 @@ enum Command {
     Serve(cmd::serve::ServeArgs),
     /// Show what a running serve is doing.
     Status(cmd::admin::StatusArgs),
+    /// Create, list or delete checkpoints of a running serve (changed-block tracking for
+    /// incremental backups).
+    Checkpoint(cmd::checkpoint::CheckpointArgs),
     /// Change tunables of a running serve (KEY=VALUE...); with none, list them.
     Set(cmd::admin::SetArgs),
     /// Write every dirty block back to the backing device, with progress; returns when none
@@ -59,6 +62,7 @@ fn main() -> ExitCode {
         Command::Format(a) => cmd::format::run(&a),
         Command::Serve(a) => cmd::serve::run(&a),
         Command::Status(a) => cmd::admin::status(&a),
+        Command::Checkpoint(a) => cmd::checkpoint::run(&a),
         Command::Set(a) => cmd::admin::set(&a),
         Command::Drain(a) => cmd::admin::drain(&a),
         Command::Check(a) => match cmd::inspect::check(&a) {

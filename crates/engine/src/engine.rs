@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::checkpoints::{self, CheckpointInfo};
 use crate::drive::{self, DrainProgress};
 use crate::error::{Error, Result};
 use crate::format::{BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
@@ -98,7 +99,16 @@ impl Engine {
         open::check_cache_size(&sb, &*cache)?;
         let record = open::check_backing(&sb, &*backing)?;
         let geo = Geometry::from_superblock(&sb);
-        let mut recovered = recover::run(&*cache, &geo, &sb)?;
+        let mut checkpoint_report = crate::stats::RecoveryReport::default();
+        let mut loaded = checkpoints::load(&*cache, &sb, &mut checkpoint_report)?;
+        let mut recovered = recover::run(&*cache, &geo, &sb, &mut |h, entries| {
+            checkpoints::note_recovered_chunk(&mut loaded.tracked, h, entries)
+        })?;
+        recovered.report.checkpoint_pages_unreadable =
+            checkpoint_report.checkpoint_pages_unreadable;
+        recovered.report.checkpoint_table_unreadable =
+            checkpoint_report.checkpoint_table_unreadable;
+        checkpoints::clamp_starts(&*cache, &mut loaded, recovered.last_seq + 1)?;
         let segment_bytes = geo.segment_size_bytes;
         let buffer_count = (opts.ram_buffer_bytes / segment_bytes)
             .clamp(2, geo.segment_count - 1)
@@ -152,6 +162,7 @@ impl Engine {
                 .map(|r| std::time::UNIX_EPOCH + Duration::from_millis(r.consistent_as_of_unix_ms)),
         );
         state.counters.superblock_writes += 1;
+        state.changes.tracked = loaded.tracked;
         let pins = (0..geo.segment_count).map(|_| AtomicU32::new(0)).collect();
         let inner = Arc::new(Inner {
             geo,
@@ -174,6 +185,7 @@ impl Engine {
             backing_order: Mutex::new(()),
             last_record: Mutex::new(None),
             record_pending: std::sync::atomic::AtomicBool::new(false),
+            bitmaps: loaded.bitmaps,
         });
         {
             let mut st = inner.state.lock();
@@ -389,6 +401,49 @@ impl Engine {
     pub fn writeback_step(&self, max_blocks: usize) -> Result<u64> {
         self.check_usable()?;
         writeback::step(&self.inner, max_blocks)
+    }
+
+    /// Creates checkpoint `name`: from now on every block that changes is tracked (see
+    /// docs/CHECKPOINTS.md). Returns once it is durable. A duplicate name, a name that is not
+    /// 1 to 64 bytes without spaces, '/' or ':', a full table, and a cache formatted without
+    /// room for checkpoints are errors that say what to do.
+    pub fn checkpoint_create(&self, name: &str) -> Result<CheckpointInfo> {
+        self.check_usable()?;
+        checkpoints::create(&self.inner, name)
+    }
+
+    /// Deletes checkpoint `name`, durably.
+    pub fn checkpoint_delete(&self, name: &str) -> Result<()> {
+        self.check_usable()?;
+        checkpoints::delete(&self.inner, name)
+    }
+
+    /// Every checkpoint with the bytes changed since it, oldest first.
+    pub fn checkpoints(&self) -> Vec<CheckpointInfo> {
+        checkpoints::list(&self.inner)
+    }
+
+    /// The changed and unchanged runs of checkpoint `name` from `offset_bytes` for up to
+    /// `len_bytes` (inside the disk), as (length in bytes, changed), at most `max_runs`; they
+    /// cover a prefix of the range, at least one byte. Granularity 4 KiB.
+    pub fn checkpoint_changes(
+        &self,
+        name: &str,
+        offset_bytes: u64,
+        len_bytes: u64,
+        max_runs: usize,
+    ) -> Result<Vec<(u64, bool)>> {
+        assert!(len_bytes > 0 && max_runs > 0, "empty checkpoint query");
+        if offset_bytes
+            .checked_add(len_bytes)
+            .is_none_or(|end| end > self.size_bytes())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "range {offset_bytes}+{len_bytes} runs past the end of the {}-byte disk",
+                self.size_bytes()
+            )));
+        }
+        checkpoints::changed_runs(&self.inner, name, offset_bytes, len_bytes, max_runs)
     }
 
     /// Every tunable with its current value, default and range.

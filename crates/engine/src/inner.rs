@@ -55,6 +55,8 @@ pub(crate) struct Inner {
     pub last_record: Mutex<Option<(Instant, u64)>>,
     /// A record was due but paced off: the writeback thread writes it once the pace allows.
     pub record_pending: std::sync::atomic::AtomicBool,
+    /// Checkpoint persistence; `None` for a cache formatted without room for checkpoints.
+    pub bitmaps: Option<crate::bitmaps::Bitmaps>,
 }
 
 impl Inner {

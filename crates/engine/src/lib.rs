@@ -8,8 +8,10 @@
 //!
 //! Layers, bottom up (a module uses only those below it):
 //! `format`, `io`, `geometry`, `tunables`, `stats`, `index` → `state` → `inner`, `verify` →
-//! `reclaim` → `log` → `writeback` → `promote`, `path`, `status` → `open`, `inspect` → `engine`.
+//! `bitmaps` → `reclaim` → `log` → `writeback` → `promote`, `path`, `status`, `checkpoints` → `open`, `inspect` → `engine`.
 
+mod bitmaps;
+mod checkpoints;
 mod drive;
 pub mod engine;
 pub mod error;
@@ -34,6 +36,7 @@ mod writeback;
 /// `logcache_engine::io::...` keep naming it.
 pub use logcache_io as io;
 
+pub use checkpoints::CheckpointInfo;
 pub use drive::DrainProgress;
 pub use engine::{Engine, OpenOptions};
 pub use error::{Error, Result};

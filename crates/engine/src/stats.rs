@@ -33,6 +33,8 @@ pub struct Counters {
     /// Live blocks copied from the head segment to the open chunk to free the head.
     pub blocks_relocated: u64,
     pub superblock_writes: u64,
+    /// Checkpoint bitmap pages written by folds (before segments left the log).
+    pub checkpoint_pages_written: u64,
     /// Times a writer waited for room in the log or for a RAM buffer.
     pub write_waits: u64,
     pub checksum_errors: u64,
@@ -111,6 +113,7 @@ impl Counters {
             ("segments_reclaimed", self.segments_reclaimed),
             ("blocks_relocated", self.blocks_relocated),
             ("superblock_writes", self.superblock_writes),
+            ("checkpoint_pages_written", self.checkpoint_pages_written),
             ("write_waits", self.write_waits),
             ("checksum_errors", self.checksum_errors),
             ("io_errors", self.io_errors),
@@ -166,6 +169,10 @@ pub struct RecoveryReport {
     pub data_bytes_read: u64,
     /// Zero ranges applied to the backing device again (see `open/replay.rs`).
     pub zero_ranges_reapplied: u64,
+    /// Checkpoint bitmap pages with no valid copy, read as all ones (every block changed).
+    pub checkpoint_pages_unreadable: u64,
+    /// 1 when neither copy of the checkpoint table verified: the checkpoints are gone.
+    pub checkpoint_table_unreadable: u64,
     pub duration_us: u64,
 }
 
@@ -182,6 +189,14 @@ impl RecoveryReport {
             ("metadata_bytes_read", self.metadata_bytes_read),
             ("data_bytes_read", self.data_bytes_read),
             ("zero_ranges_reapplied", self.zero_ranges_reapplied),
+            (
+                "checkpoint_pages_unreadable",
+                self.checkpoint_pages_unreadable,
+            ),
+            (
+                "checkpoint_table_unreadable",
+                self.checkpoint_table_unreadable,
+            ),
             ("duration_us", self.duration_us),
         ]
     }

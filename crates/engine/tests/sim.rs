@@ -8,7 +8,8 @@
 //! - 2–4 request threads; at each step, once the process is quiescent, the seed either starts
 //!   the next request on an idle thread (writes of any size and alignment, sub-block too, with
 //!   or without FUA; flushes; TRIM; write-zeroes; reads, which promote misses; cache-mode
-//!   switches) or lets one held IO through. Some kinds of IO are slow in a schedule (released
+//!   switches; checkpoint creates and deletes, whose table and bitmap writes and the folds
+//!   before each reclaim go through the gate too) or lets one held IO through. Some kinds of IO are slow in a schedule (released
 //!   rarely while anything else can run): a slow cache sync, a slow backing zeroing, a slow
 //!   backing device. Some schedules fail IOs with EIO (a read error on one block);
 //! - every read is checked when it returns: no sector older than the newest write acknowledged
@@ -82,6 +83,12 @@ enum Req {
     },
     Flush,
     Mode(&'static str),
+    /// Create (or delete) a checkpoint: its table and page writes, and the folds before
+    /// reclaim, go through the gate like every other IO.
+    Checkpoint {
+        name: &'static str,
+        create: bool,
+    },
 }
 
 /// What request threads report to the scheduler.
@@ -226,6 +233,25 @@ fn run_req(e: &Engine, sh: &Shared, req: Req) {
             r
         }
         Req::Mode(mode) => e.set_tunable("cache_mode", mode),
+        Req::Checkpoint { name, create } => {
+            let r = if create {
+                e.checkpoint_create(name).map(|_| ())
+            } else {
+                e.checkpoint_delete(name)
+            };
+            // The names are few and shared: a duplicate, a full table or a missing name is
+            // the answer to a race between requests, not a failure.
+            match r {
+                Err(err)
+                    if ["exists", "in use", "no checkpoint named"]
+                        .iter()
+                        .any(|m| err.to_string().contains(m)) =>
+                {
+                    Ok(())
+                }
+                r => r,
+            }
+        }
     };
     if let Err(err) = res {
         if !sh.faulted.load(Ordering::SeqCst) {
@@ -356,6 +382,10 @@ impl Case<'_> {
                     .begin(first as usize, count as usize, effect);
                 Req::Zero { t, fua, trim }
             }
+            31 if rng.chance(1, 2) => Req::Checkpoint {
+                name: ["a", "b", "c", "d", "e"][rng.below(5) as usize],
+                create: rng.chance(2, 3),
+            },
             _ => Req::Mode(["write-back", "write-through", "write-around"][rng.below(3) as usize]),
         }
     }
@@ -604,6 +634,17 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
                 }
                 at += x.length_bytes;
             }
+        // Every checkpoint that came back answers for the whole disk.
+        for c in e.checkpoints() {
+            let runs = e
+                .checkpoint_changes(&c.name, 0, e.size_bytes(), usize::MAX)
+                .expect("a listed checkpoint answers");
+            let set: u64 = runs.iter().filter(|r| r.1).map(|r| r.0).sum();
+            assert_eq!(
+                set, c.changed_bytes,
+                "checkpoint {} counts its bits",
+                c.name
+            );
         }
         e.crash();
     }

@@ -1,4 +1,4 @@
-//! `logcache format --cache PATH --backing SPEC [--segment-size SIZE] [--force]`
+//! `logcache format --cache PATH --backing SPEC [--segment-size SIZE] [--force] [--checkpoints N]`
 
 use std::path::PathBuf;
 
@@ -26,6 +26,10 @@ pub struct FormatArgs {
     /// carries another cache's label.
     #[arg(long)]
     pub force: bool,
+    /// Checkpoints the cache can hold at once (0 to 16; see `logcache checkpoint`). Each
+    /// takes 64 KiB of the cache device per GiB of disk (two bitmap copies).
+    #[arg(long, default_value_t = 4)]
+    pub checkpoints: u32,
 }
 
 pub fn run(args: &FormatArgs) -> Result<()> {
@@ -52,6 +56,7 @@ pub fn run(args: &FormatArgs) -> Result<()> {
             segment_size_bytes: args.segment_size,
             force: args.force,
             seal_interval_ms: None,
+            checkpoint_slots: args.checkpoints,
         },
     )
     .with_context(|| format!("formatting {}", args.cache.display()))?;

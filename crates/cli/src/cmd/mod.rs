@@ -1,6 +1,7 @@
 //! One file per group of subcommands.
 
 pub mod admin;
+pub mod checkpoint;
 pub mod detach;
 pub mod diff;
 pub mod format;

@@ -2,7 +2,8 @@
 //! `drain` talk to a running `serve`. One JSON object per line each way.
 //!
 //! Requests: `{"cmd":"status"}`, `{"cmd":"set","key":K,"value":V}`, `{"cmd":"tunables"}`,
-//! `{"cmd":"drain"}`. Replies: `{"ok":true,...}` or `{"ok":false,"error":"..."}`; a drain
+//! `{"cmd":"drain"}`, `{"cmd":"checkpoint_create","name":N}`, `{"cmd":"checkpoint_delete","name":N}`,
+//! `{"cmd":"checkpoint_list"}`. Replies: `{"ok":true,...}` or `{"ok":false,"error":"..."}`; a drain
 //! first streams `{"progress":{...}}` lines.
 
 pub mod client;

@@ -92,6 +92,14 @@ fn send(w: &mut UnixStream, v: &Value) -> std::io::Result<()> {
     w.write_all(line.as_bytes())
 }
 
+fn checkpoint_json(c: &logcache_engine::CheckpointInfo) -> Value {
+    json!({
+        "name": c.name,
+        "created_unix_ms": c.created_unix_ms,
+        "changed_bytes": c.changed_bytes,
+    })
+}
+
 fn handle(req: &Value, served: &Served, writer: &mut UnixStream) -> Value {
     let fail = |e: String| json!({"ok": false, "error": e});
     match req.get("cmd").and_then(Value::as_str) {
@@ -121,8 +129,31 @@ fn handle(req: &Value, served: &Served, writer: &mut UnixStream) -> Value {
                 Err(e) => fail(e.to_string()),
             }
         }
+        Some("checkpoint_create") => {
+            let name = req.get("name").and_then(Value::as_str).unwrap_or("");
+            match served.engine.checkpoint_create(name) {
+                Ok(c) => json!({"ok": true, "checkpoint": checkpoint_json(&c)}),
+                Err(e) => fail(e.to_string()),
+            }
+        }
+        Some("checkpoint_delete") => {
+            let name = req.get("name").and_then(Value::as_str).unwrap_or("");
+            match served.engine.checkpoint_delete(name) {
+                Ok(()) => json!({"ok": true}),
+                Err(e) => fail(e.to_string()),
+            }
+        }
+        Some("checkpoint_list") => {
+            let list: Vec<Value> = served
+                .engine
+                .checkpoints()
+                .iter()
+                .map(checkpoint_json)
+                .collect();
+            json!({"ok": true, "checkpoints": list})
+        }
         Some(other) => fail(format!(
-            "unknown command {other:?}; known: status, tunables, set, drain"
+            "unknown command {other:?}; known: status, tunables, set, drain, checkpoint_create, checkpoint_delete, checkpoint_list"
         )),
         None => fail("request lacks \"cmd\"".into()),
     }

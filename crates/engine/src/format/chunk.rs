@@ -135,6 +135,19 @@ impl Entry {
         }
     }
 
+    /// The blocks `(lba, count)` whose content this entry records a change of, as recovery
+    /// reads the log for checkpoints: a data block written dirty (write-back; a relocated
+    /// dirty block too, which the format cannot tell apart: an over-report), a zero or drop
+    /// range. A clean data block (a promotion, the copy of a write-through write, whose drop
+    /// range is the change) and a hole are none.
+    pub fn changed_blocks(&self) -> Option<(u64, u64)> {
+        match self.kind {
+            KIND_DATA if self.dirty_mask != 0 => Some((self.lba, 1)),
+            KIND_ZERO | KIND_DROP => Some((self.lba, self.data_crc as u64)),
+            _ => None,
+        }
+    }
+
     /// Whether the entry takes a data block.
     pub fn has_block(&self) -> bool {
         self.kind == KIND_HOLE || self.kind == KIND_DATA

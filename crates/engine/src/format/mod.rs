@@ -1,8 +1,9 @@
-//! On-disk format v3: constants, checksums and the encoders/decoders of every on-disk structure.
+//! On-disk format v4: constants, checksums and the encoders/decoders of every on-disk structure.
 //!
 //! Every multi-byte field is little-endian. `docs/FORMAT.md` documents each field; keep them in
 //! step. Nothing here does IO: callers read and write the bytes.
 
+pub mod checkpoints;
 pub mod chunk;
 pub mod label;
 pub mod superblock;
@@ -20,7 +21,10 @@ pub const FULL_MASK: u8 = 0xFF;
 /// writeback record in the backing label (`label::WritebackRecord`) and `detach --force`'s mark
 /// there; versions 1 and 2 open and are written as version 3, and earlier builds refuse a
 /// version 3 cache (they would neither keep the record nor see the mark).
-pub const FORMAT_VERSION: u32 = 3;
+/// Version 4 added checkpoints (the table, the bitmap area and three superblock fields that
+/// versions 1 to 3 left zero: such a cache has no room for checkpoints); older caches are
+/// written as version 4 at the next open.
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest format version this code opens.
 pub const FORMAT_VERSION_MIN: u32 = 1;
 /// The superblock region at the start of the cache device; segments start after it.

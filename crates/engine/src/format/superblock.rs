@@ -23,6 +23,9 @@
 //! |  96 |    8 | exported_size_bytes         |
 //! | 104 |    8 | format_time_unix_s          |
 //! | 128 |  ... | checkpoint record (below)   |
+//! | 192 |    8 | bitmap_area_offset_bytes (v4; 0: no checkpoints) |
+//! | 200 |    4 | checkpoint_slots (v4)       |
+//! | 204 |    4 | bitmap_pages_per_slot (v4)  |
 //! | 256 |  264 | tunables (present mask, 32 u64 slots) |
 //! |4092 |    4 | CRC32C of bytes 0..4092     |
 //! ```
@@ -101,6 +104,12 @@ pub struct Superblock {
     pub exported_size_bytes: u64,
     pub format_time_unix_s: u64,
     pub checkpoint: Checkpoint,
+    /// Checkpoints (format v4, see `format::checkpoints`): where their bitmap pages start, how
+    /// many the table holds, and pages per checkpoint. All zero: formatted without room for
+    /// checkpoints (every cache formatted before v4).
+    pub bitmap_area_offset_bytes: u64,
+    pub checkpoint_slots: u32,
+    pub bitmap_pages_per_slot: u32,
     pub tunables: PersistedTunables,
 }
 
@@ -130,6 +139,9 @@ impl Superblock {
         put_u64(&mut b, 168, c.end_seq);
         put_u64(&mut b, 176, c.writeback_seq);
         put_u64(&mut b, 184, c.zero_applied_seq);
+        put_u64(&mut b, 192, self.bitmap_area_offset_bytes);
+        put_u32(&mut b, 200, self.checkpoint_slots);
+        put_u32(&mut b, 204, self.bitmap_pages_per_slot);
         put_u32(&mut b, TUNABLES_OFFSET, self.tunables.present_mask);
         for (i, v) in self.tunables.values.iter().enumerate() {
             put_u64(&mut b, TUNABLES_OFFSET + 8 + 8 * i, *v);
@@ -184,6 +196,10 @@ impl Superblock {
                 writeback_seq: get_u64(b, 176),
                 zero_applied_seq: get_u64(b, 184),
             },
+            // Reserved (zero) before version 4: no checkpoints.
+            bitmap_area_offset_bytes: get_u64(b, 192),
+            checkpoint_slots: get_u32(b, 200),
+            bitmap_pages_per_slot: get_u32(b, 204),
             tunables: PersistedTunables {
                 present_mask: get_u32(b, TUNABLES_OFFSET),
                 values: std::array::from_fn(|i| get_u64(b, TUNABLES_OFFSET + 8 + 8 * i)),
@@ -228,6 +244,7 @@ impl Superblock {
         {
             return bad("exported size");
         }
+        self.validate_checkpoint_area()?;
         let c = &self.checkpoint;
         if c.head_segment_id == 0 || c.head_seq == 0 {
             return bad("checkpoint head is zero");
@@ -237,6 +254,42 @@ impl Superblock {
             return bad("checkpoint end before cut");
         }
         Ok(())
+    }
+
+    /// The bitmap area lies between the checkpoint table and the segments and fits the disk.
+    fn validate_checkpoint_area(&self) -> Result<()> {
+        use super::checkpoints::*;
+        let (off, slots, pages) = (
+            self.bitmap_area_offset_bytes,
+            self.checkpoint_slots,
+            self.bitmap_pages_per_slot,
+        );
+        if slots == 0 && off == 0 && pages == 0 {
+            return Ok(());
+        }
+        let bad = |what: &str| {
+            Err(Error::Corruption(format!(
+                "superblock: checkpoint area {what}"
+            )))
+        };
+        if slots == 0 || slots > CHECKPOINT_SLOTS_MAX {
+            return bad(&format!("has {slots} slots (1 to {CHECKPOINT_SLOTS_MAX})"));
+        }
+        if pages != pages_per_slot(self.exported_size_bytes / BLOCK_SIZE_BYTES) {
+            return bad("does not match the disk size");
+        }
+        if off < AREA_OFFSET_IN_REGION_BYTES
+            || off % BLOCK_SIZE_BYTES != 0
+            || off + area_size_bytes(slots, pages) > self.segments_offset_bytes
+        {
+            return bad("overlaps the table or the segments");
+        }
+        Ok(())
+    }
+
+    /// Whether this cache was formatted with room for checkpoints.
+    pub fn has_checkpoints(&self) -> bool {
+        self.checkpoint_slots > 0
     }
 
     pub fn is_clean(&self) -> bool {
@@ -299,6 +352,9 @@ mod tests {
                 writeback_seq: 0,
                 zero_applied_seq: 7,
             },
+            bitmap_area_offset_bytes: 16384,
+            checkpoint_slots: 4,
+            bitmap_pages_per_slot: 9,
             tunables: {
                 let mut t = PersistedTunables::default();
                 t.put(0, 500);
@@ -381,7 +437,7 @@ mod tests {
             put_u32(&mut b, CRC_OFFSET, crc);
             b
         };
-        for v in [1, 2] {
+        for v in [1, 2, 3] {
             assert_eq!(
                 Superblock::decode(&with_version(v)).unwrap(),
                 Some(sample())
@@ -392,7 +448,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("format version 4") && err.contains("1 to 3"),
+            err.contains("format version 5") && err.contains("1 to 4"),
             "{err}"
         );
     }

@@ -2,6 +2,7 @@
 //! so only the superblock copies and the backing label are written.
 
 use crate::error::{Error, Result};
+use crate::format::checkpoints::*;
 use crate::format::label::{label_offset, Label, WritebackRecord};
 use crate::format::superblock::{Checkpoint, PersistedTunables, Superblock, CHECKPOINT_CLEAN};
 use crate::format::*;
@@ -18,6 +19,9 @@ pub struct FormatOptions {
     pub force: bool,
     /// Periodic seal interval to persist (`None`: the default; `Some(0)`: off).
     pub seal_interval_ms: Option<u32>,
+    /// Checkpoints the cache can hold at once (0 to 16; 0: no room for checkpoints). Each
+    /// takes two bitmap copies of 8 KiB per 127.5 MiB of disk on the cache device.
+    pub checkpoint_slots: u32,
 }
 
 impl Default for FormatOptions {
@@ -26,8 +30,27 @@ impl Default for FormatOptions {
             segment_size_bytes: SEGMENT_SIZE_DEFAULT_BYTES,
             force: false,
             seal_interval_ms: None,
+            checkpoint_slots: CHECKPOINT_SLOTS_DEFAULT,
         }
     }
+}
+
+/// Where the bitmap area and the segments start for `slots` checkpoints of a disk of
+/// `exported_bytes`: inside the superblock region after the table when it fits (disks up to a
+/// few GiB: the geometry is then the same as without checkpoints), else after the region, the
+/// segments moving up to the next MiB.
+fn checkpoint_layout(slots: u32, exported_bytes: u64) -> (u64, u32, u64) {
+    if slots == 0 {
+        return (0, 0, SUPERBLOCK_REGION_BYTES);
+    }
+    let pages = pages_per_slot(exported_bytes / BLOCK_SIZE_BYTES);
+    let area = area_size_bytes(slots, pages);
+    let region_room = SUPERBLOCK_REGION_BYTES - AREA_OFFSET_IN_REGION_BYTES;
+    if area <= region_room {
+        return (AREA_OFFSET_IN_REGION_BYTES, pages, SUPERBLOCK_REGION_BYTES);
+    }
+    let segments = (SUPERBLOCK_REGION_BYTES + area).next_multiple_of(SUPERBLOCK_REGION_BYTES);
+    (SUPERBLOCK_REGION_BYTES, pages, segments)
 }
 
 /// Formats `cache` as a cache for `backing`. Returns the new superblock.
@@ -44,9 +67,23 @@ pub fn format_cache(
             "segment size {seg} must be a multiple of 4 KiB from 32 KiB to 16 MiB"
         )));
     }
+    if opts.checkpoint_slots > CHECKPOINT_SLOTS_MAX {
+        return Err(Error::InvalidArgument(format!(
+            "{} checkpoints asked for; a cache holds at most {CHECKPOINT_SLOTS_MAX}",
+            opts.checkpoint_slots
+        )));
+    }
+    let backing_size = backing.size_bytes();
+    let exported = label_offset(backing_size).ok_or_else(|| {
+        Error::NoSpace(format!(
+            "{} is {backing_size} bytes; a backing device needs at least 8 KiB",
+            backing.describe()
+        ))
+    })?;
+    let (area_offset, pages, segments_offset) = checkpoint_layout(opts.checkpoint_slots, exported);
     let cache_size = cache.size_bytes();
-    let segment_count = cache_size.saturating_sub(SUPERBLOCK_REGION_BYTES) / seg;
-    let needed = SUPERBLOCK_REGION_BYTES + SEGMENT_COUNT_MIN * seg;
+    let segment_count = cache_size.saturating_sub(segments_offset) / seg;
+    let needed = segments_offset + SEGMENT_COUNT_MIN * seg;
     if segment_count < SEGMENT_COUNT_MIN {
         return Err(Error::NoSpace(format!(
             "{} is {cache_size} bytes; a cache with {seg}-byte segments needs at least {needed}",
@@ -59,13 +96,6 @@ pub fn format_cache(
             cache.describe()
         )));
     }
-    let backing_size = backing.size_bytes();
-    let exported = label_offset(backing_size).ok_or_else(|| {
-        Error::NoSpace(format!(
-            "{} is {backing_size} bytes; a backing device needs at least 8 KiB",
-            backing.describe()
-        ))
-    })?;
 
     let old = match checkpoint::read(cache) {
         Ok(sb) => sb,
@@ -131,7 +161,7 @@ pub fn format_cache(
         generation: old.as_ref().map_or(1, |s| s.generation + 2),
         segment_size_bytes: seg as u32,
         cache_size_bytes: cache_size,
-        segments_offset_bytes: SUPERBLOCK_REGION_BYTES,
+        segments_offset_bytes: segments_offset,
         segment_count,
         backing_size_bytes: backing_size,
         backing_uuid,
@@ -150,6 +180,9 @@ pub fn format_cache(
             writeback_seq: 0,
             zero_applied_seq: 0,
         },
+        bitmap_area_offset_bytes: area_offset,
+        checkpoint_slots: opts.checkpoint_slots,
+        bitmap_pages_per_slot: pages,
         tunables: {
             let mut t = PersistedTunables::default();
             if let Some(ms) = opts.seal_interval_ms {
@@ -159,6 +192,11 @@ pub fn format_cache(
         },
     };
     sb.validate()?;
+    // An empty checkpoint table in both copies (salted with the new format id, so no table of
+    // an older format verifies): a table that later fails to verify is damage, not absence.
+    if sb.has_checkpoints() {
+        crate::bitmaps::write_empty_tables(cache, &sb)?;
+    }
     // Both copies, so no copy of an older format can outrank this one.
     let mut second = sb.clone();
     second.generation += 1;

@@ -37,7 +37,14 @@ const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 /// each: 256 MiB, a 64 GiB cache full of 4 KiB blocks); chunks beyond are read again.
 const KEPT_ENTRIES_MAX: usize = 16 << 20;
 
-pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<Recovered> {
+/// `on_chunk` sees every chunk replayed (the log as recovered), in log order: checkpoints
+/// take their changes from it.
+pub fn run(
+    cache: &dyn BlockDevice,
+    geo: &Geometry,
+    sb: &Superblock,
+    on_chunk: &mut dyn FnMut(&ChunkHeader, &[Entry]),
+) -> Result<Recovered> {
     let started = Instant::now();
     let clean = sb.is_clean();
     let mut reader = MetaReader::new(cache, geo);
@@ -138,6 +145,7 @@ pub fn run(cache: &dyn BlockDevice, geo: &Geometry, sb: &Superblock) -> Result<R
             None => reread_entries(&mut reader, sb, &h)?,
         };
         r.replay(geo, p.slot, &h, &entries)?;
+        on_chunk(&h, &entries);
         report.chunks_replayed += 1;
     }
     report.segments_replayed = r.segments.iter().filter(|s| s.id != 0).count() as u64;

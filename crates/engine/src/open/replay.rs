@@ -322,6 +322,7 @@ impl Recovered {
             promotion: Promotion::new(promote_pause),
             bypass: Bypass::default(),
             streams: Default::default(),
+            changes: Default::default(),
             counters: Counters::default(),
         }
     }

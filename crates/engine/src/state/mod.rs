@@ -12,6 +12,7 @@ use std::time::{Instant, SystemTime};
 pub mod blocks;
 pub mod buffers;
 pub mod bypass;
+pub mod changes;
 pub mod chunk_meta;
 pub mod epochs;
 pub mod health;
@@ -84,6 +85,8 @@ pub struct State {
     pub epochs: Epochs,
     /// Blocks a WRITE_ZEROES left reading as zeros, not written or trimmed since.
     pub zeros: Zeros,
+    /// What changed since each checkpoint (set by every logged change).
+    pub changes: changes::Changes,
     pub counters: Counters,
 }
 
@@ -286,6 +289,9 @@ impl State {
             return false;
         }
         self.ring.push_range(entry, now);
+        // A zero or drop range changes what its blocks read (TRIM, write-zeroes, writes
+        // bypassing the cache).
+        self.changes.mark(entry.lba, entry.data_crc as u64);
         true
     }
 

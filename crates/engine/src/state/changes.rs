@@ -1,0 +1,224 @@
+//! What changed since each checkpoint, in memory: one bit per 4 KiB disk block per checkpoint,
+//! set under the state lock by every change the log records (a write, a zero range, a drop
+//! range), and by recovery for every change entry of the log after the checkpoint's start.
+//!
+//! Bits are grouped in pages of `BLOCKS_PER_PAGE` blocks, the unit written to the cache device
+//! (`bitmaps::fold`); a page set since it was last written is dirty. Bits only ever get set
+//! while a checkpoint lives: a bitmap is a superset of the changes, never a subset.
+
+use crate::format::checkpoints::{BLOCKS_PER_PAGE, PAGE_WORDS};
+
+/// One checkpoint's bitmap and identity.
+#[derive(Debug)]
+pub struct Tracked {
+    /// Its slot in the table and in the bitmap area.
+    pub slot: u32,
+    pub serial: u64,
+    pub name: String,
+    pub start_seq: u64,
+    pub created_unix_ms: u64,
+    /// `pages * PAGE_WORDS` words; bit i of word w of page p is block p*BLOCKS_PER_PAGE + 64w + i.
+    words: Vec<u64>,
+    page_dirty: Vec<bool>,
+    /// Generation of the page copy last written (or loaded); the next write goes to the other copy.
+    page_generation: Vec<u64>,
+    set_bits: u64,
+}
+
+/// A page to write: its index, generation and bits (a copy taken under the lock).
+pub struct PageWrite {
+    pub slot: u32,
+    pub serial: u64,
+    pub page: u32,
+    pub generation: u64,
+    pub words: Vec<u64>,
+}
+
+impl Tracked {
+    /// A checkpoint with no bit set; `page_generation` as written by `bitmaps::init_pages`.
+    pub fn new(
+        slot: u32,
+        serial: u64,
+        name: String,
+        start_seq: u64,
+        created_unix_ms: u64,
+        pages: u32,
+        page_generation: u64,
+    ) -> Tracked {
+        Tracked {
+            slot,
+            serial,
+            name,
+            start_seq,
+            created_unix_ms,
+            words: vec![0; pages as usize * PAGE_WORDS],
+            page_dirty: vec![false; pages as usize],
+            page_generation: vec![page_generation; pages as usize],
+            set_bits: 0,
+        }
+    }
+
+    pub fn pages(&self) -> u32 {
+        self.page_dirty.len() as u32
+    }
+
+    /// Loads page `page` as read from the device (`None`: no valid copy, all ones, dirty so
+    /// the next fold writes it back valid).
+    pub fn load_page(&mut self, page: u32, loaded: Option<(&[u64], u64)>) {
+        let p = page as usize;
+        let dst = &mut self.words[p * PAGE_WORDS..(p + 1) * PAGE_WORDS];
+        let before: u64 = dst.iter().map(|w| w.count_ones() as u64).sum();
+        match loaded {
+            Some((words, generation)) => {
+                dst.copy_from_slice(words);
+                self.page_generation[p] = generation;
+            }
+            None => {
+                dst.fill(u64::MAX);
+                self.page_generation[p] = 0;
+                self.page_dirty[p] = true;
+            }
+        }
+        let after: u64 = dst.iter().map(|w| w.count_ones() as u64).sum();
+        self.set_bits = self.set_bits + after - before;
+    }
+
+    /// Sets the bits of blocks `[lba, lba + count)` (clipped to the bitmap).
+    #[inline]
+    pub fn mark(&mut self, lba: u64, count: u64) {
+        let end = (lba + count).min(self.pages() as u64 * BLOCKS_PER_PAGE);
+        let mut b = lba;
+        while b < end {
+            let (page, in_page) = (b / BLOCKS_PER_PAGE, b % BLOCKS_PER_PAGE);
+            let (word, bit) = (in_page / 64, in_page % 64);
+            // Pages hold whole words (BLOCKS_PER_PAGE is a multiple of 64): no word spans two.
+            let n = (64 - bit).min(end - b);
+            let mask = if n == 64 {
+                u64::MAX
+            } else {
+                ((1u64 << n) - 1) << bit
+            };
+            let i = page as usize * PAGE_WORDS + word as usize;
+            let old = self.words[i];
+            let new = old | mask;
+            if new != old {
+                self.words[i] = new;
+                self.set_bits += (new.count_ones() - old.count_ones()) as u64;
+                self.page_dirty[page as usize] = true;
+            }
+            b += n;
+        }
+    }
+
+    pub fn is_set(&self, lba: u64) -> bool {
+        let (page, in_page) = (lba / BLOCKS_PER_PAGE, lba % BLOCKS_PER_PAGE);
+        if page >= self.pages() as u64 {
+            return false;
+        }
+        let w = self.words[page as usize * PAGE_WORDS + (in_page / 64) as usize];
+        w & (1 << (in_page % 64)) != 0
+    }
+
+    /// Blocks whose bit is set.
+    pub fn set_blocks(&self) -> u64 {
+        self.set_bits
+    }
+
+    /// From `lba` (below `end`): whether it is set, and how many blocks from it share that.
+    pub fn run_at(&self, lba: u64, end: u64) -> (bool, u64) {
+        let set = self.is_set(lba);
+        let mut b = lba + 1;
+        while b < end && self.is_set(b) == set {
+            b += 1;
+        }
+        (set, b - lba)
+    }
+
+    /// The pages set since last written, copied, with the generation each write gets; they
+    /// count as written from now on (a failed write fails the engine).
+    pub fn take_dirty(&mut self, out: &mut Vec<PageWrite>) {
+        for p in 0..self.page_dirty.len() {
+            if !self.page_dirty[p] {
+                continue;
+            }
+            self.page_dirty[p] = false;
+            self.page_generation[p] += 1;
+            out.push(PageWrite {
+                slot: self.slot,
+                serial: self.serial,
+                page: p as u32,
+                generation: self.page_generation[p],
+                words: self.words[p * PAGE_WORDS..(p + 1) * PAGE_WORDS].to_vec(),
+            });
+        }
+    }
+}
+
+/// Every live checkpoint's bitmap.
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub tracked: Vec<Tracked>,
+}
+
+impl Changes {
+    /// Blocks `[lba, lba + count)` changed: every checkpoint's bits. The cost with no
+    /// checkpoint is one branch.
+    #[inline]
+    pub fn mark(&mut self, lba: u64, count: u64) {
+        for t in &mut self.tracked {
+            t.mark(lba, count);
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Tracked> {
+        self.tracked.iter().find(|t| t.name == name)
+    }
+
+    pub fn take_dirty(&mut self) -> Vec<PageWrite> {
+        let mut out = Vec::new();
+        for t in &mut self.tracked {
+            t.take_dirty(&mut out);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_count_once_and_dirty_their_page() {
+        let mut t = Tracked::new(0, 1, "a".into(), 5, 0, 3, 1);
+        t.mark(10, 1);
+        t.mark(10, 1);
+        assert_eq!(t.set_blocks(), 1);
+        t.mark(60, 10); // across a word boundary
+        assert_eq!(t.set_blocks(), 11);
+        t.mark(BLOCKS_PER_PAGE - 2, 4); // across a page boundary
+        assert_eq!(t.set_blocks(), 15);
+        assert!(t.is_set(BLOCKS_PER_PAGE + 1) && !t.is_set(BLOCKS_PER_PAGE + 2));
+        t.mark(3 * BLOCKS_PER_PAGE - 1, 100); // clipped at the end
+        assert_eq!(t.set_blocks(), 16);
+        let mut w = Vec::new();
+        t.take_dirty(&mut w);
+        assert_eq!(w.iter().map(|p| p.page).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert!(w.iter().all(|p| p.generation == 2));
+        let mut again = Vec::new();
+        t.take_dirty(&mut again);
+        assert!(again.is_empty());
+        assert_eq!(t.run_at(60, 100), (true, 10));
+        assert_eq!(t.run_at(70, 100), (false, 30));
+    }
+
+    #[test]
+    fn a_page_without_a_valid_copy_reads_all_ones() {
+        let mut t = Tracked::new(0, 1, "a".into(), 5, 0, 2, 1);
+        t.mark(0, 1);
+        t.load_page(1, None);
+        assert_eq!(t.set_blocks(), 1 + BLOCKS_PER_PAGE);
+        let words = vec![0u64; PAGE_WORDS];
+        t.load_page(1, Some((&words, 7)));
+        assert_eq!(t.set_blocks(), 1);
+    }
+}
