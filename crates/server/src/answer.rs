@@ -8,7 +8,7 @@ use logcache_nbd::request::Request;
 
 use crate::connection::Connection;
 use crate::limits::{INLINE_READ_MAX_BYTES, MAX_BLOCK_STATUS_EXTENTS};
-use crate::meta::{base_allocation_flags, MetaContext};
+use crate::meta::{MetaContext, BASE_ALLOCATION_ZERO_HOLE, DIRTY_BITMAP_CHANGED};
 use crate::{errno, ops, reply};
 
 /// READ on a worker: the reply built in `out` (a buffer the worker keeps) so that the data
@@ -132,21 +132,17 @@ pub(crate) fn block_status(connection: &Connection, replies: &mut Vec<u8>, reque
     } else {
         MAX_BLOCK_STATUS_EXTENTS
     };
-    let last_id = session.contexts.iter().last().map(MetaContext::id);
+    let last_id = session.contexts.last_id();
     let mut extents = Vec::new();
+    let mut runs = Vec::new();
     let mut descriptors = Vec::new();
-    for context in session.contexts.iter() {
+    for (id, context) in session.contexts.iter() {
         let export = &*connection.server.export;
+        let (offset, length) = (request.offset_bytes, u64::from(request.length_bytes));
         descriptors.clear();
-        // Each context's provider describes the range in its own extents and flags.
         let result = match context {
             MetaContext::BaseAllocation => export
-                .block_status(
-                    request.offset_bytes,
-                    u64::from(request.length_bytes),
-                    max_extents,
-                    &mut extents,
-                )
+                .block_status(offset, length, max_extents, &mut extents)
                 .map(|()| {
                     descriptors.extend(extents.iter().map(|extent| {
                         BlockDescriptor {
@@ -156,13 +152,24 @@ pub(crate) fn block_status(connection: &Connection, replies: &mut Vec<u8>, reque
                         }
                     }))
                 }),
+            MetaContext::DirtyBitmap(name) => export
+                .changed_runs(name, offset, length, max_extents, &mut runs)
+                .map(|()| {
+                    descriptors.extend(runs.iter().map(|&(length_bytes, changed)| {
+                        BlockDescriptor {
+                            length_bytes: u32::try_from(length_bytes)
+                                .expect("runs lie inside a request of at most 4 GiB"),
+                            status_flags: if changed { DIRTY_BITMAP_CHANGED } else { 0 },
+                        }
+                    }))
+                }),
         };
         if let Err(error) = result {
             push_result(replies, true, request.cookie, Err(error));
             return;
         }
         assert!(!descriptors.is_empty() && descriptors.len() <= max_extents);
-        let done = Some(context.id()) == last_id;
-        reply::push_block_status(replies, request.cookie, context.id(), &descriptors, done);
+        let done = Some(id) == last_id;
+        reply::push_block_status(replies, request.cookie, id, &descriptors, done);
     }
 }

@@ -36,6 +36,26 @@ pub(crate) trait Export: Send + Sync {
         max_extents: usize,
         out: &mut Vec<Extent>,
     ) -> Result<()>;
+    /// The checkpoints (`qemu:dirty-bitmap:NAME` contexts), oldest first.
+    fn checkpoint_names(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Runs of blocks changed (or not) since checkpoint `name`, as (length, changed), from
+    /// `offset_bytes` (any alignment; the range is inside the export), into `out`: at least
+    /// one, at most `max_runs`, covering a prefix of the range.
+    fn changed_runs(
+        &self,
+        name: &str,
+        offset_bytes: u64,
+        length_bytes: u64,
+        max_runs: usize,
+        out: &mut Vec<(u64, bool)>,
+    ) -> Result<()> {
+        let _ = (offset_bytes, length_bytes, max_runs, out);
+        Err(Error::InvalidArgument(format!(
+            "this export has no checkpoint {name:?}"
+        )))
+    }
     /// Whether requests may each take long enough that the client should have many in flight
     /// (a disk rather than a cache): then every command runs on the connection's workers.
     fn is_slow(&self) -> bool;
@@ -82,6 +102,22 @@ impl Export for Engine {
         out: &mut Vec<Extent>,
     ) -> Result<()> {
         Engine::block_status(self, offset_bytes, length_bytes, max_extents, out)
+    }
+
+    fn checkpoint_names(&self) -> Vec<String> {
+        self.checkpoints().into_iter().map(|c| c.name).collect()
+    }
+
+    fn changed_runs(
+        &self,
+        name: &str,
+        offset_bytes: u64,
+        length_bytes: u64,
+        max_runs: usize,
+        out: &mut Vec<(u64, bool)>,
+    ) -> Result<()> {
+        *out = self.checkpoint_changes(name, offset_bytes, length_bytes, max_runs)?;
+        Ok(())
     }
 
     /// Plain writes answer in about a microsecond (see `transmission`).

@@ -37,7 +37,7 @@ const LISTED_CONTEXT_ID: u32 = 0;
 const OPTION_ERROR_MESSAGE_MAX_BYTES: usize = 512;
 
 /// What the client negotiated, fixed for the transmission phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Session {
     pub structured: bool,
     /// The metadata contexts selected; BLOCK_STATUS needs at least one.
@@ -182,7 +182,9 @@ impl Negotiation<'_> {
             self.no_zeroes,
         );
         self.stream.send_all(&reply)?;
-        Ok(Some(Outcome::Transmission(self.session)))
+        Ok(Some(Outcome::Transmission(std::mem::take(
+            &mut self.session,
+        ))))
     }
 
     fn list(&mut self, option: u32, payload: &[u8]) -> Step {
@@ -226,7 +228,9 @@ impl Negotiation<'_> {
         reply.extend_from_slice(&encode_ack(option));
         self.stream.send_all(&reply)?;
         if option == OPT_GO {
-            return Ok(Some(Outcome::Transmission(self.session)));
+            return Ok(Some(Outcome::Transmission(std::mem::take(
+                &mut self.session,
+            ))));
         }
         Ok(None)
     }
@@ -269,21 +273,18 @@ impl Negotiation<'_> {
             return self.unknown_export(option);
         }
         let listing = option == OPT_LIST_META_CONTEXT;
-        let selection = Selection::of_queries(&request.queries, listing);
+        let checkpoints = self.server.export.checkpoint_names();
+        let selection = Selection::of_queries(&request.queries, listing, &checkpoints);
+        let mut reply = Vec::new();
+        for (id, context) in selection.iter() {
+            let context_id = if listing { LISTED_CONTEXT_ID } else { id };
+            reply.extend_from_slice(
+                &encode_meta_context(option, context_id, &context.name()).map_err(violation)?,
+            );
+        }
         if !listing {
             // SET replaces whatever an earlier SET selected (with no query: nothing).
             self.session.contexts = selection;
-        }
-        let mut reply = Vec::new();
-        for context in selection.iter() {
-            let context_id = if listing {
-                LISTED_CONTEXT_ID
-            } else {
-                context.id()
-            };
-            reply.extend_from_slice(
-                &encode_meta_context(option, context_id, context.name()).map_err(violation)?,
-            );
         }
         reply.extend_from_slice(&encode_ack(option));
         self.stream.send_all(&reply)?;
