@@ -8,6 +8,7 @@ pub mod control;
 pub mod defaults;
 pub mod devices;
 pub mod exit;
+pub mod export_diff;
 pub mod guard;
 pub mod import_diff;
 pub mod metrics;

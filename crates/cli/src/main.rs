@@ -45,6 +45,9 @@ enum Command {
     /// Apply an rbd diff v1 stream (rbd export-diff's format) to a file, block device, NBD
     /// export or RBD image of the same size, then flush it.
     ImportDiff(cmd::diff::ImportDiffArgs),
+    /// Write the changes since a checkpoint of a running serve as an rbd diff v1 stream (for
+    /// import-diff or rbd import-diff).
+    ExportDiff(cmd::diff::ExportDiffArgs),
 }
 
 fn main() -> ExitCode {
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Dump(a) => cmd::inspect::dump(&a),
         Command::Detach(a) => cmd::detach::run(&a),
         Command::ImportDiff(a) => cmd::diff::import(&a),
+        Command::ExportDiff(a) => cmd::diff::export(&a),
     };
     finish(result, "logcache")
 }

@@ -137,7 +137,13 @@ fn now_unix_ms() -> u64 {
 }
 
 /// Creates checkpoint `name`: from now on every change counts. Returns once it is durable.
-pub fn create(inner: &Inner, name: &str) -> Result<CheckpointInfo> {
+/// With `freeze`, also returns the runs of blocks (first, count) checkpoint `freeze` had
+/// changed at that same moment.
+pub fn create(
+    inner: &Inner,
+    name: &str,
+    freeze: Option<&str>,
+) -> Result<(CheckpointInfo, Vec<(u64, u64)>)> {
     let b = no_room(inner)?;
     check_name(name)?;
     let mut table = b.table.lock();
@@ -159,11 +165,20 @@ pub fn create(inner: &Inner, name: &str) -> Result<CheckpointInfo> {
             used.join(", ")
         )));
     };
+    if let Some(f) = freeze {
+        if !used.contains(&f) {
+            return Err(not_found(&table, f));
+        }
+    }
     let serial = table.next_serial;
     let created_unix_ms = now_unix_ms();
-    let start_seq = {
+    let (start_seq, frozen) = {
         let mut st = inner.state.lock();
         check_usable(&st)?;
+        let frozen = freeze
+            .and_then(|f| st.changes.get(f))
+            .map(|t| t.set_runs())
+            .unwrap_or_default();
         // Writes acknowledged before now are all in sealed chunks; later changes land in the
         // next chunk or after, and set the bits from here on.
         if st.seal(&inner.buffers) {
@@ -179,7 +194,7 @@ pub fn create(inner: &Inner, name: &str) -> Result<CheckpointInfo> {
             b.geo.pages,
             1,
         ));
-        start_seq
+        (start_seq, frozen)
     };
     let persisted =
         bitmaps::init_pages(&*inner.cache, &b.geo, slot as u32, serial).and_then(|()| {
@@ -198,12 +213,15 @@ pub fn create(inner: &Inner, name: &str) -> Result<CheckpointInfo> {
         st.changes.tracked.retain(|t| t.serial != serial);
         return Err(fail(inner, st, e));
     }
-    Ok(CheckpointInfo {
-        name: name.to_string(),
-        created_unix_ms,
-        changed_bytes: 0,
-        start_seq,
-    })
+    Ok((
+        CheckpointInfo {
+            name: name.to_string(),
+            created_unix_ms,
+            changed_bytes: 0,
+            start_seq,
+        },
+        frozen,
+    ))
 }
 
 /// Deletes checkpoint `name` (durably); its bits are forgotten.

@@ -409,7 +409,19 @@ impl Engine {
     /// room for checkpoints are errors that say what to do.
     pub fn checkpoint_create(&self, name: &str) -> Result<CheckpointInfo> {
         self.check_usable()?;
-        checkpoints::create(&self.inner, name)
+        checkpoints::create(&self.inner, name, None).map(|(info, _)| info)
+    }
+
+    /// Creates checkpoint `name` and, at the same moment, takes the runs of blocks
+    /// (first block, count) checkpoint `since` holds as changed: what an export of the
+    /// changes from `since` to `name` must ship.
+    pub fn checkpoint_create_since(
+        &self,
+        name: &str,
+        since: &str,
+    ) -> Result<(CheckpointInfo, Vec<(u64, u64)>)> {
+        self.check_usable()?;
+        checkpoints::create(&self.inner, name, Some(since))
     }
 
     /// Deletes checkpoint `name`, durably.

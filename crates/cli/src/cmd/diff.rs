@@ -134,3 +134,80 @@ fn check_from(header: &Header, from: Option<&str>, target: &str) -> Result<()> {
         (None, None) => Ok(()),
     }
 }
+
+#[derive(Args)]
+#[command(after_help = "\
+The stream describes the disk at one moment, the creation of checkpoint NEW (or of a temporary \
+checkpoint without --checkpoint): `logcache import-diff OUT TARGET --from NAME` onto a copy of \
+the disk as of NAME makes it the disk as of NEW. A client writing, during the export, to a block \
+the export has not read yet makes it fail (and NEW is not created): retry while writes pause.")]
+pub struct ExportDiffArgs {
+    /// The checkpoint the diff starts from (its 'f' record).
+    #[arg(long, value_name = "NAME")]
+    pub since: String,
+    /// Create checkpoint NEW at the moment the diff describes and keep it (the next diff's
+    /// --since; the stream's 't' record).
+    #[arg(long, value_name = "NEW")]
+    pub checkpoint: Option<String>,
+    /// Control socket of the running serve (default: the embedded default's).
+    #[arg(long)]
+    pub control: Option<std::path::PathBuf>,
+    /// Where to write the stream: a file (created or truncated), or - for standard output.
+    pub output: String,
+}
+
+/// `logcache export-diff --since NAME [--checkpoint NEW] [--control PATH] OUT|-`.
+pub fn export(args: &ExportDiffArgs) -> Result<()> {
+    use std::io::Write;
+    let path = args
+        .control
+        .clone()
+        .unwrap_or_else(crate::defaults::admin_control_path);
+    let request = serde_json::json!({
+        "cmd": "export_diff",
+        "since": args.since,
+        "checkpoint": args.checkpoint,
+    });
+    let reply = if args.output == "-" {
+        if io::stdout().is_terminal() {
+            bail!("refusing to write a binary diff to a terminal; give a file, or pipe it (| logcache import-diff - TARGET)");
+        }
+        let mut c = crate::control::client::ControlClient::connect(&path)?;
+        let stdout = io::stdout();
+        let mut out = io::BufWriter::new(stdout.lock());
+        let reply = c.call_stream(&request, &mut out)?;
+        out.flush().context("writing the diff to standard output")?;
+        reply
+    } else {
+        let mut c = crate::control::client::ControlClient::connect(&path)?;
+        let file =
+            File::create(&args.output).with_context(|| format!("creating {}", args.output))?;
+        let mut out = io::BufWriter::new(file);
+        let reply = c.call_stream(&request, &mut out);
+        let reply = match reply {
+            Ok(r) => r,
+            Err(e) => {
+                drop(out);
+                let _ = std::fs::remove_file(&args.output);
+                return Err(e);
+            }
+        };
+        let file = out.into_inner().context("writing the diff")?;
+        file.sync_all()
+            .with_context(|| format!("syncing {}", args.output))?;
+        eprintln!(
+            "exported the changes since {} to {}: {} of data, {} of zeros{}",
+            args.since,
+            args.output,
+            human(reply["data_bytes"].as_u64().unwrap_or(0)),
+            human(reply["zero_bytes"].as_u64().unwrap_or(0)),
+            args.checkpoint
+                .as_ref()
+                .map(|n| format!("; checkpoint {n} created"))
+                .unwrap_or_default()
+        );
+        reply
+    };
+    let _ = reply;
+    Ok(())
+}

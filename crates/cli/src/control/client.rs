@@ -28,6 +28,41 @@ impl ControlClient {
         })
     }
 
+    /// Sends one request whose answer is a framed byte stream (`frames`), copied to `out`;
+    /// returns the final reply.
+    pub fn call_stream(&mut self, request: &Value, out: &mut impl Write) -> Result<Value> {
+        let mut line = serde_json::to_string(request)?;
+        line.push('\n');
+        self.writer
+            .write_all(line.as_bytes())
+            .context("sending to the control socket")?;
+        super::frames::copy_frames(&mut self.reader, out)
+            .context("receiving the stream from the control socket (did logcache stop?)")?;
+        out.flush().context("writing the stream")?;
+        self.call_reply()
+    }
+
+    fn call_reply(&mut self) -> Result<Value> {
+        let mut reply = String::new();
+        let n = self
+            .reader
+            .read_line(&mut reply)
+            .context("reading from the control socket")?;
+        if n == 0 {
+            bail!("logcache closed the control connection before replying (did it stop?)");
+        }
+        let v: Value = serde_json::from_str(&reply)
+            .with_context(|| format!("bad reply on the control socket: {reply:?}"))?;
+        if v.get("ok") == Some(&Value::Bool(true)) {
+            return Ok(v);
+        }
+        let msg = v
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown error");
+        bail!("{msg}");
+    }
+
     /// Sends one request and returns the final reply, handing each progress line to
     /// `on_progress` on the way.
     pub fn call(&mut self, request: &Value, mut on_progress: impl FnMut(&Value)) -> Result<Value> {

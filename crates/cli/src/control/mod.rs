@@ -3,8 +3,10 @@
 //!
 //! Requests: `{"cmd":"status"}`, `{"cmd":"set","key":K,"value":V}`, `{"cmd":"tunables"}`,
 //! `{"cmd":"drain"}`, `{"cmd":"checkpoint_create","name":N}`, `{"cmd":"checkpoint_delete","name":N}`,
-//! `{"cmd":"checkpoint_list"}`. Replies: `{"ok":true,...}` or `{"ok":false,"error":"..."}`; a drain
+//! `{"cmd":"checkpoint_list"}`, `{"cmd":"export_diff","since":OLD,"checkpoint":NEW|null}` (its stream
+//! comes in binary frames before the reply line, see `frames`). Replies: `{"ok":true,...}` or `{"ok":false,"error":"..."}`; a drain
 //! first streams `{"progress":{...}}` lines.
 
 pub mod client;
+pub mod frames;
 pub mod server;

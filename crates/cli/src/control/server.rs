@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
+use crate::control::frames::FrameWriter;
 use crate::served::Served;
 use crate::sockets::bind_unix;
 
@@ -78,6 +79,9 @@ fn serve_client(stream: UnixStream, served: &Served) -> std::io::Result<()> {
             continue;
         }
         let reply = match serde_json::from_str::<Value>(&line) {
+            Ok(req) if req.get("cmd").and_then(Value::as_str) == Some("export_diff") => {
+                export_diff(&req, served, &mut writer)?
+            }
             Ok(req) => handle(&req, served, &mut writer),
             Err(e) => json!({"ok": false, "error": format!("bad request {line:?}: {e}")}),
         };
@@ -90,6 +94,25 @@ fn send(w: &mut UnixStream, v: &Value) -> std::io::Result<()> {
     let mut line = v.to_string();
     line.push('\n');
     w.write_all(line.as_bytes())
+}
+
+/// `export_diff`: the stream in frames, then the reply. A client that goes away mid-stream
+/// makes the export fail (and its checkpoint be deleted).
+fn export_diff(req: &Value, served: &Served, writer: &mut UnixStream) -> std::io::Result<Value> {
+    let since = req.get("since").and_then(Value::as_str).unwrap_or("");
+    let new = req.get("checkpoint").and_then(Value::as_str);
+    let mut frames = FrameWriter::new(&mut *writer);
+    let res = crate::export_diff::export(&served.engine, since, new, &mut frames);
+    frames.end()?;
+    Ok(match res {
+        Ok(e) => json!({
+            "ok": true,
+            "checkpoint": e.checkpoint,
+            "data_bytes": e.data_bytes,
+            "zero_bytes": e.zero_bytes,
+        }),
+        Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
+    })
 }
 
 fn checkpoint_json(c: &logcache_engine::CheckpointInfo) -> Value {
@@ -153,7 +176,7 @@ fn handle(req: &Value, served: &Served, writer: &mut UnixStream) -> Value {
             json!({"ok": true, "checkpoints": list})
         }
         Some(other) => fail(format!(
-            "unknown command {other:?}; known: status, tunables, set, drain, checkpoint_create, checkpoint_delete, checkpoint_list"
+            "unknown command {other:?}; known: status, tunables, set, drain, checkpoint_create, checkpoint_delete, checkpoint_list, export_diff"
         )),
         None => fail("request lacks \"cmd\"".into()),
     }

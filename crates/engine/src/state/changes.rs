@@ -134,6 +134,29 @@ impl Tracked {
         (set, b - lba)
     }
 
+    /// Every run of set blocks, as (first block, count), in order.
+    pub fn set_runs(&self) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (i, &w) in self.words.iter().enumerate() {
+            if w == 0 {
+                continue;
+            }
+            let (page, word) = (i / PAGE_WORDS, i % PAGE_WORDS);
+            let base = page as u64 * BLOCKS_PER_PAGE + word as u64 * 64;
+            for bit in 0..64 {
+                if w & (1 << bit) == 0 {
+                    continue;
+                }
+                let b = base + bit;
+                match runs.last_mut() {
+                    Some(last) if last.0 + last.1 == b => last.1 += 1,
+                    _ => runs.push((b, 1)),
+                }
+            }
+        }
+        runs
+    }
+
     /// The pages set since last written, copied, with the generation each write gets; they
     /// count as written from now on (a failed write fails the engine).
     pub fn take_dirty(&mut self, out: &mut Vec<PageWrite>) {
