@@ -280,7 +280,9 @@ impl Superblock {
         }
         if off < AREA_OFFSET_IN_REGION_BYTES
             || off % BLOCK_SIZE_BYTES != 0
-            || off + area_size_bytes(slots, pages) > self.segments_offset_bytes
+            || off
+                .checked_add(area_size_bytes(slots, pages))
+                .is_none_or(|end| end > self.segments_offset_bytes)
         {
             return bad("overlaps the table or the segments");
         }
