@@ -8,7 +8,7 @@ use logcache_nbd::request::Request;
 
 use crate::connection::Connection;
 use crate::limits::{INLINE_READ_MAX_BYTES, MAX_BLOCK_STATUS_EXTENTS};
-use crate::meta::{MetaContext, BASE_ALLOCATION_ZERO_HOLE, DIRTY_BITMAP_CHANGED};
+use crate::meta::{base_allocation_flags, MetaContext, DIRTY_BITMAP_CHANGED};
 use crate::{errno, ops, reply};
 
 /// READ on a worker: the reply built in `out` (a buffer the worker keeps) so that the data
