@@ -634,6 +634,7 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
                 }
                 at += x.length_bytes;
             }
+        }
         // Every checkpoint that came back answers for the whole disk.
         for c in e.checkpoints() {
             let runs = e
