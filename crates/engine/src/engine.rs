@@ -99,9 +99,11 @@ impl Engine {
         open::check_cache_size(&sb, &*cache)?;
         let record = open::check_backing(&sb, &*backing)?;
         let geo = Geometry::from_superblock(&sb);
+        let tunables = Tunables::from_persisted(&sb.tunables);
+        let consistent = tunables.get(tunables::WRITEBACK_ORDER) == tunables::ORDER_CONSISTENT;
         let mut checkpoint_report = crate::stats::RecoveryReport::default();
         let mut loaded = checkpoints::load(&*cache, &sb, &mut checkpoint_report)?;
-        let mut recovered = recover::run(&*cache, &geo, &sb, &mut |h, entries| {
+        let mut recovered = recover::run(&*cache, &geo, &sb, consistent, &mut |h, entries| {
             checkpoints::note_recovered_chunk(&mut loaded.tracked, h, entries)
         })?;
         recovered.report.checkpoint_pages_unreadable =
@@ -114,23 +116,23 @@ impl Engine {
             .clamp(2, geo.segment_count - 1)
             .min(u32::MAX as u64 - 1) as u32;
         let buffers = SegmentBuffers::new(buffer_count, segment_bytes);
-        let tunables = Tunables::from_persisted(&sb.tunables);
         if let Some(ms) = opts.seal_interval_ms {
             tunables.set(tunables::SEAL_INTERVAL_MS, ms as u64);
         }
         let epoch = sb.checkpoint.epoch + 1;
         let last_seq = recovered.last_seq;
         // Zero ranges a crash may have kept from the backing device (between logging and
-        // applying them): apply them again, in log order, before anything can write there.
-        if !recovered.zero_ranges.is_empty() {
-            for &(lba, count) in &recovered.zero_ranges {
-                let (off, len) = (lba * BLOCK_SIZE_BYTES, count * BLOCK_SIZE_BYTES);
-                backing.write_zeroes(off, len).map_err(|e| {
-                    Error::io(
-                        format!("re-applying a logged zero range ({len} bytes at {off}) to the backing device"),
-                        e,
-                    )
-                })?;
+        // applying them): apply them again, in log order, before anything can write there. In
+        // flush-epoch order that waits for the older epochs' writeback, so it happens below,
+        // once writeback runs; otherwise here, at once.
+        let deferred_zeros = if consistent {
+            recovered.zero_ranges.clone()
+        } else {
+            Vec::new()
+        };
+        if !recovered.zero_ranges.is_empty() && !consistent {
+            for z in &recovered.zero_ranges {
+                bypass::reapply_zeros(&*backing, z)?;
             }
             recovered.write_back_distrusted(&geo, &*cache, &*backing)?;
             backing
@@ -142,9 +144,13 @@ impl Engine {
         // Before anything new is written: the new epoch and the cut, so chunks a crash left
         // after `last_seq` can never rejoin the log. The sync also makes durable every chunk
         // recovery read (they may have been only in the page cache).
+        // Zero ranges still to apply keep the mark before them, so a crash meanwhile applies
+        // them again.
+        let zero_applied_seq = deferred_zeros.first().map_or(last_seq, |z| z.seq - 1);
         superblock.begin_session(
             epoch,
             last_seq,
+            zero_applied_seq,
             recovered.head_segment_id,
             recovered.head_seq,
         )?;
@@ -194,10 +200,15 @@ impl Engine {
             }
         }
         let threads = drive::start_threads(&inner)?;
-        Ok(Engine {
+        let engine = Engine {
             inner,
             threads: Arc::new(Mutex::new(threads)),
-        })
+        };
+        if let Err(e) = bypass::apply_recovered_zeros(&engine.inner, &deferred_zeros) {
+            engine.crash();
+            return Err(e);
+        }
+        Ok(engine)
     }
 
     /// Size of the disk the cache presents, in bytes.

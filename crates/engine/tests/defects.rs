@@ -540,3 +540,48 @@ fn a_corrupt_dirty_block_the_head_cannot_pass_fails_the_engine() {
         "{failed}"
     );
 }
+
+/// A write-through (or write-around) write to a block whose write-zeroes is still on its way to
+/// the backing device goes the write-back way: sent there directly it could land before the
+/// zeros, which then wipe it on the backing device while the cache keeps it as a clean copy (a
+/// later eviction, or the backing device alone, then says zeros).
+#[test]
+fn a_write_through_during_a_zeroing_is_not_wiped_by_it() {
+    for mode in ["write-through", "write-around"] {
+        let pair = SimPair::new(MIB + 32 * SEG_64K, 16 * MIB, SEG_64K);
+        let lba = 300u64;
+        let backing = Arc::new(GateDevice::new(pair.backing()));
+        let opts = OpenOptions {
+            ram_buffer_bytes: 4 * SEG_64K,
+            seal_interval_ms: Some(0),
+            ..OpenOptions::default()
+        };
+        let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+        e.set_tunable("cache_mode", mode).unwrap();
+        backing.hold(OpKind::Discard);
+        let zeroer = e.clone();
+        let zeroing = std::thread::spawn(move || zeroer.write_zeroes(lba * 4096, 4096, false));
+        assert!(
+            backing.wait_held(OpKind::Discard, 1, HANG),
+            "{mode}: the write-zeroes never zeroed the backing device"
+        );
+        // Whichever way the write goes, it returns without the held zeroing, which must then
+        // not overtake it on the backing device.
+        let writer = e.clone();
+        bounded("the write", move || {
+            writer.write(lba * 4096, &[0x55; 4096], false)
+        })
+        .unwrap();
+        backing.release(OpKind::Discard);
+        zeroing.join().unwrap().unwrap();
+        e.drain(|_| {}).unwrap();
+        let mut buf = [0u8; 4096];
+        e.read(lba * 4096, &mut buf).unwrap();
+        assert_eq!(buf, [0x55; 4096], "{mode}: the disk");
+        e.close().unwrap();
+        assert!(
+            pair.backing.read_volatile(lba * 4096, 4096) == vec![0x55; 4096],
+            "{mode}: the backing device lost the write (the zeros wiped it)"
+        );
+    }
+}

@@ -42,7 +42,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use common::history::{decode, fill_pattern, Effect, History, Token};
+use common::epoch_log::EpochLog;
+use common::history::{decode, fill_pattern, Effect, History, Token, Val};
 use common::*;
 use logcache_engine::{Engine, Extent, ExtentKind, OpenOptions};
 use logcache_testkit::fault::OpKind;
@@ -94,6 +95,9 @@ enum Req {
 /// What request threads report to the scheduler.
 struct Shared {
     model: Mutex<History>,
+    /// The same operations with their flush points, for the backing-device check (locked
+    /// after `model`).
+    epochs: Mutex<EpochLog>,
     /// Violations found by request threads.
     errors: Mutex<Vec<String>>,
     /// A fault was injected this cycle (or the power is off): requests may fail.
@@ -146,6 +150,32 @@ impl Worker {
     }
 }
 
+impl Shared {
+    /// Registers an operation sent now, in both models.
+    fn begin(&self, first: u64, count: u64, effect: Effect) -> Token {
+        let mut m = self.model.lock();
+        let t = m.begin(first as usize, count as usize, effect);
+        self.epochs.lock().begin(t.first, t.count, effect, t.invoke);
+        t
+    }
+
+    /// The operation `t` returned (`ok`), FUA or not.
+    fn ended(&self, t: &Token, ok: bool, fua: bool) {
+        let mut m = self.model.lock();
+        let at = m.end(t, ok);
+        if at == u64::MAX {
+            return; // failed, or after the power cut
+        }
+        let mut log = self.epochs.lock();
+        log.end(t.first, t.count, t.invoke, at);
+        if fua {
+            m.flushed(t.invoke);
+            m.durable(t);
+            log.fua(t.first, t.count, t.invoke, at);
+        }
+    }
+}
+
 /// Runs one request and records it in the model.
 fn run_req(e: &Engine, sh: &Shared, req: Req) {
     let what = format!("{req:?}");
@@ -154,12 +184,7 @@ fn run_req(e: &Engine, sh: &Shared, req: Req) {
             let mut data = vec![0u8; t.count * SECTOR];
             fill_pattern(id, t.first as u64, &mut data);
             let r = e.write(t.first as u64 * 512, &data, fua);
-            let mut m = sh.model.lock();
-            m.end(&t, r.is_ok());
-            if r.is_ok() && fua {
-                m.flushed(t.invoke);
-                m.durable(&t);
-            }
+            sh.ended(&t, r.is_ok(), fua);
             r
         }
         Req::Zero { t, fua, trim } => {
@@ -169,12 +194,7 @@ fn run_req(e: &Engine, sh: &Shared, req: Req) {
             } else {
                 e.write_zeroes(off, len, fua)
             };
-            let mut m = sh.model.lock();
-            m.end(&t, r.is_ok());
-            if r.is_ok() && fua {
-                m.flushed(t.invoke);
-                m.durable(&t);
-            }
+            sh.ended(&t, r.is_ok(), fua);
             r
         }
         Req::Read { first, count } => {
@@ -228,7 +248,12 @@ fn run_req(e: &Engine, sh: &Shared, req: Req) {
             let fi = sh.model.lock().tick();
             let r = e.flush();
             if r.is_ok() {
-                sh.model.lock().flushed(fi);
+                let mut m = sh.model.lock();
+                m.flushed(fi);
+                let at = m.tick();
+                if !m.is_dead() {
+                    sh.epochs.lock().flushed(fi, at);
+                }
             }
             r
         }
@@ -357,9 +382,8 @@ impl Case<'_> {
             0..=15 => {
                 let count = rng.range(1, (n - first).min(48));
                 let fua = rng.chance(1, 10);
-                let mut m = self.shared.model.lock();
-                let id = m.next_write_id();
-                let t = m.begin(first as usize, count as usize, Effect::Data(id));
+                let id = self.shared.model.lock().next_write_id();
+                let t = self.shared.begin(first, count, Effect::Data(id));
                 Req::Write { t, id, fua }
             }
             16..=22 => {
@@ -375,11 +399,7 @@ impl Case<'_> {
                 let count = rng.range(1, (n - first).min(64));
                 let (fua, trim) = (rng.chance(1, 10), rng.chance(1, 2));
                 let effect = if trim { Effect::Trim } else { Effect::Zeros };
-                let t = self
-                    .shared
-                    .model
-                    .lock()
-                    .begin(first as usize, count as usize, effect);
+                let t = self.shared.begin(first, count, effect);
                 Req::Zero { t, fua, trim }
             }
             31 if rng.chance(1, 2) => Req::Checkpoint {
@@ -448,6 +468,7 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
         Arc::new(SchedDevice::new(pair.backing(), "backing", sched.clone()));
     let shared = Arc::new(Shared {
         model: Mutex::new(History::new(region_sectors as usize)),
+        epochs: Mutex::new(EpochLog::new(region_sectors as usize)),
         errors: Mutex::new(Vec::new()),
         faulted: AtomicBool::new(false),
         reads_checked: AtomicU64::new(0),
@@ -559,6 +580,15 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
                 continue;
             }
             stuck_since = None;
+            // Chosen by the trace so far, not the seed's stream: schedules stay as they were.
+            if case.trace % 16 == 0 {
+                // At a random moment, the backing device alone (every write it received kept:
+                // one of the states a power cut now could leave).
+                case.note("backing check");
+                if let Err(msg) = check_backing(&pair, &shared, region_sectors) {
+                    panic!("cycle {cycle}: during the run, the backing device: {msg}");
+                }
+            }
             if case.rng.chance(1, crash_odds) {
                 case.note("crash");
                 break;
@@ -603,16 +633,30 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
         case.check_errors();
         pair.cache.crash(&mut case.rng);
         pair.backing.crash(&mut case.rng);
+        // The backing device alone, as the cut left it, is a past state of the disk.
+        check_backing(&pair, &shared, region_sectors).unwrap_or_else(|msg| {
+            panic!("cycle {cycle}: after the power cut, the backing device: {msg}")
+        });
         sched.set_mode(GateMode::Open);
         let e = Engine::open(cache.clone(), backing.clone(), opts.clone())
             .unwrap_or_else(|err| panic!("cycle {cycle}: reopen after the power cut: {err}"));
         let mut image = vec![0u8; region_sectors as usize * SECTOR];
         e.read(0, &mut image).expect("read after recovery");
-        if let Err(msg) = shared.model.lock().check_recovered(&image) {
-            panic!(
-                "cycle {cycle}: after the power cut: {msg}; recovery: {:?}",
-                e.stats().recovery
-            );
+        {
+            let mut m = shared.model.lock();
+            if let Err(msg) = m.check_recovered(&image) {
+                panic!(
+                    "cycle {cycle}: after the power cut: {msg}; recovery: {:?}",
+                    e.stats().recovery
+                );
+            }
+            let vals: Vec<Val> = image
+                .chunks(SECTOR)
+                .enumerate()
+                .map(|(s, b)| decode(s as u64, b).expect("checked"))
+                .collect();
+            let at = m.tick();
+            shared.epochs.lock().recovered(&vals, at);
         }
         // The zero ranges recovery rebuilt from the log: every sector called zero reads so.
         let mut extents = Vec::new();
@@ -655,6 +699,22 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
     case.trace
 }
 
+/// Checks the backing device's region (its current contents, unsynced writes included) against
+/// the flush epochs of the run (`EpochLog::check`): issue 25's guarantee in the default
+/// `writeback_order = consistent`.
+fn check_backing(pair: &SimPair, shared: &Shared, region_sectors: u64) -> Result<(), String> {
+    let bytes = pair
+        .backing
+        .read_volatile(0, region_sectors * SECTOR as u64);
+    let vals: Vec<Option<Val>> = bytes
+        .chunks(SECTOR)
+        .enumerate()
+        .map(|(s, b)| decode(s as u64, b))
+        .collect();
+    let _m = shared.model.lock();
+    shared.epochs.lock().check(&vals).map(|_| ())
+}
+
 /// The periodic seal, checked: with the backing device stalled (its writes and zeroings held),
 /// one more write is acknowledged, and within the seal interval (with a generous margin) it
 /// must be sealed and synced, so the model counts it durable and the power cut that follows
@@ -672,14 +732,8 @@ fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
     let n = case.region_sectors;
     let first = case.rng.below(n);
     let count = case.rng.range(1, (n - first).min(8));
-    let (t, id) = {
-        let mut m = case.shared.model.lock();
-        let id = m.next_write_id();
-        (
-            m.begin(first as usize, count as usize, Effect::Data(id)),
-            id,
-        )
-    };
+    let id = case.shared.model.lock().next_write_id();
+    let t = case.shared.begin(first, count, Effect::Data(id));
     case.note("seal check");
     workers[w].start(Req::Write {
         t: t.clone(),

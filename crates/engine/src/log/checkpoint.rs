@@ -41,11 +41,13 @@ impl SuperblockWriter {
 
     /// A new session begins (open, after recovery and before anything new is written): the
     /// new epoch and the cut, so chunks a crash left after `cut_seq` can never rejoin the log;
-    /// the head recovery found; the checkpoint is no longer clean.
+    /// zero ranges applied up to chunk `zero_applied_seq` (`cut_seq` unless open still applies
+    /// some); the head recovery found; the checkpoint is no longer clean.
     pub fn begin_session(
         &self,
         epoch: u64,
         cut_seq: u64,
+        zero_applied_seq: u64,
         head_segment_id: u64,
         head_seq: u64,
     ) -> Result<()> {
@@ -58,8 +60,9 @@ impl SuperblockWriter {
             // Sequences after the cut are reused by this session: a writeback position past
             // it would make their new dirty chunks replay as clean.
             cp.writeback_seq = cp.writeback_seq.min(cut_seq);
-            // Every zero range in the recovered log is applied now (by open, or before).
-            cp.zero_applied_seq = cut_seq;
+            // Every zero range in the recovered log up to here is applied (by open, or before).
+            assert!(zero_applied_seq <= cut_seq);
+            cp.zero_applied_seq = zero_applied_seq;
             cp.end_seq = 0;
             cp.head_segment_id = head_segment_id;
             cp.head_seq = head_seq;

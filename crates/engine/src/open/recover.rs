@@ -16,7 +16,7 @@
 //! `inspect`, so an offline check reports exactly what an open would do.
 use std::time::Instant;
 
-pub(crate) use super::replay::{check_replayable, Recovered};
+pub(crate) use super::replay::{check_replayable, Recovered, ZeroRange};
 pub(crate) use super::walk::{judge_end, tail_cut, walk, MetaReader, Walk};
 pub use super::walk::{Reject, WalkStop};
 use crate::error::{Error, Result};
@@ -38,11 +38,13 @@ const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 const KEPT_ENTRIES_MAX: usize = 16 << 20;
 
 /// `on_chunk` sees every chunk replayed (the log as recovered), in log order: checkpoints
-/// take their changes from it.
+/// take their changes from it. `consistent`: `writeback_order = consistent` (see
+/// `Recovered::consistent`).
 pub fn run(
     cache: &dyn BlockDevice,
     geo: &Geometry,
     sb: &Superblock,
+    consistent: bool,
     on_chunk: &mut dyn FnMut(&ChunkHeader, &[Entry]),
 ) -> Result<Recovered> {
     let started = Instant::now();
@@ -131,6 +133,7 @@ pub fn run(
         writeback_seq: cp.writeback_seq,
         zero_applied_seq: cp.zero_applied_seq,
         zero_ranges: Vec::new(),
+        consistent,
         distrusted: Vec::new(),
         zeros: Default::default(),
         epoch_starts: Vec::new(),

@@ -28,6 +28,17 @@ use crate::stats::{Counters, RecoveryReport};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 
+/// A zero range recovery found logged and not yet applied to the backing device.
+#[derive(Clone, Copy, Debug)]
+pub struct ZeroRange {
+    pub lba: u64,
+    pub count: u64,
+    /// The chunk holding it: sequence, segment id, first block.
+    pub seq: u64,
+    pub segment_id: u64,
+    pub block: u32,
+}
+
 pub struct Recovered {
     pub head_segment_id: u64,
     pub head_seq: u64,
@@ -44,10 +55,15 @@ pub struct Recovered {
     /// The persisted writeback position: chunks up to it replay as clean.
     pub(super) writeback_seq: u64,
     pub(super) zero_applied_seq: u64,
-    /// Zero ranges (first block, count) after both the writeback position and the checkpoint's
-    /// `zero_applied_seq`, in log order: a crash cut their application short, so open applies
-    /// them again before anything else.
-    pub zero_ranges: Vec<(u64, u64)>,
+    /// Zero ranges after both the writeback position and the checkpoint's `zero_applied_seq`,
+    /// in log order: a crash cut their application short, so open applies them again before
+    /// anything else.
+    pub zero_ranges: Vec<ZeroRange>,
+    /// `writeback_order = consistent`: zero ranges to apply again are applied in log order, after
+    /// the older dirty blocks are written back (`Engine::open` runs writeback until then), so
+    /// the backing device stays a past state of the disk. Older-epoch dirty copies a range
+    /// covers are kept as shadows for that, and blocks logged clean after it replay dirty.
+    pub(super) consistent: bool,
     /// Blocks logged as (partly) clean after a zero range to apply again: the zeros may undo
     /// their "clean", so open writes them back (cache block, lba) before anything else.
     pub distrusted: Vec<(u32, u64)>,
@@ -113,14 +129,23 @@ impl Recovered {
         for e in entries.iter().filter(|e| e.is_range()) {
             check_replayable(geo, h, e)?;
             let count = e.range_blocks() as u64;
-            self.drop_range(e.lba, count);
+            let reapply = e.kind == KIND_ZERO && !written_back && h.seq > self.zero_applied_seq;
+            // Applied in order later: what older epochs hold there still goes first.
+            let keep_before = (reapply && self.consistent).then_some(epoch_start);
+            self.drop_range(e.lba, count, keep_before);
             if e.kind == KIND_ZERO {
                 self.zeros.insert(e.lba, e.lba + count);
             } else {
                 self.zeros.remove(e.lba, e.lba + count);
             }
-            if e.kind == KIND_ZERO && !written_back && h.seq > self.zero_applied_seq {
-                self.zero_ranges.push((e.lba, e.range_blocks() as u64));
+            if reapply {
+                self.zero_ranges.push(ZeroRange {
+                    lba: e.lba,
+                    count,
+                    seq: h.seq,
+                    segment_id: h.segment_id,
+                    block: h.start_block as u32,
+                });
             }
         }
         // Once a zero range is to be applied again, a later block's "clean" may be undone by
@@ -247,9 +272,19 @@ impl Recovered {
 
     /// Drops every cached copy of blocks `lba..lba + count`, shadows included: the range is
     /// newer than them, and a shadow written back after the range reached the backing device
-    /// would undo it there.
-    fn drop_range(&mut self, lba: u64, count: u64) {
-        if !self.shadows.is_empty() {
+    /// would undo it there. With `keep_before` (a zero range applied in order later), dirty
+    /// copies logged before that position (the range's flush epoch) are kept as shadows
+    /// instead, and existing shadows stay: writeback owes them to the backing device first.
+    fn drop_range(&mut self, lba: u64, count: u64, keep_before: Option<(u64, u32)>) {
+        let gone = |r: &mut Recovered, c: u32, l: u64| {
+            let pos = (r.segments[r.index_geo_slot(c)].id, c % r.blocks_per_segment);
+            if r.dirty_mask[c as usize] != 0 && keep_before.is_some_and(|k| pos < k) {
+                r.shadows.insert(c, l);
+            } else {
+                r.drop_block(c);
+            }
+        };
+        if !self.shadows.is_empty() && keep_before.is_none() {
             let gone: Vec<u32> = self
                 .shadows
                 .iter()
@@ -264,14 +299,17 @@ impl Recovered {
         if count <= self.index.block_count() as u64 {
             for l in lba..lba + count {
                 if let Some(c) = self.index.remove(l) {
-                    self.drop_block(c);
+                    gone(self, c, l);
                 }
             }
         } else {
             for c in 0..self.index.block_count() {
-                if matches!(self.index.lba_of(c), Some(l) if l >= lba && l - lba < count) {
-                    self.index.remove_block(c);
-                    self.drop_block(c);
+                match self.index.lba_of(c) {
+                    Some(l) if l >= lba && l - lba < count => {
+                        self.index.remove_block(c);
+                        gone(self, c, l);
+                    }
+                    _ => {}
                 }
             }
         }
@@ -316,7 +354,15 @@ impl Recovered {
             seqs: Seqs::new(self.last_seq, epoch),
             health: Health::default(),
             room: Room::default(),
-            writeback: WritebackState::new(self.writeback_seq.min(self.last_seq)),
+            writeback: {
+                let mut w = WritebackState::new(self.writeback_seq.min(self.last_seq));
+                if self.consistent {
+                    for z in &self.zero_ranges {
+                        w.zero_pending(z.seq, z.segment_id, z.block);
+                    }
+                }
+                w
+            },
             epochs,
             zeros: self.zeros,
             promotion: Promotion::new(promote_pause),

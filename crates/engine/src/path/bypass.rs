@@ -23,6 +23,8 @@ use crate::error::{Error, Result};
 use crate::format::chunk::{Entry, KIND_DROP, KIND_ZERO};
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::inner::{check_usable, mark_failed, Inner};
+use crate::io::BlockDevice;
+use crate::open::recover::ZeroRange;
 use crate::state::State;
 use crate::tunables;
 use std::time::Duration;
@@ -40,8 +42,13 @@ fn blocks_of(offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
 
 /// Whether the write must go the write-back way: a block of the range has a dirty cached copy,
 /// or (in flush-epoch order) anything is dirty, since data reaching the backing device now
-/// would overtake older epochs still in the cache.
+/// would overtake older epochs still in the cache; or a write-zeroes of a block of the range is
+/// on its way to the backing device, where its zeros could land after this write's data (the
+/// cache would then keep a clean copy the backing device no longer holds).
 fn any_dirty(st: &State, first: u64, end: u64) -> bool {
+    if st.bypass.zeroing_any(first, end) {
+        return true;
+    }
     if st.blocks.dirty_blocks() == 0 {
         return false;
     }
@@ -160,12 +167,28 @@ pub fn write_through(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()
         return write::write(inner, offset_bytes, data, true);
     }
     let mut st = log_range(inner, st, KIND_DROP, first, end)?;
+    if st.bypass.zeroing_any(first, end) {
+        // A zeroing began while this waited for room in the log.
+        drop(st);
+        return write::write(inner, offset_bytes, data, true);
+    }
     st.counters.write_through_writes += 1;
-    bypass_io(inner, st, || {
+    // Under way until its clean copy is logged: a zero range logged before that could land
+    // its zeros after this data and leave the clean copy wrong.
+    st.bypass.begin_writing(first, end);
+    let res = bypass_io(inner, st, || {
         wait_durable(inner)?;
         backing_write(inner, offset_bytes, data)
-    })?;
-    write::write(inner, offset_bytes, data, false)
+    })
+    .and_then(|()| write::write(inner, offset_bytes, data, false));
+    end_writing(inner, first, end);
+    res
+}
+
+/// A bypass write is over: a zero range waiting for it may go on.
+fn end_writing(inner: &Inner, first: u64, end: u64) {
+    inner.state.lock().bypass.end_writing(first, end);
+    inner.progress.notify_all();
 }
 
 /// Write-around: the data goes to the backing device only; cached copies are dropped.
@@ -180,13 +203,21 @@ pub fn write_around(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()>
     st.counters.writes += 1;
     st.counters.write_bytes += data.len() as u64;
     st.counters.write_around_writes += 1;
-    let st = log_range(inner, st, KIND_DROP, first, end)?;
+    let mut st = log_range(inner, st, KIND_DROP, first, end)?;
+    if st.bypass.zeroing_any(first, end) {
+        // A zeroing began while this waited for room in the log.
+        drop(st);
+        return write::write(inner, offset_bytes, data, true);
+    }
     // In flight from the logging on (defect: raised after the sync, a read miss in between
     // promoted the old backing data, and nothing killed that copy).
-    bypass_io(inner, st, || {
+    st.bypass.begin_writing(first, end);
+    let res = bypass_io(inner, st, || {
         wait_durable(inner)?;
         backing_write(inner, offset_bytes, data)
-    })
+    });
+    end_writing(inner, first, end);
+    res
 }
 
 /// Write-zeroes: afterwards the range reads as zeros in every mode.
@@ -343,6 +374,15 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
             return Err(e);
         }
         if !begun {
+            if st.bypass.writing_any(first, end) {
+                // A write-through or write-around of the range is under way: the zeros go
+                // after it (logged first, they could land before its data on the backing
+                // device while its copy is logged clean after them). Later ones see this
+                // zeroing and go the write-back way.
+                drop(order);
+                inner.progress.wait_for(&mut st, Duration::from_millis(100));
+                continue;
+            }
             st.bypass.begin_zeroing(first, end);
             begun = true;
         }
@@ -429,6 +469,48 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
     drop(st);
     drop(order);
     res
+}
+
+/// Writes recovered zero range `z` to the backing device (not synced).
+pub fn reapply_zeros(backing: &dyn BlockDevice, z: &ZeroRange) -> Result<()> {
+    let (off, len) = (z.lba * BLOCK_SIZE_BYTES, z.count * BLOCK_SIZE_BYTES);
+    backing.write_zeroes(off, len).map_err(|e| {
+        Error::io(
+            format!("re-applying a logged zero range ({len} bytes at {off}) to the backing device"),
+            e,
+        )
+    })
+}
+
+/// Open, with `writeback_order = consistent`: applies the zero ranges recovery found logged
+/// and not applied (registered as pending, so writeback stops at them), in log order, each once
+/// every dirty block logged before it is on the backing device, so that device stays a past
+/// state of the disk (applied at once, they landed before older epochs). Open waits for it, so
+/// no request can read or write the ranges meanwhile.
+pub fn apply_recovered_zeros(inner: &Inner, zeros: &[ZeroRange]) -> Result<()> {
+    for (i, z) in zeros.iter().enumerate() {
+        wait_for_older(inner, z.seq)?;
+        let last_of_chunk = zeros.get(i + 1).is_none_or(|next| next.seq != z.seq);
+        {
+            let _order = inner.backing_order.lock();
+            reapply_zeros(&*inner.backing, z)?;
+            if last_of_chunk {
+                inner
+                    .backing
+                    .flush()
+                    .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))?;
+                inner.superblock.advance_zero_applied(z.seq)?;
+            }
+        }
+        let mut st = inner.state.lock();
+        st.writeback.zero_applied(z.seq);
+        if last_of_chunk {
+            st.counters.superblock_writes += 1;
+            inner.progress.notify_all();
+            inner.writeback_wake.notify_one();
+        }
+    }
+    Ok(())
 }
 
 /// Waits until the zero range first logged in chunk `seq` is the oldest not yet applied and

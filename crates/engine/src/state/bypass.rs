@@ -27,6 +27,11 @@ pub struct Bypass {
     /// backing device not yet zeroed. A read miss there returns zeros, not the backing
     /// device's old data (older than the dirty copies the range dropped).
     zeroing: Vec<(u64, u64)>,
+    /// Write-through and write-around writes `[first, end)` (blocks) between their drop range's
+    /// logging and their end (for write-through: its clean copy logged). A zero range over them
+    /// waits: logged meanwhile, its zeros could land on the backing device after their data,
+    /// behind a clean copy logged after the range.
+    writing: Vec<(u64, u64)>,
 }
 
 impl Bypass {
@@ -79,6 +84,32 @@ impl Bypass {
         self.zeroing
             .iter()
             .any(|&(first, end)| first <= lba && lba < end)
+    }
+
+    /// A bypass write to blocks `[first, end)` is under way (see `writing`).
+    pub fn begin_writing(&mut self, first: u64, end: u64) {
+        assert!(first < end, "an empty bypass write");
+        self.writing.push((first, end));
+    }
+
+    /// The bypass write to blocks `[first, end)` is over (done or failed).
+    pub fn end_writing(&mut self, first: u64, end: u64) {
+        let i = self
+            .writing
+            .iter()
+            .position(|&r| r == (first, end))
+            .expect("ending a bypass write that did not begin");
+        self.writing.swap_remove(i);
+    }
+
+    /// Whether a bypass write under way touches a block of `[first, end)`.
+    pub fn writing_any(&self, first: u64, end: u64) -> bool {
+        self.writing.iter().any(|&(f, e)| f < end && first < e)
+    }
+
+    /// Whether a zero range being applied covers a block of `[first, end)`.
+    pub fn zeroing_any(&self, first: u64, end: u64) -> bool {
+        self.zeroing.iter().any(|&(f, e)| f < end && first < e)
     }
 
     /// Whether any bypass IO is in flight (read misses are not promoted meanwhile).

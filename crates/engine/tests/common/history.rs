@@ -219,6 +219,11 @@ impl History {
         }
     }
 
+    /// Whether the power is off (acknowledgements do not count).
+    pub fn is_dead(&self) -> bool {
+        self.dead
+    }
+
     /// The power fails now: acknowledgements from here on do not count.
     pub fn power_off(&mut self) {
         self.dead = true;

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+pub mod epoch_log;
 pub mod epochs;
 
 use logcache_engine::io::BlockDevice;
