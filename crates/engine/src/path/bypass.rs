@@ -157,66 +157,77 @@ fn bypass_io<'a>(
     res
 }
 
-/// Write-through: the data reaches the backing device, then the log as a clean block.
+/// Logs the drop range of a write-through or write-around of blocks `[first, end)` and marks it
+/// under way (`Bypass::writing`), once no other such write of those blocks is: overlapping
+/// ones go one after the other, so a clean copy is never logged after a newer write's drop
+/// range (a power cut that lost the newer clean copy would replay the older one over the
+/// backing device's newer data; without a cut the cache would keep the older one). `None`: the
+/// write must go the write-back way instead (`any_dirty`).
+fn begin_bypass_write(
+    inner: &Inner,
+    first: u64,
+    end: u64,
+) -> Result<Option<MutexGuard<'_, State>>> {
+    let mut st = inner.state.lock();
+    loop {
+        check_usable(&st)?;
+        if any_dirty(&st, first, end) {
+            return Ok(None);
+        }
+        if st.bypass.writing_any(first, end) {
+            inner.progress.wait_for(&mut st, Duration::from_millis(100));
+            continue;
+        }
+        st = log_range(inner, st, KIND_DROP, first, end)?;
+        // Another write (or a zeroing) of these blocks may have begun while this one waited
+        // for room in the log: then log the range again once it is over.
+        if !st.bypass.writing_any(first, end) && !any_dirty(&st, first, end) {
+            st.bypass.begin_writing(first, end);
+            return Ok(Some(st));
+        }
+    }
+}
+
+/// A bypass write is over: a write or zero range of its blocks waiting for it may go on.
+fn end_bypass_write(inner: &Inner, first: u64, end: u64) {
+    inner.state.lock().bypass.end_writing(first, end);
+    inner.progress.notify_all();
+}
+
+/// Write-through: the data reaches the backing device, then the log as a clean block. Under
+/// way until the clean copy is logged: a zero range logged before that could land its zeros
+/// after this data and leave the clean copy wrong.
 pub fn write_through(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()> {
     let (first, end) = blocks_of(offset_bytes, data.len() as u64);
-    let st = inner.state.lock();
-    check_usable(&st)?;
-    if any_dirty(&st, first, end) {
-        drop(st);
+    let Some(mut st) = begin_bypass_write(inner, first, end)? else {
         return write::write(inner, offset_bytes, data, true);
-    }
-    let mut st = log_range(inner, st, KIND_DROP, first, end)?;
-    if st.bypass.zeroing_any(first, end) {
-        // A zeroing began while this waited for room in the log.
-        drop(st);
-        return write::write(inner, offset_bytes, data, true);
-    }
+    };
     st.counters.write_through_writes += 1;
-    // Under way until its clean copy is logged: a zero range logged before that could land
-    // its zeros after this data and leave the clean copy wrong.
-    st.bypass.begin_writing(first, end);
     let res = bypass_io(inner, st, || {
         wait_durable(inner)?;
         backing_write(inner, offset_bytes, data)
     })
     .and_then(|()| write::write(inner, offset_bytes, data, false));
-    end_writing(inner, first, end);
+    end_bypass_write(inner, first, end);
     res
-}
-
-/// A bypass write is over: a zero range waiting for it may go on.
-fn end_writing(inner: &Inner, first: u64, end: u64) {
-    inner.state.lock().bypass.end_writing(first, end);
-    inner.progress.notify_all();
 }
 
 /// Write-around: the data goes to the backing device only; cached copies are dropped.
 pub fn write_around(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()> {
     let (first, end) = blocks_of(offset_bytes, data.len() as u64);
-    let mut st = inner.state.lock();
-    check_usable(&st)?;
-    if any_dirty(&st, first, end) {
-        drop(st);
+    let Some(mut st) = begin_bypass_write(inner, first, end)? else {
         return write::write(inner, offset_bytes, data, true);
-    }
+    };
     st.counters.writes += 1;
     st.counters.write_bytes += data.len() as u64;
     st.counters.write_around_writes += 1;
-    let mut st = log_range(inner, st, KIND_DROP, first, end)?;
-    if st.bypass.zeroing_any(first, end) {
-        // A zeroing began while this waited for room in the log.
-        drop(st);
-        return write::write(inner, offset_bytes, data, true);
-    }
     // In flight from the logging on (defect: raised after the sync, a read miss in between
     // promoted the old backing data, and nothing killed that copy).
-    st.bypass.begin_writing(first, end);
     let res = bypass_io(inner, st, || {
         wait_durable(inner)?;
         backing_write(inner, offset_bytes, data)
     });
-    end_writing(inner, first, end);
+    end_bypass_write(inner, first, end);
     res
 }
 
