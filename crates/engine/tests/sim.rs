@@ -650,13 +650,8 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
                     e.stats().recovery
                 );
             }
-            let vals: Vec<Val> = image
-                .chunks(SECTOR)
-                .enumerate()
-                .map(|(s, b)| decode(s as u64, b).expect("checked"))
-                .collect();
             let at = m.tick();
-            shared.epochs.lock().recovered(&vals, at);
+            shared.epochs.lock().recovered(&m.recovered_effects(), at);
         }
         // The zero ranges recovery rebuilt from the log: every sector called zero reads so.
         let mut extents = Vec::new();

@@ -114,24 +114,18 @@ impl EpochLog {
         self.barriers.push(b);
     }
 
-    /// After a power cut, recovery returned `vals` (checked by `History` first) at time `at`:
-    /// logged as one write per sector, durable at once.
-    pub fn recovered(&mut self, vals: &[Val], at: u64) {
-        assert_eq!(vals.len(), self.sectors.len());
+    /// After a power cut, recovery returned `effects` (`History::recovered_effects`: its
+    /// values, `Trim` where only a TRIM allowed them) at time `at`: logged as one write per
+    /// sector, durable at once.
+    pub fn recovered(&mut self, effects: &[Effect], at: u64) {
+        assert_eq!(effects.len(), self.sectors.len());
         // What was in flight at the cut is over: it happened or not before `at`.
         for ops in &mut self.sectors {
             for o in ops.iter_mut().filter(|o| o.complete == NEVER) {
                 o.complete = at - 1;
             }
         }
-        for (s, v) in vals.iter().enumerate() {
-            let effect = match *v {
-                Val::Data(id) => Effect::Data(id),
-                Val::Zeros => Effect::Zeros,
-            };
-            // A value only a TRIM allowed keeps the sector trimmed (as `History` does).
-            let direct = self.sectors[s].iter().any(|o| o.effect == effect);
-            let effect = if direct { effect } else { Effect::Trim };
+        for (s, &effect) in effects.iter().enumerate() {
             self.sectors[s].push(Op {
                 effect,
                 invoke: at,

@@ -219,6 +219,18 @@ impl History {
         }
     }
 
+    /// What each sector holds as far as the model knows: after `check_recovered`, the
+    /// recovered value (`Trim` where only a TRIM allowed it).
+    pub fn recovered_effects(&self) -> Vec<Effect> {
+        self.sectors
+            .iter()
+            .map(|entries| {
+                assert_eq!(entries.len(), 1, "called right after check_recovered");
+                entries[0].effect
+            })
+            .collect()
+    }
+
     /// Whether the power is off (acknowledgements do not count).
     pub fn is_dead(&self) -> bool {
         self.dead
