@@ -51,6 +51,34 @@ fn eventually(mut cond: impl FnMut() -> bool) -> bool {
 /// Defect 3: a cache read error in the relocator (background threads) fails the engine with a
 /// reason that status shows and requests receive; before the fix the flusher thread exited
 /// quietly, and every later flush and room-waiting write hung.
+/// An engine over `pair` whose backing device is behind a gate (small RAM, no periodic seal).
+fn gated_engine(pair: &SimPair) -> (Arc<GateDevice>, Engine) {
+    let backing = Arc::new(GateDevice::new(pair.backing()));
+    let opts = OpenOptions {
+        ram_buffer_bytes: 4 * SEG_64K,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+    (backing, e)
+}
+
+/// Starts a write-zeroes of block `lba` and waits until its backing zeroing is held.
+fn held_zeroing(
+    e: &Engine,
+    backing: &GateDevice,
+    lba: u64,
+) -> std::thread::JoinHandle<Result<(), Error>> {
+    backing.hold(OpKind::Discard);
+    let zeroer = e.clone();
+    let zeroing = std::thread::spawn(move || zeroer.write_zeroes(lba * 4096, 4096, false));
+    assert!(
+        backing.wait_held(OpKind::Discard, 1, HANG),
+        "the write-zeroes never zeroed the backing device"
+    );
+    zeroing
+}
+
 #[test]
 fn a_relocator_read_error_fails_the_engine_instead_of_hanging() {
     let pair = SimPair::new(MIB + 32 * SEG_64K, 64 * MIB, SEG_64K);
@@ -302,24 +330,12 @@ fn a_read_during_a_zeroing_returns_zeros_not_older_backing_data() {
     let pair = SimPair::new(MIB + 32 * SEG_64K, 16 * MIB, SEG_64K);
     let lba = 300u64;
     pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
-    let backing = Arc::new(GateDevice::new(pair.backing()));
-    let opts = OpenOptions {
-        ram_buffer_bytes: 4 * SEG_64K,
-        seal_interval_ms: Some(0),
-        ..OpenOptions::default()
-    };
-    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+    let (backing, e) = gated_engine(&pair);
     // Writeback stays out of the way: the block stays dirty, the backing device old.
     e.set_tunable("writeback_threshold_percent", "100").unwrap();
     e.write(lba * 4096, &[0x33; 4096], false).unwrap();
     e.flush().unwrap();
-    backing.hold(OpKind::Discard);
-    let zeroer = e.clone();
-    let zeroing = std::thread::spawn(move || zeroer.write_zeroes(lba * 4096, 4096, false));
-    assert!(
-        backing.wait_held(OpKind::Discard, 1, HANG),
-        "the write-zeroes never zeroed the backing device"
-    );
+    let zeroing = held_zeroing(&e, &backing, lba);
     let mut buf = [0u8; 4096];
     e.read(lba * 4096, &mut buf).unwrap();
     assert!(
@@ -550,21 +566,9 @@ fn a_write_through_during_a_zeroing_is_not_wiped_by_it() {
     for mode in ["write-through", "write-around"] {
         let pair = SimPair::new(MIB + 32 * SEG_64K, 16 * MIB, SEG_64K);
         let lba = 300u64;
-        let backing = Arc::new(GateDevice::new(pair.backing()));
-        let opts = OpenOptions {
-            ram_buffer_bytes: 4 * SEG_64K,
-            seal_interval_ms: Some(0),
-            ..OpenOptions::default()
-        };
-        let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+        let (backing, e) = gated_engine(&pair);
         e.set_tunable("cache_mode", mode).unwrap();
-        backing.hold(OpKind::Discard);
-        let zeroer = e.clone();
-        let zeroing = std::thread::spawn(move || zeroer.write_zeroes(lba * 4096, 4096, false));
-        assert!(
-            backing.wait_held(OpKind::Discard, 1, HANG),
-            "{mode}: the write-zeroes never zeroed the backing device"
-        );
+        let zeroing = held_zeroing(&e, &backing, lba);
         // Whichever way the write goes, it returns without the held zeroing, which must then
         // not overtake it on the backing device.
         let writer = e.clone();
@@ -595,13 +599,7 @@ fn a_write_through_during_a_zeroing_is_not_wiped_by_it() {
 fn overlapping_write_through_writes_go_one_after_the_other() {
     let pair = SimPair::new(MIB + 32 * SEG_64K, 16 * MIB, SEG_64K);
     let lba = 300u64;
-    let backing = Arc::new(GateDevice::new(pair.backing()));
-    let opts = OpenOptions {
-        ram_buffer_bytes: 4 * SEG_64K,
-        seal_interval_ms: Some(0),
-        ..OpenOptions::default()
-    };
-    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+    let (backing, e) = gated_engine(&pair);
     e.set_tunable("cache_mode", "write-through").unwrap();
     backing.hold(OpKind::Write);
     let w1 = e.clone();
