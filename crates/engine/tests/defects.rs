@@ -631,3 +631,63 @@ fn overlapping_write_through_writes_go_one_after_the_other() {
         "the backing device"
     );
 }
+
+/// Found by the SIGKILL soak (issue 19, its long run with write-zeroes: a partial write lost
+/// one cycle after it was verified). A dirty copy replaced by a write of a later flush epoch
+/// replays as a shadow (writeback still owes it). When recovery applies a zero range again, it
+/// writes the blocks logged after it straight to the backing device and marks them clean; the
+/// older shadow of the same block stayed dirty, and writeback then wrote it over the newer
+/// data. The cache's copy, clean, read right until it was evicted; then the block read the
+/// older data. Here: promote block L (all sectors valid, clean), write sectors 0-1 and flush,
+/// hold a write-zeroes of another block at the backing device, write sectors 0-5 and flush,
+/// cut the power, recover and drain. Before the fix the backing device held the older write in
+/// sectors 0-1.
+#[test]
+fn an_older_shadow_is_not_written_back_over_a_block_recovery_wrote_back() {
+    let pair = SimPair::new(MIB + 32 * SEG_64K, 16 * MIB, SEG_64K);
+    let (lba, other) = (400u64, 500u64);
+    pair.backing.write_raw(lba * 4096, &[0x55; 4096]);
+    let (backing, e) = gated_engine(&pair);
+    // Sorted order (the soak's): recovery applies the zero range at once and writes back the
+    // blocks logged after it (flush-epoch order defers both to writeback). Writeback stays out
+    // of the way: the older write stays dirty.
+    e.set_tunable("writeback_order", "sorted").unwrap();
+    e.set_tunable("writeback_threshold_percent", "100").unwrap();
+    e.set_tunable("writeback_idle_ms", "0").unwrap();
+    let mut buf = [0u8; 4096];
+    e.read(lba * 4096, &mut buf).unwrap();
+    assert_eq!(e.stats().counters.promotions, 1, "the read promotes the block");
+    e.write(lba * 4096, &[0x11; 1024], false).unwrap();
+    e.flush().unwrap();
+    let zeroing = held_zeroing(&e, &backing, other);
+    // Logged after the zero range, in a later flush epoch than the older write.
+    e.write(lba * 4096, &[0x22; 3072], false).unwrap();
+    e.flush().unwrap();
+    let (cache_cut, backing_cut) = (power_cut_copy(&pair.cache), power_cut_copy(&pair.backing));
+    backing.release(OpKind::Discard);
+    zeroing.join().unwrap().unwrap();
+    e.close().unwrap();
+    let backing_cut = Arc::new(backing_cut);
+    let opts = OpenOptions {
+        ram_buffer_bytes: 4 * SEG_64K,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e2 = Engine::open(Arc::new(cache_cut), backing_cut.clone(), opts).unwrap();
+    assert_eq!(e2.stats().recovery.zero_ranges_reapplied, 1);
+    e2.drain(|_| {}).unwrap();
+    e2.read(lba * 4096, &mut buf).unwrap();
+    assert_eq!(buf[..3072], [0x22; 3072], "the cache's copy");
+    // What the block reads once the clean copy is evicted.
+    let mut on_backing = [0u8; 4096];
+    backing_cut.read_at(&mut on_backing, lba * 4096).unwrap();
+    for s in 0..8 {
+        let want = if s < 6 { 0x22 } else { 0x55 };
+        assert_eq!(
+            on_backing[s * 512],
+            want,
+            "sector {s} of block {lba} on the backing device after recovery and a drain"
+        );
+    }
+    e2.close().unwrap();
+}
