@@ -656,7 +656,11 @@ fn an_older_shadow_is_not_written_back_over_a_block_recovery_wrote_back() {
     e.set_tunable("writeback_idle_ms", "0").unwrap();
     let mut buf = [0u8; 4096];
     e.read(lba * 4096, &mut buf).unwrap();
-    assert_eq!(e.stats().counters.promotions, 1, "the read promotes the block");
+    assert_eq!(
+        e.stats().counters.promotions,
+        1,
+        "the read promotes the block"
+    );
     e.write(lba * 4096, &[0x11; 1024], false).unwrap();
     e.flush().unwrap();
     let zeroing = held_zeroing(&e, &backing, other);

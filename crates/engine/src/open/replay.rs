@@ -3,7 +3,7 @@
 //! back blocks a re-applied zero range may have made wrong, and hand the result over as the
 //! engine's starting `State`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -242,15 +242,37 @@ impl Recovered {
         Ok(())
     }
 
-    /// Marks the distrusted blocks clean again once `write_back_distrusted` is synced.
+    /// Marks the distrusted blocks clean again once `write_back_distrusted` is synced, and
+    /// drops the shadows of those blocks: the backing device now holds newer data than they
+    /// do. (Kept, writeback wrote them over it later, and once the clean newest copy was
+    /// evicted the block read the older data: found by the SIGKILL soak, issue 19.)
     pub fn distrusted_written_back(&mut self) {
+        let mut written_back = HashSet::new();
         for (c, lba) in std::mem::take(&mut self.distrusted) {
-            if self.index.lba_of(c) == Some(lba) && self.dirty_mask[c as usize] != 0 {
+            if self.index.lba_of(c) != Some(lba) {
+                continue; // replaced later in the log; `write_back_distrusted` skipped it
+            }
+            written_back.insert(lba);
+            if self.dirty_mask[c as usize] != 0 {
                 let slot = self.index_geo_slot(c);
                 self.dirty_mask[c as usize] = 0;
                 self.dirty_blocks -= 1;
                 self.segments[slot].dirty_blocks -= 1;
             }
+        }
+        if self.shadows.is_empty() || written_back.is_empty() {
+            return;
+        }
+        let older: Vec<u32> = self
+            .shadows
+            .iter()
+            .filter(|&(_, lba)| written_back.contains(lba))
+            .map(|(&c, _)| c)
+            .collect();
+        for c in older {
+            self.shadows.remove(&c);
+            self.drop_block(c);
+            assert_eq!(self.dirty_mask[c as usize], 0, "a dropped shadow is clean");
         }
     }
 
