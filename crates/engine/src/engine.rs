@@ -309,15 +309,7 @@ impl Engine {
         out: &mut Vec<Extent>,
     ) -> Result<()> {
         assert!(len_bytes > 0 && max_extents > 0, "empty block status query");
-        if offset_bytes
-            .checked_add(len_bytes)
-            .is_none_or(|end| end > self.size_bytes())
-        {
-            return Err(Error::InvalidArgument(format!(
-                "range {offset_bytes}+{len_bytes} runs past the end of the {}-byte disk",
-                self.size_bytes()
-            )));
-        }
+        self.check_within(offset_bytes, len_bytes)?;
         status::block_status(&self.inner, offset_bytes, len_bytes, max_extents, out)
     }
 
@@ -457,15 +449,7 @@ impl Engine {
         max_runs: usize,
     ) -> Result<Vec<(u64, bool)>> {
         assert!(len_bytes > 0 && max_runs > 0, "empty checkpoint query");
-        if offset_bytes
-            .checked_add(len_bytes)
-            .is_none_or(|end| end > self.size_bytes())
-        {
-            return Err(Error::InvalidArgument(format!(
-                "range {offset_bytes}+{len_bytes} runs past the end of the {}-byte disk",
-                self.size_bytes()
-            )));
-        }
+        self.check_within(offset_bytes, len_bytes)?;
         checkpoints::changed_runs(&self.inner, name, offset_bytes, len_bytes, max_runs)
     }
 
@@ -577,6 +561,11 @@ impl Engine {
                 "offset {offset_bytes} and length {len_bytes} must be multiples of {SECTOR_SIZE_BYTES}"
             )));
         }
+        self.check_within(offset_bytes, len_bytes)
+    }
+
+    /// The range lies inside the disk (any alignment: block status and checkpoint queries).
+    fn check_within(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
         match offset_bytes.checked_add(len_bytes) {
             Some(end) if end <= self.size_bytes() => Ok(()),
             _ => Err(Error::InvalidArgument(format!(

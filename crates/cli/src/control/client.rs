@@ -43,6 +43,12 @@ impl ControlClient {
     }
 
     fn call_reply(&mut self) -> Result<Value> {
+        let v = self.read_reply()?;
+        final_reply(v)
+    }
+
+    /// One JSON line from the control socket.
+    fn read_reply(&mut self) -> Result<Value> {
         let mut reply = String::new();
         let n = self
             .reader
@@ -51,16 +57,8 @@ impl ControlClient {
         if n == 0 {
             bail!("logcache closed the control connection before replying (did it stop?)");
         }
-        let v: Value = serde_json::from_str(&reply)
-            .with_context(|| format!("bad reply on the control socket: {reply:?}"))?;
-        if v.get("ok") == Some(&Value::Bool(true)) {
-            return Ok(v);
-        }
-        let msg = v
-            .get("error")
-            .and_then(Value::as_str)
-            .unwrap_or("unknown error");
-        bail!("{msg}");
+        serde_json::from_str(&reply)
+            .with_context(|| format!("bad reply on the control socket: {reply:?}"))
     }
 
     /// Sends one request and returns the final reply, handing each progress line to
@@ -72,28 +70,24 @@ impl ControlClient {
             .write_all(line.as_bytes())
             .context("sending to the control socket")?;
         loop {
-            let mut reply = String::new();
-            let n = self
-                .reader
-                .read_line(&mut reply)
-                .context("reading from the control socket")?;
-            if n == 0 {
-                bail!("logcache closed the control connection before replying (did it stop?)");
-            }
-            let v: Value = serde_json::from_str(&reply)
-                .with_context(|| format!("bad reply on the control socket: {reply:?}"))?;
+            let v = self.read_reply()?;
             if let Some(p) = v.get("progress") {
                 on_progress(p);
                 continue;
             }
-            if v.get("ok") == Some(&Value::Bool(true)) {
-                return Ok(v);
-            }
-            let msg = v
-                .get("error")
-                .and_then(Value::as_str)
-                .unwrap_or("unknown error");
-            bail!("{msg}");
+            return final_reply(v);
         }
     }
+}
+
+/// A final reply: itself when it says ok, else its error as the message.
+fn final_reply(v: Value) -> Result<Value> {
+    if v.get("ok") == Some(&Value::Bool(true)) {
+        return Ok(v);
+    }
+    let msg = v
+        .get("error")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown error");
+    bail!("{msg}");
 }
