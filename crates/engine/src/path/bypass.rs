@@ -183,6 +183,7 @@ fn begin_bypass_write(
         // for room in the log: then log the range again once it is over.
         if !st.bypass.writing_any(first, end) && !any_dirty(&st, first, end) {
             st.bypass.begin_writing(first, end);
+            st.bypass.spoil_trims(first, end);
             return Ok(Some(st));
         }
     }
@@ -314,10 +315,16 @@ pub fn trim(inner: &Inner, offset_bytes: u64, len_bytes: u64) -> Result<()> {
     // need not stall for that) and taken again only for the discard, which must not overtake
     // a batch in flight.
     let mut lba = first;
+    let mut begun = false;
     loop {
         let order = inner.backing_order.lock();
         let mut st = inner.state.lock();
-        check_usable(&st)?;
+        if let Err(e) = check_usable(&st) {
+            if begun {
+                st.bypass.end_trimming(first, end);
+            }
+            return Err(e);
+        }
         if !trim_in_order(&st) {
             // In flush-epoch order, with older data still owed to the backing device, the hint
             // is left out altogether: a drop range would also drop dirty copies of older epochs,
@@ -328,7 +335,14 @@ pub fn trim(inner: &Inner, offset_bytes: u64, len_bytes: u64) -> Result<()> {
             // still count the blocks while running (an over-report is allowed); after a power
             // cut they may forget them, which is right since nothing there changed.
             st.changes.mark(lba, end - lba);
+            if begun {
+                st.bypass.end_trimming(first, end);
+            }
             return Ok(());
+        }
+        if !begun {
+            st.bypass.begin_trimming(first, end);
+            begun = true;
         }
         (lba, _, _, _) = log_range_some(&mut st, inner, KIND_DROP, lba, end);
         if lba == end {
@@ -336,15 +350,25 @@ pub fn trim(inner: &Inner, offset_bytes: u64, len_bytes: u64) -> Result<()> {
             break;
         }
         drop(order);
-        drop(wait_for_room(inner, st)?);
+        match wait_for_room(inner, st) {
+            Ok(st) => drop(st),
+            Err(e) => {
+                inner.state.lock().bypass.end_trimming(first, end);
+                return Err(e);
+            }
+        }
     }
     let mut order = None;
     let res = (|| {
         wait_durable(inner)?;
         order = Some(inner.backing_order.lock());
-        if !trim_in_order(&inner.state.lock()) {
+        let st = inner.state.lock();
+        // A write of these blocks since the TRIM began may already be on the backing device
+        // (writeback ran while the drop range was synced): the discard must not land on it.
+        if !trim_in_order(&st) || st.bypass.trim_spoiled(first, end) {
             return Ok(());
         }
+        drop(st);
         let off = first * BLOCK_SIZE_BYTES;
         let len = (end - first) * BLOCK_SIZE_BYTES;
         // Devices without discard do nothing; either way the data there is older data.
@@ -357,6 +381,7 @@ pub fn trim(inner: &Inner, offset_bytes: u64, len_bytes: u64) -> Result<()> {
     })();
     let mut st = inner.state.lock();
     st.bypass.end_io();
+    st.bypass.end_trimming(first, end);
     st.promotion.invalidate();
     if res.is_err() {
         // Not a failed engine: the cached copies are dropped for good and the backing device
@@ -410,6 +435,7 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
                 continue;
             }
             st.bypass.begin_zeroing(first, end);
+            st.bypass.spoil_trims(first, end);
             begun = true;
         }
         let (next, seq, last, pos) = log_range_some(&mut st, inner, KIND_ZERO, lba, end);

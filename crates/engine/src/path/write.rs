@@ -98,6 +98,7 @@ fn write_block(
                 st.blocks.add_valid(c, new_mask);
                 st.counters.write_in_place += 1;
                 st.changes.mark(lba, 1);
+                st.bypass.spoil_trims(lba, lba + 1);
                 count_write(&mut st, true, new_mask);
                 return Ok(());
             }
@@ -168,6 +169,7 @@ fn write_block(
             false
         };
         st.changes.mark(lba, 1);
+        st.bypass.spoil_trims(lba, lba + 1);
         count_write(&mut st, hit, new_mask);
         return Ok(());
     }

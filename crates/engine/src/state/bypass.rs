@@ -32,6 +32,10 @@ pub struct Bypass {
     /// waits: logged meanwhile, its zeros could land on the backing device after their data,
     /// behind a clean copy logged after the range.
     writing: Vec<(u64, u64)>,
+    /// TRIMs `[first, end)` (blocks) between their start and their discard, and whether a
+    /// write, bypass write or zero range of their blocks began meanwhile: then the discard is
+    /// left out (a hint), since it could land on the backing device after that newer data.
+    trimming: Vec<(u64, u64, bool)>,
 }
 
 impl Bypass {
@@ -100,6 +104,41 @@ impl Bypass {
             .position(|&r| r == (first, end))
             .expect("ending a bypass write that did not begin");
         self.writing.swap_remove(i);
+    }
+
+    /// A TRIM of blocks `[first, end)` starts dropping cached copies.
+    pub fn begin_trimming(&mut self, first: u64, end: u64) {
+        assert!(first < end, "an empty TRIM");
+        self.trimming.push((first, end, false));
+    }
+
+    /// Blocks `[first, end)` take newer data (a write, a bypass write, a zero range): a TRIM
+    /// under way over any of them must not send its discard. Cheap when no TRIM is under way.
+    pub fn spoil_trims(&mut self, first: u64, end: u64) {
+        for r in self.trimming.iter_mut() {
+            if r.0 < end && first < r.1 {
+                r.2 = true;
+            }
+        }
+    }
+
+    /// Whether a block of the TRIM `[first, end)` took newer data since it began.
+    pub fn trim_spoiled(&self, first: u64, end: u64) -> bool {
+        self.trimming
+            .iter()
+            .find(|r| (r.0, r.1) == (first, end))
+            .expect("asking about a TRIM that did not begin")
+            .2
+    }
+
+    /// The TRIM of blocks `[first, end)` is over (discarded, left out or failed).
+    pub fn end_trimming(&mut self, first: u64, end: u64) {
+        let i = self
+            .trimming
+            .iter()
+            .position(|r| (r.0, r.1) == (first, end))
+            .expect("ending a TRIM that did not begin");
+        self.trimming.swap_remove(i);
     }
 
     /// Whether a bypass write under way touches a block of `[first, end)`.
