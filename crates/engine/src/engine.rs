@@ -338,6 +338,11 @@ impl Engine {
                 self.stop_thread();
                 return Err(e);
             }
+            // Seal and ask for the final sync in the same lock hold as `begin_close`: a
+            // flusher thread that sees `closing` with no sync asked exits, and a chunk sealed
+            // after that would wait for it forever (a hang seen in `model.rs`). An error here
+            // is met again, and returned, by the wait below.
+            let _ = flusher::want_durable(&self.inner, &mut st);
         }
         // Relocation may queue chunks of its own while we wait; repeat until nothing is left.
         let res = loop {
