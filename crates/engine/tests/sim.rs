@@ -21,13 +21,24 @@
 //! - the power fails at a random step or after the last request: held IOs fail, each unsynced
 //!   write of both devices is kept, lost or torn, the cache is reopened and every sector is
 //!   checked against the durable history (the rules of `crash.rs`, for overlapping requests).
-//!   Then the next cycle runs on the recovered cache.
+//!   Then the next cycle runs on the recovered cache;
+//! - cache-loss schedules (a second set of seeds): the cache mode is fixed for the cycle (one
+//!   of the three), and at a random moment the cache device fails for good: from then on every
+//!   cache IO it receives fails with EIO, while requests and writeback go on. Then: no request
+//!   hangs; once the requests are done a flush is sent; the engine either serves (every read
+//!   still checked) or has failed with a reason and refuses IO; the backing device alone is a
+//!   past state of the disk (the epoch check); with no dirty data left (write-through,
+//!   write-around, or written back in time) it holds every acknowledged write, like a read
+//!   would. Then the power fails and the cache comes back as it was when it died: recovery
+//!   must keep every flush and FUA acknowledged, before or after the death.
 //!
 //! Environment: `LOGCACHE_SIM_SCHEDULES` (how many seeds, default `CI_SCHEDULES`),
 //! `LOGCACHE_SIM_SEED` (the first seed; default 0, and then one clock-chosen seed is added and
 //! printed), `LOGCACHE_SIM_CYCLES` (at most this many power cuts per schedule, default 1:
 //! schedules of several cycles find open bugs, see docs/RELIABILITY.md),
-//! `LOGCACHE_SIM_KEEP_GOING` (run every seed, then list the failures). A failure prints the seed and the command that replays it. The scheduler's
+//! `LOGCACHE_SIM_KEEP_GOING` (run every seed, then list the failures),
+//! `LOGCACHE_SIM_LOSS_SCHEDULES` and `LOGCACHE_SIM_LOSS_SEED` (the cache-loss seeds, default
+//! `CI_LOSS_SCHEDULES` from 0). A failure prints the seed and the command that replays it. The scheduler's
 //! determinism and its limits are described in `logcache_testkit::sched`; each schedule also
 //! prints a trace hash (`LOGCACHE_SIM_VERBOSE=1`) so two runs of a seed can be compared.
 //!
@@ -54,6 +65,12 @@ use parking_lot::Mutex;
 const KIB: u64 = 1024;
 /// Seeds CI runs (plus one chosen by the clock).
 const CI_SCHEDULES: u64 = 150;
+/// Cache-loss seeds CI runs.
+const CI_LOSS_SCHEDULES: u64 = 45;
+/// Steps after a cache loss by which every request and background IO must have stopped.
+const DEAD_STEPS_MAX: u64 = 20_000;
+/// The cache modes a cache-loss schedule fixes (`Case::fixed_mode`).
+const MODES: [&str; 3] = ["write-back", "write-through", "write-around"];
 /// A request running with no IO held this long is a hang.
 const HANG: Duration = Duration::from_secs(20);
 /// Longer than any quiescence wait can take on a loaded machine.
@@ -323,6 +340,16 @@ struct Totals {
     cuts_in_zeroing: u64,
     /// Steps spent waiting for a timer (no IO held, requests running).
     waits: u64,
+    /// Cache-loss cycles, per mode of `MODES`.
+    losses: [u64; 3],
+    /// ... after which the engine had failed (with a reason), per mode.
+    losses_failed: [u64; 3],
+    /// ... with no dirty data left, so the backing device alone was checked to hold every
+    /// acknowledged write, per mode.
+    losses_exact: [u64; 3],
+    /// ... where the engine failed with no dirty data left (service could have gone on from
+    /// the backing device alone; see docs/RELIABILITY.md).
+    losses_failed_clean: u64,
 }
 
 struct Case<'a> {
@@ -337,6 +364,10 @@ struct Case<'a> {
     trace_steps: bool,
     /// A slow IO is released about once in this many releases while others can run.
     slow_odds: u64,
+    /// A cache-loss cycle: no mode switches (the mode stays the one set at its start).
+    fixed_mode: bool,
+    /// The cache device has failed for good: every cache IO released fails.
+    cache_dead: bool,
 }
 
 impl Case<'_> {
@@ -406,7 +437,14 @@ impl Case<'_> {
                 name: ["a", "b", "c", "d", "e"][rng.below(5) as usize],
                 create: rng.chance(2, 3),
             },
-            _ => Req::Mode(["write-back", "write-through", "write-around"][rng.below(3) as usize]),
+            _ => {
+                let mode = MODES[rng.below(3) as usize];
+                if self.fixed_mode {
+                    Req::Flush
+                } else {
+                    Req::Mode(mode)
+                }
+            }
         }
     }
 
@@ -421,7 +459,8 @@ impl Case<'_> {
         } else {
             &held[self.rng.below(held.len() as u64) as usize]
         };
-        let fail = fault_odds > 0 && self.rng.chance(1, fault_odds);
+        let fail = (self.cache_dead && op.device == "cache")
+            || (fault_odds > 0 && self.rng.chance(1, fault_odds));
         if fail {
             self.shared.faulted.store(true, Ordering::SeqCst);
             self.totals.faults += 1;
@@ -435,8 +474,11 @@ impl Case<'_> {
     }
 }
 
-fn run_case(seed: u64, totals: &mut Totals) -> u64 {
+/// Runs schedule `seed`; `loss`: a cache-loss schedule (see the file's comment).
+fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
     let mut rng = Rng::new(seed);
+    // The cache loss draws from its own stream: the plain schedules stay as they were.
+    let mut loss_rng = Rng::new(seed ^ 0x6c6f_7373_6361_6368);
     let segment = [32 * KIB, 64 * KIB][rng.below(2) as usize];
     let cache_bytes = (1 << 20) + segment * rng.range(8, 32);
     let cache_data_bytes = live_bytes_max(cache_bytes, segment);
@@ -484,6 +526,8 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
         trace: 0xcbf2_9ce4_8422_2325,
         trace_steps: std::env::var("LOGCACHE_SIM_VERBOSE").is_ok_and(|v| v == "2"),
         slow_odds: 1,
+        fixed_mode: loss,
+        cache_dead: false,
     };
     for cycle in 0..cycles {
         case.totals.cycles += 1;
@@ -504,6 +548,11 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
         let depth = case.rng.range(1, 4).to_string();
         e.set_tunable("writeback_io_depth", &depth).unwrap();
         e.set_tunable("writeback_idle_ms", "0").unwrap();
+        let mode = loss_rng.below(3) as usize;
+        if loss {
+            e.set_tunable("cache_mode", MODES[mode]).unwrap();
+        }
+        case.cache_dead = false;
         case.settle();
         shared.faulted.store(false, Ordering::SeqCst);
         sched.set_mode(GateMode::Scheduled);
@@ -536,6 +585,12 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
         }
         let mut slow_held_since: Option<u64> = None;
         let mut stuck_since: Option<Instant> = None;
+        // Cache loss: the device dies once this many requests started (at a random step after
+        // that), or when the last one is done; a flush follows once every request returned.
+        let die_after = loss_rng.range(0, requests_left);
+        let mut started = 0;
+        let mut final_flush = loss;
+        let mut dead_steps = 0;
         loop {
             case.settle();
             case.check_errors();
@@ -543,22 +598,49 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
             let held = sched.held();
             let idle: Vec<usize> = (0..workers.len()).filter(|&i| !workers[i].busy()).collect();
             let can_start = requests_left > 0 && !idle.is_empty();
+            if loss
+                && !case.cache_dead
+                && started >= die_after
+                && (loss_rng.chance(1, 4) || requests_left == 0)
+            {
+                case.note("the cache device dies");
+                case.cache_dead = true;
+                shared.faulted.store(true, Ordering::SeqCst);
+                case.totals.faults += 1;
+            }
+            if case.cache_dead {
+                // Retrying a dead device for ever is a hang too, with IO held.
+                dead_steps += 1;
+                assert!(
+                    dead_steps < DEAD_STEPS_MAX,
+                    "cycle {cycle}: {DEAD_STEPS_MAX} steps after the cache device died, IO still \
+                     goes on: {:?}; engine: {:?}",
+                    held.iter().map(|h| (h.device, h.kind)).collect::<Vec<_>>(),
+                    e.stats().failed
+                );
+            }
             if held.iter().any(|h| slow.contains(&(h.device, h.kind))) {
                 let since = *slow_held_since.get_or_insert(case.totals.steps);
-                if cut_in_window.is_some_and(|n| case.totals.steps - since >= n) {
+                if !loss && cut_in_window.is_some_and(|n| case.totals.steps - since >= n) {
                     case.cut_note("crash in a slow IO's window", &held);
                     break;
                 }
             } else {
                 slow_held_since = None;
             }
-            if requests_left == 0 && cut_when_done && !held.is_empty() {
+            if !loss && requests_left == 0 && cut_when_done && !held.is_empty() {
                 // The power fails with IOs still held (a zeroing, a sync in flight).
                 case.cut_note("crash with IO held", &held);
                 break;
             }
             if held.is_empty() && !can_start {
                 if idle.len() == workers.len() {
+                    if final_flush && case.cache_dead {
+                        final_flush = false;
+                        case.note("flush after the loss");
+                        workers[0].start(Req::Flush);
+                        continue;
+                    }
                     break;
                 }
                 // Requests are running and no IO is held: they wait for a timer (the periodic
@@ -589,7 +671,7 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
                     panic!("cycle {cycle}: during the run, the backing device: {msg}");
                 }
             }
-            if case.rng.chance(1, crash_odds) {
+            if case.rng.chance(1, crash_odds) && !loss {
                 case.note("crash");
                 break;
             }
@@ -605,12 +687,15 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
                 case.note(&format!("start {w} {req:?}"));
                 workers[w].start(req);
                 requests_left -= 1;
+                started += 1;
                 case.totals.requests += 1;
             } else {
                 case.release_one(&held, &slow, fault_odds);
             }
         }
-        if seal_interval_ms > 0 && case.rng.chance(1, 2) {
+        if loss {
+            loss_check(&mut case, &e, &pair, mode);
+        } else if seal_interval_ms > 0 && case.rng.chance(1, 2) {
             seal_check(&mut case, &e, &workers);
         }
         // Power fails.
@@ -698,16 +783,65 @@ fn run_case(seed: u64, totals: &mut Totals) -> u64 {
 /// the flush epochs of the run (`EpochLog::check`): issue 25's guarantee in the default
 /// `writeback_order = consistent`.
 fn check_backing(pair: &SimPair, shared: &Shared, region_sectors: u64) -> Result<(), String> {
+    let vals = backing_image(pair, region_sectors);
+    let _m = shared.model.lock();
+    shared.epochs.lock().check(&vals).map(|_| ())
+}
+
+/// The backing device's region as it is now (unsynced writes included), decoded.
+fn backing_image(pair: &SimPair, region_sectors: u64) -> Vec<Option<Val>> {
     let bytes = pair
         .backing
         .read_volatile(0, region_sectors * SECTOR as u64);
-    let vals: Vec<Option<Val>> = bytes
+    bytes
         .chunks(SECTOR)
         .enumerate()
         .map(|(s, b)| decode(s as u64, b))
-        .collect();
-    let _m = shared.model.lock();
-    shared.epochs.lock().check(&vals).map(|_| ())
+        .collect()
+}
+
+/// After the cache device died (every request returned, the flush sent after the death too):
+/// the engine serves on (its reads were checked as they returned) or failed with a reason and
+/// refuses IO; the backing device alone is a past state of the disk; with no dirty data left it
+/// holds every acknowledged write, as a read sent now must return.
+fn loss_check(case: &mut Case<'_>, e: &Engine, pair: &SimPair, mode: usize) {
+    let n = case.region_sectors;
+    let stats = e.stats();
+    let clean = stats.writeback_lag_bytes == 0;
+    case.totals.losses[mode] += 1;
+    if let Some(reason) = &stats.failed {
+        assert!(
+            !reason.trim().is_empty(),
+            "the engine failed with no reason"
+        );
+        case.totals.losses_failed[mode] += 1;
+        case.totals.losses_failed_clean += clean as u64;
+        let mut sector = vec![0u8; SECTOR];
+        assert!(
+            e.read(0, &mut sector).is_err(),
+            "the engine failed ({reason}) but still served a read"
+        );
+    }
+    case.note(&format!("loss check {} clean {clean}", MODES[mode]));
+    check_backing(pair, &case.shared, n).unwrap_or_else(|msg| {
+        panic!(
+            "after the cache device died ({} mode), the backing device: {msg}",
+            MODES[mode]
+        )
+    });
+    if clean {
+        let vals = backing_image(pair, n);
+        let mut m = case.shared.model.lock();
+        let ri = m.begin_read();
+        m.end_read(ri, 0, &vals).unwrap_or_else(|msg| {
+            panic!(
+                "after the cache device died ({} mode) with no dirty data left, the backing \
+                 device alone lacks an acknowledged write: {msg}",
+                MODES[mode]
+            )
+        });
+        case.totals.losses_exact[mode] += 1;
+    }
 }
 
 /// The periodic seal, checked: with the backing device stalled (its writes and zeroings held),
@@ -811,16 +945,25 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     }
     let verbose = std::env::var("LOGCACHE_SIM_VERBOSE").is_ok();
     let keep_going = std::env::var("LOGCACHE_SIM_KEEP_GOING").is_ok();
+    let loss_base = env_u64("LOGCACHE_SIM_LOSS_SEED").unwrap_or(0);
+    let loss_count = env_u64("LOGCACHE_SIM_LOSS_SCHEDULES").unwrap_or(CI_LOSS_SCHEDULES);
+    let runs: Vec<(u64, bool)> = seeds
+        .iter()
+        .map(|&s| (s, false))
+        .chain((0..loss_count).map(|i| (loss_base.wrapping_add(i), true)))
+        .collect();
     let mut failures: Vec<(u64, String)> = Vec::new();
     let mut totals = Totals::default();
     let started = Instant::now();
-    for seed in seeds.iter().copied() {
-        let r =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_case(seed, &mut totals)));
+    for (seed, loss) in runs.iter().copied() {
+        let kind = if loss { "cache-loss seed" } else { "seed" };
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            run_case(seed, loss, &mut totals)
+        }));
         match r {
             Ok(trace) => {
                 if verbose {
-                    eprintln!("sim: seed {seed} trace {trace:016x}");
+                    eprintln!("sim: {kind} {seed} trace {trace:016x}");
                 }
             }
             Err(e) if keep_going => {
@@ -829,13 +972,24 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
                     .cloned()
                     .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_default();
-                eprintln!("sim: seed {seed} FAILED: {msg}");
-                failures.push((seed, msg));
+                eprintln!("sim: {kind} {seed} FAILED: {msg}");
+                failures.push((seed, format!("{kind} {seed}: {msg}")));
             }
             Err(e) => {
+                let env = if loss {
+                    format!(
+                        "LOGCACHE_SIM_SEED=0 LOGCACHE_SIM_SCHEDULES=0 LOGCACHE_SIM_LOSS_SEED={seed} \
+                         LOGCACHE_SIM_LOSS_SCHEDULES=1"
+                    )
+                } else {
+                    format!(
+                        "LOGCACHE_SIM_SEED={seed} LOGCACHE_SIM_SCHEDULES=1 \
+                         LOGCACHE_SIM_LOSS_SCHEDULES=0"
+                    )
+                };
                 eprintln!(
-                    "\nsim failed with seed {seed}; replay it with:\n  LOGCACHE_SIM_SEED={seed} \
-                     LOGCACHE_SIM_SCHEDULES=1 cargo test -p logcache-engine --test sim\n"
+                    "\nsim failed with {kind} {seed}; replay it with:\n  {env} cargo test -p \
+                     logcache-engine --test sim\n"
                 );
                 std::panic::resume_unwind(e);
             }
@@ -857,11 +1011,26 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.waits,
         started.elapsed().as_secs_f64()
     );
+    eprintln!(
+        "sim: cache losses per mode {MODES:?}: {:?}, the engine failed after {:?}, the backing \
+         device alone checked exact (no dirty data left) {:?}; failed with no dirty data left: {}",
+        totals.losses, totals.losses_failed, totals.losses_exact, totals.losses_failed_clean
+    );
     assert!(
         failures.is_empty(),
         "{} schedules failed: {failures:?}",
         failures.len()
     );
+    // Every mode met a cache loss, and the exact check ran in the modes without dirty data.
+    if loss_count >= CI_LOSS_SCHEDULES {
+        for (mode, losses) in MODES.iter().zip(totals.losses) {
+            assert!(losses > 0, "no cache loss in {mode} mode");
+        }
+        assert!(
+            totals.losses_exact[1] > 0 && totals.losses_exact[2] > 0,
+            "the backing device was never checked exact after a loss without dirty data"
+        );
+    }
     // Zero tracking is exercised, not only never wrong: a run of CI's size sees claims.
     assert!(
         seeds.len() < CI_SCHEDULES as usize || totals.zero_claims_checked > 0,
