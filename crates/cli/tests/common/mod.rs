@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod attached;
+pub mod cache_loss;
 
 /// The binary under test: `logcache`, or `logcache-bench` for the bench crate's tests, which
 /// include this module too.
