@@ -535,7 +535,7 @@ fn the_cache_lost_under_ext4_then_a_fresh_logcache_finds_the_image_clean() {
     let written_back = write_files(&mnt, "pre", &mut rng, 8);
     let ctl = served.control().to_string_lossy().into_owned();
     assert_ok(&logcache(&["drain", "--control", &ctl]), "logcache drain");
-    let synced = write_until_killed(served, att, &mnt, seed, &mut rng);
+    let synced = write_until_killed(served, att, &mnt, seed, &mut rng, false);
     // The cache device is gone for good; another host takes the image over.
     std::fs::remove_file(&cache).unwrap();
     let out = logcache_ok(&["detach", "--force", "--backing", &backing]);

@@ -85,9 +85,17 @@ pub fn write_files(root: &Path, name: &str, rng: &mut Rng, files: usize) -> Vec<
         .collect()
 }
 
+/// Tells the writers to stop, or to hold between two files.
+#[derive(Default)]
+struct Control {
+    stop: AtomicBool,
+    pause: AtomicBool,
+}
+
 /// One writer: files of seeded sizes and contents in its own directory, each written, fsynced
-/// and its directory fsynced, until `stop` or the first error (the server is gone).
-fn writer(root: PathBuf, id: u64, seed: u64, stop: Arc<AtomicBool>, out: Arc<Mutex<Vec<Synced>>>) {
+/// and its directory fsynced, until `stop` or the first error (the server is gone); while
+/// `pause`, it holds between two files.
+fn writer(root: PathBuf, id: u64, seed: u64, ctl: Arc<Control>, out: Arc<Mutex<Vec<Synced>>>) {
     let mut rng = Rng::new(seed ^ (id + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let dir = root.join(format!("w{id}"));
     if fs::create_dir_all(&dir).is_err() {
@@ -97,7 +105,10 @@ fn writer(root: PathBuf, id: u64, seed: u64, stop: Arc<AtomicBool>, out: Arc<Mut
         return;
     };
     for i in 0.. {
-        if stop.load(Ordering::Relaxed) {
+        while ctl.pause.load(Ordering::Relaxed) && !ctl.stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if ctl.stop.load(Ordering::Relaxed) {
             return;
         }
         let len = 1 + rng.below(MAX_FILE_BYTES) as usize;
@@ -125,23 +136,47 @@ fn writer(root: PathBuf, id: u64, seed: u64, stop: Arc<AtomicBool>, out: Arc<Mut
 /// Runs [`WRITERS`] writers on the filesystem mounted at `mnt` (on `att`, served by
 /// `served`, whose writeback must be running), SIGKILLs the server at a seeded moment 2–6 s
 /// in, waits for the writers to fail, abandons the mount and returns what they fsynced.
+///
+/// With `catch_up_first`, the writers run 2–3 s, then hold until writeback has caught up with
+/// their files (and the backing label's record followed), then run 1–4 s more before the kill:
+/// consistent writeback falls seconds behind fsync-per-file writers, so without that pause
+/// few files (often none, with XFS) are older than the disk left behind.
 pub fn write_until_killed(
     served: Served,
     mut att: Attached,
     mnt: &Path,
     seed: u64,
     rng: &mut Rng,
+    catch_up_first: bool,
 ) -> Vec<Synced> {
     let synced = Arc::new(Mutex::new(Vec::new()));
-    let stop = Arc::new(AtomicBool::new(false));
+    let ctl = Arc::new(Control::default());
     let threads: Vec<_> = (0..WRITERS)
         .map(|id| {
-            let (root, stop, out) = (mnt.to_path_buf(), stop.clone(), synced.clone());
-            std::thread::spawn(move || writer(root, id, seed, stop, out))
+            let (root, ctl, out) = (mnt.to_path_buf(), ctl.clone(), synced.clone());
+            std::thread::spawn(move || writer(root, id, seed, ctl, out))
         })
         .collect();
-    // The cache is lost at a random moment while the writers run and writeback copies.
-    std::thread::sleep(Duration::from_millis(2000 + rng.below(4000)));
+    if catch_up_first {
+        std::thread::sleep(Duration::from_millis(2000 + rng.below(1000)));
+        ctl.pause.store(true, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(500)); // a file under way finishes
+        let last_synced_ms = synced
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|f| f.synced_unix_ms)
+            .max()
+            .expect("no file was fsynced in the first phase");
+        wait_written_back(&served, last_synced_ms);
+        // The label's record follows at once when writeback caught up, else within a second.
+        std::thread::sleep(Duration::from_millis(1500));
+        ctl.pause.store(false, Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(1000 + rng.below(3000)));
+    } else {
+        // The cache is lost at a random moment while the writers run and writeback copies.
+        std::thread::sleep(Duration::from_millis(2000 + rng.below(4000)));
+    }
     let before_kill = synced.lock().unwrap().len();
     let s = served.status();
     assert!(
@@ -150,7 +185,7 @@ pub fn write_until_killed(
     );
     let killed = served.kill();
     assert!(!killed.status.success());
-    stop.store(true, Ordering::Relaxed);
+    ctl.stop.store(true, Ordering::Relaxed);
     let deadline = Instant::now() + Duration::from_secs(60);
     for t in threads {
         while !t.is_finished() {
@@ -169,6 +204,27 @@ pub fn write_until_killed(
         .expect("the writers are done")
         .into_inner()
         .unwrap()
+}
+
+/// Waits (up to 120 s) until `served`'s backing device holds every flush point up to
+/// `unix_ms`: no dirty data left, or `backing_consistent_as_of` (now minus
+/// `writeback_lag_seconds`, to the millisecond) past it.
+fn wait_written_back(served: &Served, unix_ms: u64) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let s = served.status();
+        let as_of_ms = s["writeback_lag_seconds"]
+            .as_f64()
+            .map(|lag_s| now_unix_ms().saturating_sub((lag_s * 1000.0) as u64));
+        if s["writeback_lag_bytes"].as_u64() == Some(0) || as_of_ms.is_some_and(|ms| ms > unix_ms) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "writeback did not catch up with the writers' first files in 120 s: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// What [`check_files`] found.
