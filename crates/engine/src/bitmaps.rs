@@ -150,27 +150,12 @@ pub fn load_pages(cache: &dyn BlockDevice, geo: &AreaGeo, t: &mut Tracked) -> Re
     Ok(unreadable)
 }
 
-/// Writes `pages` (each to the copy its generation names) and syncs.
-pub fn write_pages(cache: &dyn BlockDevice, geo: &AreaGeo, pages: &[PageWrite]) -> Result<()> {
-    if pages.is_empty() {
-        return Ok(());
-    }
-    let mut buf = AlignedBuf::new(PAGE_SIZE_BYTES);
-    for p in pages {
-        encode_page(&mut buf, &p.words, p.serial, p.generation, geo.format_id);
-        let off = page_offset(geo.area_offset, geo.pages, p.slot, p.page, p.generation % 2);
-        cache
-            .write_at(&buf, off)
-            .map_err(|e| io_err(cache, "writing a checkpoint bitmap page", e))?;
-    }
-    cache
-        .flush()
-        .map_err(|e| io_err(cache, "syncing checkpoint bitmap pages", e))
-}
-
 /// Before segments leave the log (reclaim, ahead of the head advance): persist every page
-/// set since it was last written. A failed write fails the engine (the copies on the device
-/// may be torn; the other copy of each page is intact, and nothing left the log).
+/// set since it was last written. The state lock is held to list the pages and then for one
+/// page's copy at a time (4 KiB), so writers never wait for a whole fold's copying. A bit set
+/// meanwhile may ride along in this write (a superset) and dirties its page for the next fold.
+/// A failed write fails the engine (the copies on the device may be torn; the other copy of
+/// each page is intact, and nothing left the log).
 pub fn fold(inner: &Inner) -> Result<()> {
     let Some(bitmaps) = &inner.bitmaps else {
         return Ok(());
@@ -181,9 +166,27 @@ pub fn fold(inner: &Inner) -> Result<()> {
         return Ok(());
     }
     let written = pages.len() as u64;
-    if let Err(e) = write_pages(&*inner.cache, &bitmaps.geo, &pages) {
+    if let Err(e) = write_pages(inner, &bitmaps.geo, &pages) {
         return Err(fail(inner, inner.state.lock(), e));
     }
     inner.state.lock().counters.checkpoint_pages_written += written;
     Ok(())
+}
+
+/// Writes `pages` (each to the copy its generation names) and syncs.
+fn write_pages(inner: &Inner, geo: &AreaGeo, pages: &[PageWrite]) -> Result<()> {
+    let cache = &*inner.cache;
+    let mut words = vec![0u64; PAGE_WORDS];
+    let mut buf = AlignedBuf::new(PAGE_SIZE_BYTES);
+    for p in pages {
+        inner.state.lock().changes.copy_page(p, &mut words);
+        encode_page(&mut buf, &words, p.serial, p.generation, geo.format_id);
+        let off = page_offset(geo.area_offset, geo.pages, p.slot, p.page, p.generation % 2);
+        cache
+            .write_at(&buf, off)
+            .map_err(|e| io_err(cache, "writing a checkpoint bitmap page", e))?;
+    }
+    cache
+        .flush()
+        .map_err(|e| io_err(cache, "syncing checkpoint bitmap pages", e))
 }

@@ -25,13 +25,14 @@ pub struct Tracked {
     set_bits: u64,
 }
 
-/// A page to write: its index, generation and bits (a copy taken under the lock).
+/// A page to write: which, and the generation its write gets. Its bits are copied later, one
+/// page per lock hold (`Changes::copy_page`).
+#[derive(Clone, Copy, Debug)]
 pub struct PageWrite {
     pub slot: u32,
     pub serial: u64,
     pub page: u32,
     pub generation: u64,
-    pub words: Vec<u64>,
 }
 
 impl Tracked {
@@ -124,41 +125,60 @@ impl Tracked {
         self.set_bits
     }
 
-    /// From `lba` (below `end`): whether it is set, and how many blocks from it share that.
+    /// Blocks the bitmap covers (whole pages: may pass the disk's end, whose bits stay clear).
+    pub fn blocks(&self) -> u64 {
+        self.pages() as u64 * BLOCKS_PER_PAGE
+    }
+
+    /// From `lba` (below `end`): whether it is set, and how many blocks from it share that
+    /// (blocks past the bitmap read as clear). Walks whole words: a 1 TiB disk's unchanged
+    /// bitmap is 4 Mi words, not 256 Mi bits.
     pub fn run_at(&self, lba: u64, end: u64) -> (bool, u64) {
-        let set = self.is_set(lba);
-        let mut b = lba + 1;
-        while b < end && self.is_set(b) == set {
-            b += 1;
+        assert!(lba < end, "empty run query");
+        let limit = end.min(self.blocks());
+        if lba >= limit {
+            return (false, end - lba);
         }
-        (set, b - lba)
+        let set = self.is_set(lba);
+        // Pages hold whole words, so block b is bit b % 64 of word b / 64 of `words`.
+        let mut b = lba;
+        while b < limit {
+            let w = self.words[(b / 64) as usize];
+            // Ones where a block differs from `set`, from bit b % 64 up.
+            let differs = if set { !w } else { w } >> (b % 64);
+            if differs != 0 {
+                b += differs.trailing_zeros() as u64;
+                break;
+            }
+            b = (b / 64 + 1) * 64;
+        }
+        let run_end = match b.min(limit) {
+            // A clear run reaching the bitmap's end goes on to `end`.
+            e if e == limit && !set => end,
+            e => e,
+        };
+        debug_assert!(run_end > lba && run_end <= end);
+        (set, run_end - lba)
     }
 
     /// Every run of set blocks, as (first block, count), in order.
     pub fn set_runs(&self) -> Vec<(u64, u64)> {
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        for (i, &w) in self.words.iter().enumerate() {
-            if w == 0 {
-                continue;
+        let mut runs = Vec::new();
+        let blocks = self.blocks();
+        let mut b = 0;
+        while b < blocks {
+            let (set, n) = self.run_at(b, blocks);
+            if set {
+                runs.push((b, n));
             }
-            let (page, word) = (i / PAGE_WORDS, i % PAGE_WORDS);
-            let base = page as u64 * BLOCKS_PER_PAGE + word as u64 * 64;
-            for bit in 0..64 {
-                if w & (1 << bit) == 0 {
-                    continue;
-                }
-                let b = base + bit;
-                match runs.last_mut() {
-                    Some(last) if last.0 + last.1 == b => last.1 += 1,
-                    _ => runs.push((b, 1)),
-                }
-            }
+            b += n;
         }
         runs
     }
 
-    /// The pages set since last written, copied, with the generation each write gets; they
-    /// count as written from now on (a failed write fails the engine).
+    /// The pages set since last written, with the generation each write gets; they count as
+    /// written from now on (a failed write fails the engine). A bit set after this dirties its
+    /// page again, so the next fold writes it even if this fold's copy already holds it.
     pub fn take_dirty(&mut self, out: &mut Vec<PageWrite>) {
         for p in 0..self.page_dirty.len() {
             if !self.page_dirty[p] {
@@ -171,7 +191,6 @@ impl Tracked {
                 serial: self.serial,
                 page: p as u32,
                 generation: self.page_generation[p],
-                words: self.words[p * PAGE_WORDS..(p + 1) * PAGE_WORDS].to_vec(),
             });
         }
     }
@@ -204,11 +223,93 @@ impl Changes {
         }
         out
     }
+
+    /// Copies the bits of page `p` into `out` (`PAGE_WORDS` words). The checkpoint must still
+    /// live: the fold holds the table lock, which create and delete take too.
+    pub fn copy_page(&self, p: &PageWrite, out: &mut [u64]) {
+        let t = self
+            .tracked
+            .iter()
+            .find(|t| t.slot == p.slot)
+            .expect("a folded page's checkpoint lives while the table lock is held");
+        assert_eq!(
+            t.serial, p.serial,
+            "slot {} changed hands during a fold",
+            p.slot
+        );
+        let at = p.page as usize * PAGE_WORDS;
+        out.copy_from_slice(&t.words[at..at + PAGE_WORDS]);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use logcache_testkit::rng::{seed_from_env, Rng};
+
+    /// The bit-by-bit answer `run_at` had before it walked words: the reference.
+    fn run_at_by_bits(t: &Tracked, lba: u64, end: u64) -> (bool, u64) {
+        let set = t.is_set(lba);
+        let mut b = lba + 1;
+        while b < end && t.is_set(b) == set {
+            b += 1;
+        }
+        (set, b - lba)
+    }
+
+    fn set_runs_by_bits(t: &Tracked) -> Vec<(u64, u64)> {
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for b in (0..t.blocks()).filter(|&b| t.is_set(b)) {
+            match runs.last_mut() {
+                Some(last) if last.0 + last.1 == b => last.1 += 1,
+                _ => runs.push((b, 1)),
+            }
+        }
+        runs
+    }
+
+    /// A bitmap of `pages` pages marked at random: sparse single blocks, runs across word and
+    /// page boundaries, and (sometimes) whole-word and page-sized stretches.
+    fn random_bitmap(rng: &mut Rng, pages: u32) -> Tracked {
+        let mut t = Tracked::new(0, 1, "r".into(), 1, 0, pages, 1);
+        let blocks = t.blocks();
+        let density = rng.range(0, 3);
+        for _ in 0..rng.range(0, 40 * (density + 1)) {
+            let count = match rng.below(4) {
+                0 => 1,
+                1 => rng.range(1, 130),
+                2 => rng.range(60, 70),
+                _ => rng.range(1, 2 * BLOCKS_PER_PAGE),
+            };
+            t.mark(rng.below(blocks), count);
+        }
+        t
+    }
+
+    #[test]
+    fn word_walks_agree_with_the_bit_by_bit_answer_on_random_bitmaps() {
+        let seed = seed_from_env("LOGCACHE_BITMAP_SEED");
+        let mut rng = Rng::new(seed);
+        for case in 0..60 {
+            let pages = rng.range(1, 3) as u32;
+            let t = random_bitmap(&mut rng, pages);
+            let ctx = format!("seed {seed} (LOGCACHE_BITMAP_SEED) case {case}");
+            assert_eq!(t.set_runs(), set_runs_by_bits(&t), "{ctx}");
+            let covered: u64 = t.set_runs().iter().map(|r| r.1).sum();
+            assert_eq!(covered, t.set_blocks(), "{ctx}");
+            for _ in 0..200 {
+                // Ends up to a page past the bitmap: those blocks read as clear.
+                let lba = rng.below(t.blocks() + BLOCKS_PER_PAGE);
+                let span = rng.range(1, 3 * BLOCKS_PER_PAGE);
+                let end = lba + span;
+                assert_eq!(
+                    t.run_at(lba, end),
+                    run_at_by_bits(&t, lba, end),
+                    "{ctx}: run_at({lba}, {end})"
+                );
+            }
+        }
+    }
 
     #[test]
     fn marks_count_once_and_dirty_their_page() {
