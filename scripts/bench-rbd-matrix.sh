@@ -16,12 +16,27 @@
 # miss passed through to RBD (the goal: >= 95% of RBD alone). Cached reads are the IO path's
 # benchmark (scripts/bench-iopath.sh and bench/run), not this one.
 #
+# Two more phases, chosen with PHASES (default "matrix latency"):
+#   cached  1 MiB sequential reads of data logcache holds (written through it, then drained:
+#           clean blocks in the cache) against RBD alone and the cache device's own speed
+#           (`file`: nbdkit's file plugin, cache=none, on a file in the same directory as
+#           logcache's cache files), at each of CACHED_DEPTHS;
+#   drain   writeback speed per route: a fresh logcache with background writeback off
+#           (writeback_threshold_percent=100, writeback_idle_ms=0) takes a write job, then
+#           `logcache drain` is timed; MB/s = the dirty bytes status showed / drain's seconds.
+#           fio's rbd engine running the same job straight at RBD (iodepth 32) is the reference.
+# VARIANT_BIN=PATH adds config `lc-variant`: that logcache binary (e.g. built with other
+# per-connection limits) with the native backing on its own image, for A/B runs.
+#
 # usage: scripts/bench-rbd-matrix.sh [SECONDS] [OUT]
 #   env: BS="4k 64k 1m 4m" RW="randwrite write randread read" DEPTHS="1 32" BG="0 4 16"
-#        CONFIGS="rbd-alone qnbd-none qnbd-wb lc-native lc-qnbd"
+#        CONFIGS="rbd-alone qnbd-none qnbd-wb lc-native lc-qnbd" PHASES="matrix latency"
+#        CACHED_DEPTHS="1 32" DRAIN_ROUNDS=2 VARIANT_BIN=
 # Prints one line per run (and appends it to OUT, default /var/tmp/rbd-matrix.txt):
 #   matrix CONFIG RW BS IODEPTH MBps IOPS p99_us p99.9_us
 #   latency CONFIG BGJOBS fg_IOPS fg_p99_us fg_p99.9_us fg_max_us
+#   cached CONFIG IODEPTH MBps IOPS p99_us p99.9_us
+#   drain CONFIG ROUND RW BS DIRTY_MiB SECONDS MBps
 set -euo pipefail
 secs=${1:-5}
 out=${2:-/var/tmp/rbd-matrix.txt}
@@ -30,6 +45,11 @@ RW=${RW:-randwrite write randread read}
 DEPTHS=${DEPTHS:-1 32}
 BG=${BG:-0 4 16}
 CONFIGS=${CONFIGS:-rbd-alone qnbd-none qnbd-wb lc-native lc-qnbd}
+PHASES=${PHASES:-matrix latency}
+CACHED_DEPTHS=${CACHED_DEPTHS:-1 32}
+DRAIN_ROUNDS=${DRAIN_ROUNDS:-2}
+VARIANT_BIN=${VARIANT_BIN:-}
+phase() { [[ " $PHASES " == *" $1 "* ]]; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/target/release/logcache
 [ -x "$bin" ] || (cd "$root" && cargo build --release -q -p logcache)
@@ -38,7 +58,7 @@ bin=$root/target/release/logcache
 dir=$(mktemp -d /var/tmp/lcrbdm.XXXXXX)
 pids=()
 cleanup() {
-    for p in "${pids[@]}" ${lc_native:-} ${lc_qnbd:-}; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}" ${lc_native:-} ${lc_qnbd:-} ${lc_variant:-}; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     "$root/scripts/ceph-down.sh" "$dir/ceph" || true
     rm -rf "$dir"
@@ -46,7 +66,9 @@ cleanup() {
 trap cleanup EXIT
 
 conf=$("$root/scripts/ceph-up.sh" "$dir/ceph" 2>/dev/null | tail -n 1)
-for img in raw qn qw lc lq; do
+images="raw qn qw lc lq"
+[ -n "$VARIANT_BIN" ] && images="$images lv"
+for img in $images; do
     rbd -c "$conf" create --size 1G "rbd/$img"
     rbd -c "$conf" bench --io-type write --io-size 4M --io-threads 4 --io-total 512M \
         --io-pattern seq "rbd/$img" >/dev/null
@@ -69,15 +91,18 @@ qnbd qw writeback "$dir/qw.sock"
 qnbd lq none "$dir/lq.sock"
 
 native_spec="rbd:rbd/lc?conf=$conf"
+variant_spec="rbd:rbd/lv?conf=$conf"
 qnbd_spec="nbd+unix:///?socket=$dir/lq.sock"
 # lc_start NAME SPEC [SET...]: format NAME's cache anew over SPEC and serve it; sets lc_<NAME>.
 lc_start() {
-    local name=$1 spec=$2 pid
+    local name=$1 spec=$2 pid lc=$bin
     shift 2
+    [ "$name" = variant ] && lc=$VARIANT_BIN
+    rm -f "$dir/$name.img"
     truncate -s 4G "$dir/$name.img"
-    "$bin" format --force --cache "$dir/$name.img" --backing "$spec" >/dev/null
+    "$lc" format --force --cache "$dir/$name.img" --backing "$spec" >/dev/null
     rm -f "$dir/$name.sock"
-    "$bin" serve --cache "$dir/$name.img" --backing "$spec" --socket "$dir/$name.sock" \
+    "$lc" serve --cache "$dir/$name.img" --backing "$spec" --socket "$dir/$name.sock" \
         --control "$dir/$name.ctl" "$@" >>"$dir/$name.log" 2>&1 &
     pid=$!
     for _ in $(seq 1 300); do [ -S "$dir/$name.sock" ] && break; sleep 0.1; done
@@ -91,8 +116,17 @@ lc_stop() { # NAME: drain (nothing may be lost by the next format), then stop
     wait "${!pidvar}" 2>/dev/null || true
     printf -v "lc_$name" '%s' ""
 }
-lc_start native "$native_spec"
-lc_start qnbd "$qnbd_spec"
+# lc_restart [SET...]: every logcache anew (fresh caches, nothing dirty), with SET options.
+lc_restart() {
+    for name in native qnbd ${VARIANT_BIN:+variant}; do
+        local pidvar="lc_$name"
+        [ -n "${!pidvar:-}" ] && lc_stop "$name"
+    done
+    lc_start native "$native_spec" "$@"
+    lc_start qnbd "$qnbd_spec" "$@"
+    if [ -n "$VARIANT_BIN" ]; then lc_start variant "$variant_spec" "$@"; fi
+}
+lc_restart
 
 summary() { # RW; fio JSON on stdin -> "MBps IOPS p99_us p99.9_us" of the job(s) named "m"
     /usr/bin/python3 -c '
@@ -113,20 +147,23 @@ target() { # CONFIG -> fio's engine options
     qnbd-wb) echo "--ioengine=nbd --uri=nbd+unix:///?socket=$dir/qw.sock" ;;
     lc-native) echo "--ioengine=nbd --uri=nbd+unix:///?socket=$dir/native.sock" ;;
     lc-qnbd) echo "--ioengine=nbd --uri=nbd+unix:///?socket=$dir/qnbd.sock" ;;
+    lc-variant) echo "--ioengine=nbd --uri=nbd+unix:///?socket=$dir/variant.sock" ;;
+    file) echo "--ioengine=nbd --uri=nbd+unix:///?socket=$dir/file.sock" ;;
     esac
 }
-lc_name() { case $1 in lc-native) echo native ;; lc-qnbd) echo qnbd ;; *) echo "" ;; esac; }
+lc_name() {
+    case $1 in lc-native) echo native ;; lc-qnbd) echo qnbd ;; lc-variant) echo variant ;;
+    *) echo "" ;; esac
+}
 
 echo "# $(date -u +%FT%TZ) secs=$secs BS=($BS) RW=($RW) DEPTHS=($DEPTHS) BG=($BG) load=$(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out"
 reads_started=0
+phase matrix || RW=""
 for rw in $RW; do
     if [[ $rw == *read* ]] && [ $reads_started -eq 0 ]; then
         # Every read from here on is a miss: fresh caches, read_cache off.
         reads_started=1
-        lc_stop native
-        lc_stop qnbd
-        lc_start native "$native_spec" --set read_cache=off
-        lc_start qnbd "$qnbd_spec" --set read_cache=off
+        lc_restart --set read_cache=off
     fi
     for bs in $BS; do
         for depth in $DEPTHS; do
@@ -148,11 +185,9 @@ done
 # Seed 004: one foreground 4 KiB random writer at iodepth 1, with N background jobs of 4 KiB
 # random writes at iodepth 8 in another region of the same disk; the foreground's latency.
 if [ $reads_started -eq 1 ]; then
-    lc_stop native
-    lc_stop qnbd
-    lc_start native "$native_spec"
-    lc_start qnbd "$qnbd_spec"
+    lc_restart
 fi
+phase latency || BG=""
 for n in $BG; do
     for c in $CONFIGS; do
         name=$(lc_name "$c")
@@ -177,4 +212,72 @@ print("%.0f %.0f %.0f %.0f" % (j["iops"], p["99.000000"] / 1000, p["99.900000"] 
         echo "latency $c $n $r" | tee -a "$out"
     done
 done
+lc_configs() { for c in $CONFIGS; do [ -n "$(lc_name "$c")" ] && echo "$c"; done; }
+
+if phase cached; then
+    # Fresh caches (read_cache on), the region written through each logcache in 1 MiB
+    # sequential writes, drained: every later read of it is a hit on a clean cached block.
+    lc_restart
+    truncate -s 512M "$dir/file.img"
+    dd if=/dev/urandom of="$dir/file.img" bs=1M count=512 conv=notrunc status=none
+    nbdkit -U "$dir/file.sock" -f file "$dir/file.img" cache=none >"$dir/nbdkit-file.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 1 300); do [ -S "$dir/file.sock" ] && break; sleep 0.1; done
+    for c in $(lc_configs); do
+        # shellcheck disable=SC2046
+        fio --name=fill --rw=write --bs=1m --iodepth=8 --size=512m --output-format=json \
+            $(target "$c") >/dev/null
+        "$bin" drain --control "$dir/$(lc_name "$c").ctl" >/dev/null
+    done
+    for depth in $CACHED_DEPTHS; do
+        for c in rbd-alone file $(lc_configs); do
+            # shellcheck disable=SC2046
+            r=$(CEPH_CONF=$dir/nocache.conf fio --name=m --rw=read --bs=1m "--iodepth=$depth" \
+                --size=512m --runtime="$secs" --time_based --output-format=json \
+                $(target "$c") | summary read)
+            echo "cached $c $depth $r" | tee -a "$out"
+        done
+    done
+    for c in $(lc_configs); do
+        "$bin" status --json --control "$dir/$(lc_name "$c").ctl" | /usr/bin/python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+print("# cached %s: read_hits_full %d read_misses_full %d read_misses_partial %d" % (sys.argv[1],
+      s.get("read_hits_full", -1), s.get("read_misses_full", -1), s.get("read_misses_partial", -1)))' "$c" | tee -a "$out"
+    done
+fi
+
+if phase drain; then
+    # Background writeback off: the write job only fills the cache; drain does all of it.
+    for round in $(seq 1 "$DRAIN_ROUNDS"); do
+        for job in "randwrite 4k 32m" "write 1m 256m"; do
+            read -r rw bs io <<<"$job"
+            lc_restart --set writeback_threshold_percent=100 --set writeback_idle_ms=0
+            for c in rbd-alone $(lc_configs); do
+                # shellcheck disable=SC2046
+                r=$(CEPH_CONF=$dir/nocache.conf fio --name=m "--rw=$rw" "--bs=$bs" \
+                    --iodepth=32 --size=512m "--io_size=$io" --randrepeat=0 \
+                    --output-format=json $(target "$c") | summary "$rw")
+                name=$(lc_name "$c")
+                if [ -z "$name" ]; then
+                    mbps=${r%% *}
+                    echo "drain $c $round $rw $bs $io - $mbps" | tee -a "$out"
+                    continue
+                fi
+                dirty=$("$bin" status --json --control "$dir/$name.ctl" |
+                    /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["dirty_blocks"])')
+                t0=$(date +%s.%N)
+                "$bin" drain --control "$dir/$name.ctl" >/dev/null
+                t1=$(date +%s.%N)
+                /usr/bin/python3 -c '
+import sys
+c, rnd, rw, bs, dirty, t0, t1 = sys.argv[1:]
+b = int(dirty) * 4096
+s = float(t1) - float(t0)
+print("drain %s %s %s %s %.1f %.2f %.1f" % (c, rnd, rw, bs, b / 2**20, s, b / s / 1e6))' \
+                    "$c" "$round" "$rw" "$bs" "$dirty" "$t0" "$t1" | tee -a "$out"
+            done
+        done
+    done
+fi
 echo "# done $(date -u +%FT%TZ) load=$(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out"
