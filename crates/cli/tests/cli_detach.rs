@@ -2,8 +2,9 @@
 //! a cache file deleted, one truncated, and a cache device that returns EIO. The EIO device is
 //! an emulation of a failing SSD: the cache file served by nbdkit's file plugin behind its
 //! error filter (every request fails with EIO while a trigger file exists), exposed to
-//! logcache as a file by nbdfuse. In each case the serve is SIGKILLed with data flushed to
-//! the cache but not written back; detach must then say which past disk the backing device
+//! logcache as a file by nbdfuse. The same device also starts failing while serve runs (a
+//! flush fails promptly, status names the error, serve stops on SIGTERM). In each case the
+//! serve is stopped with data flushed to the cache but not written back; detach must then say which past disk the backing device
 //! holds (the drained state), mark it so the old cache is refused, and let `format` give it a
 //! new cache without `--force`.
 
@@ -22,6 +23,12 @@ const BACKING_BYTES: u64 = 32 * MIB;
 /// 2 MiB of 0xbb after it and flushes (durable in the cache only: writeback is off), and
 /// SIGKILLs the serve. Its sockets go in `dir` (a FUSE directory cannot hold them).
 fn lose_newest_writes(dir: &TestDir, cache: &str, backing: &str) {
+    let killed = serve_with_unwritten_data(dir, cache, backing).kill();
+    assert!(!killed.status.success());
+}
+
+/// The serve of [`lose_newest_writes`], still running.
+fn serve_with_unwritten_data(dir: &TestDir, cache: &str, backing: &str) -> Served {
     let (socket, control) = (dir.s("serve.sock"), dir.s("serve.ctl"));
     let served = Served::start(&[
         "--cache",
@@ -44,8 +51,58 @@ fn lose_newest_writes(dir: &TestDir, cache: &str, backing: &str) {
     qemu_io_ok(&uri, &["write -P 0xbb 1M 2M", "flush"]);
     let s = served.status();
     assert_eq!(s["writeback_lag_bytes"].as_u64(), Some(2 * MIB), "{s}");
-    let killed = served.kill();
-    assert!(!killed.status.success());
+    served
+}
+
+/// An emulated failing SSD: a cache file behind nbdkit's error filter (every request fails
+/// with EIO while `trigger` exists), seen as a file through nbdfuse.
+struct EioCache {
+    _nbdkit: Daemon,
+    fused: Fused,
+    trigger: std::path::PathBuf,
+}
+
+impl EioCache {
+    fn start(dir: &TestDir) -> EioCache {
+        let raw = dir.s("cache-raw.img");
+        sparse(Path::new(&raw), CACHE_BYTES);
+        let trigger = dir.join("fail-now");
+        let sock = dir.join("nbdkit.sock");
+        let nbdkit = Daemon::start(
+            tool("nbdkit")
+                .args(["--foreground", "--exit-with-parent", "--unix"])
+                .arg(&sock)
+                .args(["--filter=error", "file"])
+                .arg(&raw)
+                .args(["error=EIO", "error-rate=100%"])
+                .arg(format!("error-file={}", trigger.display())),
+            &sock,
+            &dir.join("nbdkit.log"),
+        );
+        let fused = Fused::start(
+            dir,
+            "cache",
+            &format!("nbd+unix:///?socket={}", sock.display()),
+        );
+        EioCache {
+            _nbdkit: nbdkit,
+            fused,
+            trigger,
+        }
+    }
+
+    fn path(&self) -> String {
+        self.fused.file().to_string_lossy().into_owned()
+    }
+
+    /// From now on every request fails with EIO.
+    fn fail(&self) {
+        fs::write(&self.trigger, b"").unwrap();
+    }
+
+    fn heal(&self) {
+        fs::remove_file(&self.trigger).unwrap();
+    }
 }
 
 /// The backing device holds the drained disk: the first write, not the lost one.
@@ -173,48 +230,81 @@ fn detach_force_after_the_cache_file_was_truncated() {
 fn detach_force_when_the_cache_device_returns_eio() {
     preflight(&["nbdkit"]);
     let dir = TestDir::new("detach-eio");
-    let raw = dir.s("cache-raw.img");
-    sparse(Path::new(&raw), CACHE_BYTES);
-    let trigger = dir.join("fail-now");
-    let sock = dir.join("nbdkit.sock");
-    let _nbdkit = Daemon::start(
-        tool("nbdkit")
-            .args(["--foreground", "--exit-with-parent", "--unix"])
-            .arg(&sock)
-            .args(["--filter=error", "file"])
-            .arg(&raw)
-            .args(["error=EIO", "error-rate=100%"])
-            .arg(format!("error-file={}", trigger.display())),
-        &sock,
-        &dir.join("nbdkit.log"),
-    );
-    let fused = Fused::start(
-        &dir,
-        "cache",
-        &format!("nbd+unix:///?socket={}", sock.display()),
-    );
-    let cache = fused.file().to_string_lossy().into_owned();
+    let eio = EioCache::start(&dir);
+    let cache = eio.path();
     let backing = dir.s("backing.img");
     sparse(Path::new(&backing), BACKING_BYTES);
     format_256k(&cache, &backing);
     lose_newest_writes(&dir, &cache, &backing);
     // The device fails: every read returns EIO.
-    fs::write(&trigger, b"").unwrap();
+    eio.fail();
     fails_with(1, &["serve", "--cache", &cache, "--backing", &backing], &[]);
-    let (_, stderr) = detach_ok(&["--backing", &backing, "--cache", &cache]);
+    detach_the_unreadable_cache(&dir, &eio, &backing);
+}
+
+/// With `eio` failing: detach --force says the cache is unreadable and leaves the drained
+/// disk; when the device comes back with its old log intact, the detached backing device
+/// refuses it; a new cache works.
+fn detach_the_unreadable_cache(dir: &TestDir, eio: &EioCache, backing: &str) {
+    let cache = eio.path();
+    let (_, stderr) = detach_ok(&["--backing", backing, "--cache", &cache]);
     assert!(
         stderr.contains("is unreadable") && stderr.contains("Input/output error"),
         "{stderr}"
     );
-    assert_backing_holds_the_drained_disk(&backing);
-    // The device comes back with the old log intact: the detached backing device refuses it.
-    fs::remove_file(&trigger).unwrap();
+    assert_backing_holds_the_drained_disk(backing);
+    eio.heal();
     fails_with(
         1,
-        &["serve", "--cache", &cache, "--backing", &backing],
+        &["serve", "--cache", &cache, "--backing", backing],
         &["detached", "logcache format"],
     );
-    assert_usable_after_detach(&dir, &backing);
+    assert_usable_after_detach(dir, backing);
+}
+
+/// The cache device starts failing while serve runs, with 2 MiB of dirty data on it (issue
+/// 25: "IO errors from the cache device while serving"): the next flush fails with EIO (no
+/// hang: every command here has a deadline), status says `failed` with the device's error,
+/// the dirty data reads as EIO, never as the backing device's older bytes, and serve stops on
+/// SIGTERM. Then detach --force as for a device found failing at start.
+#[test]
+fn the_cache_device_failing_while_serving_fails_the_export_with_its_reason() {
+    preflight(&["nbdkit"]);
+    let dir = TestDir::new("detach-eio-serving");
+    let eio = EioCache::start(&dir);
+    let cache = eio.path();
+    let backing = dir.s("backing.img");
+    sparse(Path::new(&backing), BACKING_BYTES);
+    format_256k(&cache, &backing);
+    let served = serve_with_unwritten_data(&dir, &cache, &backing);
+    let uri = served.unix_uri();
+    eio.fail();
+    let out = qemu_io(&uri, &[], &["write -P 0xcc 3M 64k", "flush"]);
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(said.contains("Input/output error"), "{said}");
+    let s = served.status();
+    assert_eq!(s["state"].as_str(), Some("failed"), "{s}");
+    let failure = s["failure"].as_str().unwrap_or_default();
+    assert!(
+        failure.contains("cache device failed") && failure.contains("Input/output error"),
+        "{s}"
+    );
+    let control = served.control();
+    let shown = logcache_ok(&["status".as_ref(), "--control".as_ref(), control.as_os_str()]);
+    assert!(shown.contains("FAILED: "), "{shown}");
+    let out = qemu_io(&uri, &[], &["read -P 0xbb 1M 64k"]);
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        said.contains("Input/output error") && !said.contains("read 65536/65536"),
+        "{said}"
+    );
+    let stopped = served.stop();
+    eprintln!(
+        "serve on a failed cache device stopped with {}: {}",
+        stopped.status,
+        stopped.stderr.lines().last().unwrap_or("")
+    );
+    detach_the_unreadable_cache(&dir, &eio, &backing);
 }
 
 /// An NBD backing device (nbdkit's file plugin): no local lock, an owner record beside the

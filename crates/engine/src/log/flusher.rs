@@ -179,7 +179,10 @@ fn step<'a>(
         st = inner.state.lock();
         if let Err(e) = res {
             // A failed sync may have lost any unsynced write: stop, and let recovery sort it out.
-            let e = Error::io(format!("syncing {}", inner.cache.describe()), e);
+            let e = Error::io(
+                format!("cache device failed: syncing {}", inner.cache.describe()),
+                e,
+            );
             return Err(fail(inner, st, e));
         }
         st.note_synced(target);
@@ -265,11 +268,13 @@ fn write_chunks(inner: &Inner, batch: &[SealedChunk], synced_seq: u64) -> Result
         }
         let pieces: Vec<&[u8]> = prepared[i..j].iter().map(|p| p.1).collect();
         inner.cache.write_vectored_at(&pieces, off).map_err(|e| {
+            // Status shows this line: it names the device that failed.
             Error::io(
                 format!(
-                    "writing chunks {}..={} at offset {off}",
+                    "cache device failed: writing chunks {}..={} to {} at offset {off}",
                     batch[i].seq,
-                    batch[j - 1].seq
+                    batch[j - 1].seq,
+                    inner.cache.describe()
                 ),
                 e,
             )
