@@ -150,18 +150,21 @@ pub fn load_pages(cache: &dyn BlockDevice, geo: &AreaGeo, t: &mut Tracked) -> Re
     Ok(unreadable)
 }
 
-/// Before segments leave the log (reclaim, ahead of the head advance): persist every page
-/// set since it was last written. The state lock is held to list the pages and then for one
+/// Before segments leave the log (reclaim, ahead of moving the head to chunk `head_seq`):
+/// persist every page holding a change of a chunk before `head_seq` not yet written. Pages
+/// whose changes are all still in the log wait (recovery re-marks those from the log), so with
+/// changes spread over the disk each page is written about once per lap of the log. The state
+/// lock is held to list the pages and then for one
 /// page's copy at a time (4 KiB), so writers never wait for a whole fold's copying. A bit set
 /// meanwhile may ride along in this write (a superset) and dirties its page for the next fold.
 /// A failed write fails the engine (the copies on the device may be torn; the other copy of
 /// each page is intact, and nothing left the log).
-pub fn fold(inner: &Inner) -> Result<()> {
+pub fn fold(inner: &Inner, head_seq: u64) -> Result<()> {
     let Some(bitmaps) = &inner.bitmaps else {
         return Ok(());
     };
     let _order = bitmaps.table.lock();
-    let pages = inner.state.lock().changes.take_dirty();
+    let pages = inner.state.lock().changes.take_due(head_seq);
     if pages.is_empty() {
         return Ok(());
     }

@@ -92,7 +92,7 @@ pub fn load(
 pub fn note_recovered_chunk(tracked: &mut [Tracked], h: &ChunkHeader, entries: &[Entry]) {
     for t in tracked.iter_mut().filter(|t| h.seq >= t.start_seq) {
         for (lba, count) in entries.iter().filter_map(Entry::changed_blocks) {
-            t.mark(lba, count);
+            t.mark(lba, count, h.seq);
         }
     }
 }

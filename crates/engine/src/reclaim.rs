@@ -32,7 +32,7 @@ pub fn reclaim<'a>(
     let head_seq = st.ring.first_seq_of(new_head, st.seqs.next());
     drop(st);
     // Checkpoints: what leaves the log must be in their persisted bitmaps first.
-    crate::bitmaps::fold(inner)?;
+    crate::bitmaps::fold(inner, head_seq)?;
     let res = inner.superblock.advance_head(new_head, head_seq);
     let mut st = inner.state.lock();
     if let Err(e) = res {

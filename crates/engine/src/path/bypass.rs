@@ -334,7 +334,8 @@ pub fn trim(inner: &Inner, offset_bytes: u64, len_bytes: u64) -> Result<()> {
             // backing check, CYCLES=3 seed 25). The content is then unchanged, but checkpoints
             // still count the blocks while running (an over-report is allowed); after a power
             // cut they may forget them, which is right since nothing there changed.
-            st.changes.mark(lba, end - lba);
+            let seq = st.seqs.next();
+            st.changes.mark(lba, end - lba, seq);
             if begun {
                 st.bypass.end_trimming(first, end);
             }

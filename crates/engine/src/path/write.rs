@@ -97,7 +97,8 @@ fn write_block(
                 st.set_dirty_mask(c, old_dirty | new_dirty);
                 st.blocks.add_valid(c, new_mask);
                 st.counters.write_in_place += 1;
-                st.changes.mark(lba, 1);
+                let seq = st.seqs.next();
+                st.changes.mark(lba, 1, seq);
                 st.bypass.spoil_trims(lba, lba + 1);
                 count_write(&mut st, true, new_mask);
                 return Ok(());
@@ -168,7 +169,8 @@ fn write_block(
         } else {
             false
         };
-        st.changes.mark(lba, 1);
+        let seq = st.seqs.next();
+        st.changes.mark(lba, 1, seq);
         st.bypass.spoil_trims(lba, lba + 1);
         count_write(&mut st, hit, new_mask);
         return Ok(());

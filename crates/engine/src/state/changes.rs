@@ -3,8 +3,11 @@
 //! range), and by recovery for every change entry of the log after the checkpoint's start.
 //!
 //! Bits are grouped in pages of `BLOCKS_PER_PAGE` blocks, the unit written to the cache device
-//! (`bitmaps::fold`); a page set since it was last written is dirty. Bits only ever get set
-//! while a checkpoint lives: a bitmap is a superset of the changes, never a subset.
+//! (`bitmaps::fold`); a page set since it was last written is dirty, and remembers the log
+//! sequence of the oldest change that dirtied it. It must be written only once that change is
+//! about to leave the log (the log is the change record until then), so a page is written about
+//! once per lap of the log, not at every reclaim. Bits only ever get set while a checkpoint
+//! lives: a bitmap is a superset of the changes, never a subset.
 
 use crate::format::checkpoints::{BLOCKS_PER_PAGE, PAGE_WORDS};
 
@@ -19,11 +22,16 @@ pub struct Tracked {
     pub created_unix_ms: u64,
     /// `pages * PAGE_WORDS` words; bit i of word w of page p is block p*BLOCKS_PER_PAGE + 64w + i.
     words: Vec<u64>,
-    page_dirty: Vec<bool>,
+    /// Per page: the log sequence of the oldest change set since the page was last written
+    /// (`CLEAN` when none). The page must be written before the head passes it.
+    page_due_seq: Vec<u64>,
     /// Generation of the page copy last written (or loaded); the next write goes to the other copy.
     page_generation: Vec<u64>,
     set_bits: u64,
 }
+
+/// `page_due_seq` of a page with nothing unwritten.
+const CLEAN: u64 = u64::MAX;
 
 /// A page to write: which, and the generation its write gets. Its bits are copied later, one
 /// page per lock hold (`Changes::copy_page`).
@@ -53,18 +61,18 @@ impl Tracked {
             start_seq,
             created_unix_ms,
             words: vec![0; pages as usize * PAGE_WORDS],
-            page_dirty: vec![false; pages as usize],
+            page_due_seq: vec![CLEAN; pages as usize],
             page_generation: vec![page_generation; pages as usize],
             set_bits: 0,
         }
     }
 
     pub fn pages(&self) -> u32 {
-        self.page_dirty.len() as u32
+        self.page_due_seq.len() as u32
     }
 
-    /// Loads page `page` as read from the device (`None`: no valid copy, all ones, dirty so
-    /// the next fold writes it back valid).
+    /// Loads page `page` as read from the device (`None`: no valid copy, all ones, due at
+    /// once so the next fold writes it back valid).
     pub fn load_page(&mut self, page: u32, loaded: Option<(&[u64], u64)>) {
         let p = page as usize;
         let dst = &mut self.words[p * PAGE_WORDS..(p + 1) * PAGE_WORDS];
@@ -77,16 +85,17 @@ impl Tracked {
             None => {
                 dst.fill(u64::MAX);
                 self.page_generation[p] = 0;
-                self.page_dirty[p] = true;
+                self.page_due_seq[p] = 0;
             }
         }
         let after: u64 = dst.iter().map(|w| w.count_ones() as u64).sum();
         self.set_bits = self.set_bits + after - before;
     }
 
-    /// Sets the bits of blocks `[lba, lba + count)` (clipped to the bitmap).
+    /// Sets the bits of blocks `[lba, lba + count)` (clipped to the bitmap), changed by the log
+    /// chunk of sequence `seq` (or a later one: an earlier `seq` only makes the page due sooner).
     #[inline]
-    pub fn mark(&mut self, lba: u64, count: u64) {
+    pub fn mark(&mut self, lba: u64, count: u64, seq: u64) {
         let end = (lba + count).min(self.pages() as u64 * BLOCKS_PER_PAGE);
         let mut b = lba;
         while b < end {
@@ -105,7 +114,8 @@ impl Tracked {
             if new != old {
                 self.words[i] = new;
                 self.set_bits += (new.count_ones() - old.count_ones()) as u64;
-                self.page_dirty[page as usize] = true;
+                let due = &mut self.page_due_seq[page as usize];
+                *due = (*due).min(seq);
             }
             b += n;
         }
@@ -176,15 +186,16 @@ impl Tracked {
         runs
     }
 
-    /// The pages set since last written, with the generation each write gets; they count as
-    /// written from now on (a failed write fails the engine). A bit set after this dirties its
-    /// page again, so the next fold writes it even if this fold's copy already holds it.
-    pub fn take_dirty(&mut self, out: &mut Vec<PageWrite>) {
-        for p in 0..self.page_dirty.len() {
-            if !self.page_dirty[p] {
+    /// The pages holding a change of a chunk before `head_seq` (about to leave the log) not
+    /// yet written, with the generation each write gets; they count as written from now on (a
+    /// failed write fails the engine). A bit set after this dirties its page again, so a later
+    /// fold writes it even if this fold's copy already holds it.
+    pub fn take_due(&mut self, head_seq: u64, out: &mut Vec<PageWrite>) {
+        for p in 0..self.page_due_seq.len() {
+            if self.page_due_seq[p] >= head_seq {
                 continue;
             }
-            self.page_dirty[p] = false;
+            self.page_due_seq[p] = CLEAN;
             self.page_generation[p] += 1;
             out.push(PageWrite {
                 slot: self.slot,
@@ -203,12 +214,12 @@ pub struct Changes {
 }
 
 impl Changes {
-    /// Blocks `[lba, lba + count)` changed: every checkpoint's bits. The cost with no
-    /// checkpoint is one branch.
+    /// Blocks `[lba, lba + count)` changed, logged in chunk `seq`: every checkpoint's bits.
+    /// The cost with no checkpoint is one branch.
     #[inline]
-    pub fn mark(&mut self, lba: u64, count: u64) {
+    pub fn mark(&mut self, lba: u64, count: u64, seq: u64) {
         for t in &mut self.tracked {
-            t.mark(lba, count);
+            t.mark(lba, count, seq);
         }
     }
 
@@ -216,10 +227,11 @@ impl Changes {
         self.tracked.iter().find(|t| t.name == name)
     }
 
-    pub fn take_dirty(&mut self) -> Vec<PageWrite> {
+    /// Every checkpoint's pages due before the head moves to `head_seq` (`Tracked::take_due`).
+    pub fn take_due(&mut self, head_seq: u64) -> Vec<PageWrite> {
         let mut out = Vec::new();
         for t in &mut self.tracked {
-            t.take_dirty(&mut out);
+            t.take_due(head_seq, &mut out);
         }
         out
     }
@@ -281,7 +293,7 @@ mod tests {
                 2 => rng.range(60, 70),
                 _ => rng.range(1, 2 * BLOCKS_PER_PAGE),
             };
-            t.mark(rng.below(blocks), count);
+            t.mark(rng.below(blocks), count, 1);
         }
         t
     }
@@ -314,22 +326,36 @@ mod tests {
     #[test]
     fn marks_count_once_and_dirty_their_page() {
         let mut t = Tracked::new(0, 1, "a".into(), 5, 0, 3, 1);
-        t.mark(10, 1);
-        t.mark(10, 1);
+        t.mark(10, 1, 7);
+        t.mark(10, 1, 7);
         assert_eq!(t.set_blocks(), 1);
-        t.mark(60, 10); // across a word boundary
+        t.mark(60, 10, 7); // across a word boundary
         assert_eq!(t.set_blocks(), 11);
-        t.mark(BLOCKS_PER_PAGE - 2, 4); // across a page boundary
+        t.mark(BLOCKS_PER_PAGE - 2, 4, 8); // across a page boundary
         assert_eq!(t.set_blocks(), 15);
         assert!(t.is_set(BLOCKS_PER_PAGE + 1) && !t.is_set(BLOCKS_PER_PAGE + 2));
-        t.mark(3 * BLOCKS_PER_PAGE - 1, 100); // clipped at the end
+        t.mark(3 * BLOCKS_PER_PAGE - 1, 100, 9); // clipped at the end
         assert_eq!(t.set_blocks(), 16);
+        let pages = |w: &[PageWrite]| w.iter().map(|p| p.page).collect::<Vec<_>>();
+        // Page 0's oldest change is in chunk 7, page 1's in 8, page 2's in 9: each is due once
+        // the head passes that chunk, not before.
         let mut w = Vec::new();
-        t.take_dirty(&mut w);
-        assert_eq!(w.iter().map(|p| p.page).collect::<Vec<_>>(), vec![0, 1, 2]);
+        t.take_due(7, &mut w);
+        assert!(w.is_empty());
+        t.take_due(9, &mut w);
+        assert_eq!(pages(&w), vec![0, 1]);
         assert!(w.iter().all(|p| p.generation == 2));
+        // A change after the take makes page 0 due again from its own chunk on.
+        t.mark(11, 1, 12);
         let mut again = Vec::new();
-        t.take_dirty(&mut again);
+        t.take_due(12, &mut again);
+        assert_eq!(pages(&again), vec![2]);
+        again.clear();
+        t.take_due(u64::MAX, &mut again);
+        assert_eq!(pages(&again), vec![0]);
+        assert_eq!(again[0].generation, 3);
+        again.clear();
+        t.take_due(u64::MAX, &mut again);
         assert!(again.is_empty());
         assert_eq!(t.run_at(60, 100), (true, 10));
         assert_eq!(t.run_at(70, 100), (false, 30));
@@ -338,8 +364,11 @@ mod tests {
     #[test]
     fn a_page_without_a_valid_copy_reads_all_ones() {
         let mut t = Tracked::new(0, 1, "a".into(), 5, 0, 2, 1);
-        t.mark(0, 1);
+        t.mark(0, 1, 3);
         t.load_page(1, None);
+        let mut w = Vec::new();
+        t.take_due(1, &mut w);
+        assert_eq!(w.iter().map(|p| p.page).collect::<Vec<_>>(), vec![1]);
         assert_eq!(t.set_blocks(), 1 + BLOCKS_PER_PAGE);
         let words = vec![0u64; PAGE_WORDS];
         t.load_page(1, Some((&words, 7)));

@@ -291,7 +291,8 @@ impl State {
         self.ring.push_range(entry, now);
         // A zero or drop range changes what its blocks read (TRIM, write-zeroes, writes
         // bypassing the cache).
-        self.changes.mark(entry.lba, entry.data_crc as u64);
+        let seq = self.seqs.next();
+        self.changes.mark(entry.lba, entry.data_crc as u64, seq);
         true
     }
 
