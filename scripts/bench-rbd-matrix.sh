@@ -26,12 +26,14 @@
 #           `logcache drain` is timed; MB/s = the dirty bytes status showed / drain's seconds.
 #           fio's rbd engine running the same job straight at RBD (iodepth 32) is the reference.
 # VARIANT_BIN=PATH adds config `lc-variant`: that logcache binary (e.g. built with other
-# per-connection limits) with the native backing on its own image, for A/B runs.
+# per-connection limits) with the native backing on its own image, for A/B runs; VARIANT_SET
+# adds serve options to it alone (e.g. VARIANT_BIN=target/release/logcache
+# VARIANT_SET="--set writeback_io_depth=64").
 #
 # usage: scripts/bench-rbd-matrix.sh [SECONDS] [OUT]
 #   env: BS="4k 64k 1m 4m" RW="randwrite write randread read" DEPTHS="1 32" BG="0 4 16"
 #        CONFIGS="rbd-alone qnbd-none qnbd-wb lc-native lc-qnbd" PHASES="matrix latency"
-#        CACHED_DEPTHS="1 32" DRAIN_ROUNDS=2 VARIANT_BIN=
+#        CACHED_DEPTHS="1 32" DRAIN_ROUNDS=2 VARIANT_BIN= VARIANT_SET=
 # Prints one line per run (and appends it to OUT, default /var/tmp/rbd-matrix.txt):
 #   matrix CONFIG RW BS IODEPTH MBps IOPS p99_us p99.9_us
 #   latency CONFIG BGJOBS fg_IOPS fg_p99_us fg_p99.9_us fg_max_us
@@ -49,6 +51,7 @@ PHASES=${PHASES:-matrix latency}
 CACHED_DEPTHS=${CACHED_DEPTHS:-1 32}
 DRAIN_ROUNDS=${DRAIN_ROUNDS:-2}
 VARIANT_BIN=${VARIANT_BIN:-}
+VARIANT_SET=${VARIANT_SET:-}
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/target/release/logcache
@@ -66,7 +69,12 @@ cleanup() {
 trap cleanup EXIT
 
 conf=$("$root/scripts/ceph-up.sh" "$dir/ceph" 2>/dev/null | tail -n 1)
-images="raw qn qw lc lq"
+# Only the images the chosen CONFIGS use (each holds 512 MiB once written): logcache's two
+# routes always run (lc, lq), the others when named.
+images="lc lq"
+[[ " $CONFIGS " == *" rbd-alone "* ]] && images="$images raw"
+[[ " $CONFIGS " == *" qnbd-none "* ]] && images="$images qn"
+[[ " $CONFIGS " == *" qnbd-wb "* ]] && images="$images qw"
 [ -n "$VARIANT_BIN" ] && images="$images lv"
 for img in $images; do
     rbd -c "$conf" create --size 1G "rbd/$img"
@@ -86,8 +94,8 @@ qnbd() { # IMAGE CACHE SOCKET
     cat "$dir/qemu-nbd-$1.log" >&2
     exit 1
 }
-qnbd qn none "$dir/qn.sock"
-qnbd qw writeback "$dir/qw.sock"
+if [[ " $images " == *" qn "* ]]; then qnbd qn none "$dir/qn.sock"; fi
+if [[ " $images " == *" qw "* ]]; then qnbd qw writeback "$dir/qw.sock"; fi
 qnbd lq none "$dir/lq.sock"
 
 native_spec="rbd:rbd/lc?conf=$conf"
@@ -124,7 +132,8 @@ lc_restart() {
     done
     lc_start native "$native_spec" "$@"
     lc_start qnbd "$qnbd_spec" "$@"
-    if [ -n "$VARIANT_BIN" ]; then lc_start variant "$variant_spec" "$@"; fi
+    # shellcheck disable=SC2086
+    if [ -n "$VARIANT_BIN" ]; then lc_start variant "$variant_spec" "$@" $VARIANT_SET; fi
 }
 lc_restart
 
@@ -227,7 +236,7 @@ if phase cached; then
         # shellcheck disable=SC2046
         fio --name=fill --rw=write --bs=1m --iodepth=8 --size=512m --output-format=json \
             $(target "$c") >/dev/null
-        "$bin" drain --control "$dir/$(lc_name "$c").ctl" >/dev/null
+        "$bin" drain --control "$dir/$(lc_name "$c").ctl" >/dev/null 2>>"$dir/drain.log"
     done
     for depth in $CACHED_DEPTHS; do
         for c in rbd-alone file $(lc_configs); do
@@ -261,13 +270,13 @@ if phase drain; then
                 name=$(lc_name "$c")
                 if [ -z "$name" ]; then
                     mbps=${r%% *}
-                    echo "drain $c $round $rw $bs $io - $mbps" | tee -a "$out"
+                    echo "drain $c $round $rw $bs - - $mbps" | tee -a "$out"
                     continue
                 fi
                 dirty=$("$bin" status --json --control "$dir/$name.ctl" |
                     /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["dirty_blocks"])')
                 t0=$(date +%s.%N)
-                "$bin" drain --control "$dir/$name.ctl" >/dev/null
+                "$bin" drain --control "$dir/$name.ctl" >/dev/null 2>>"$dir/drain.log"
                 t1=$(date +%s.%N)
                 /usr/bin/python3 -c '
 import sys

@@ -78,6 +78,9 @@ mon warn on pool no redundancy = false
 mon warn on insecure global id reclaim = false
 mon warn on insecure global id reclaim allowed = false
 mon data avail warn = 2
+# A throwaway monitor's store is a few MB: without this it refuses to start when the disk is
+# 95% full (seen here at 2% free on a shared machine), failing every test that needs it.
+mon data avail crit = 0
 log to stderr = false
 err to stderr = false
 osd crush chooseleaf type = 0
