@@ -1,56 +1,80 @@
 #!/usr/bin/env bash
 # The IO path (issue 20): logcache against nbdkit's file plugin (cache=none) serving a file on
 # the same file system as logcache's cache file, side by side, alternated ROUNDS times (the
-# order flips each round). fio's nbd engine over Unix sockets, one connection per job.
+# order reverses each round). fio's nbd engine over Unix sockets, one connection per job.
+#
+# Servers (SERVERS, space-separated; default all four):
+#   logcache        serve --io-engine io_uring (the default engine where the kernel allows it)
+#   logcache-sync   serve --io-engine sync (pread), its own cache and backing files
+#   nbdkit-file     nbdkit file cache=none: the issue's reference. NOTE: nbdkit 1.32's
+#                   cache=none reads through the page cache (buffered pread, then a
+#                   POSIX_FADV_DONTNEED that leaves most pages resident: fincore showed 458 of
+#                   512 MiB resident after its read jobs), so its reads are partly RAM speed
+#   qemu-nbd-direct qemu-nbd --cache=none --aio=io_uring (O_DIRECT): the cache device's own
+#                   speed through the same protocol, as logcache reads it
 #
 # The data (DATA_MIB, written sequentially through each server) is in place first; logcache's
-# is then drained (clean, on the cache device: every read is a hit there; `dirty` rounds skip
-# the drain). Jobs: 1 MiB sequential read iodepth 8, 4 KiB random read iodepth 32 and 1, 1 MiB
-# sequential write iodepth 8. For each: bandwidth or IOPS, and the server's CPU time per request
-# (utime+stime of the server process over the job, from /proc/PID/stat, divided by fio's IOs).
-# Prints one JSON line per measurement, then a table of the median ratios.
+# is then drained (clean, on the cache device: every read is a hit there; LOGCACHE_DIRTY=1
+# leaves it dirty). Jobs (JOBS, a grep -E pattern on the names; default all): 1 MiB
+# sequential read iodepth 8, 4 KiB random read iodepth 32 and 1, 1 MiB sequential write
+# iodepth 8. For each: bandwidth or IOPS, and the server's CPU time per request (utime+stime
+# of the server process over the job, from /proc/PID/stat, divided by fio's IOs). Prints one
+# JSON line per measurement, then tables of the median ratios against each reference.
 #
 # usage: scripts/bench-iopath.sh [ROUNDS=3] [RUNTIME_S=8] [DATA_MIB=1024] [DIR=/var/tmp]
-# (LOGCACHE_BIN picks the binary; LOGCACHE_DIRTY=1 leaves logcache's data dirty.)
+# (LOGCACHE_BIN picks the binary.)
 set -euo pipefail
 rounds=${1:-3}
 runtime=${2:-8}
 data_mib=${3:-1024}
 base=${4:-/var/tmp}
+servers=${SERVERS:-logcache logcache-sync nbdkit-file qemu-nbd-direct}
+job_filter=${JOBS:-.}
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${LOGCACHE_BIN:-$root/target/release/logcache}
 [ -x "$bin" ] || (cd "$root" && cargo build --release -q -p logcache)
 dir=$(mktemp -d "$base/lciopath.XXXXXX")
-lc_pid=
-kit_pid=
+declare -A pid uri
 cleanup() {
-    [ -n "$lc_pid" ] && kill -9 "$lc_pid" 2>/dev/null || true
-    [ -n "$kit_pid" ] && kill -9 "$kit_pid" 2>/dev/null || true
+    for p in "${pid[@]}"; do kill -9 "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     rm -rf "$dir"
 }
 trap cleanup EXIT
-truncate -s 8G "$dir/backing.img"
-truncate -s 4G "$dir/cache.img"
-truncate -s 4G "$dir/file.img"
-"$bin" format --cache "$dir/cache.img" --backing "$dir/backing.img" >/dev/null
-lc_sock="$dir/lc.sock"
-kit_sock="$dir/kit.sock"
-lc_uri="nbd+unix:///?socket=$lc_sock"
-kit_uri="nbd+unix:///?socket=$kit_sock"
 wait_socket() { # $1 uri, $2 pid
     until nbdinfo --size "$1" >/dev/null 2>&1; do
         kill -0 "$2" 2>/dev/null || { cat "$dir"/*.log >&2; exit 1; }
         sleep 0.05
     done
 }
-"$bin" serve --cache "$dir/cache.img" --backing "$dir/backing.img" --socket "$lc_sock" \
-    >"$dir/serve.log" 2>&1 &
-lc_pid=$!
-nbdkit -f -U "$kit_sock" file file="$dir/file.img" cache=none >"$dir/nbdkit.log" 2>&1 &
-kit_pid=$!
-wait_socket "$lc_uri" "$lc_pid"
-wait_socket "$kit_uri" "$kit_pid"
+start() { # $1 server name
+    local s=$1 sock="$dir/$1.sock"
+    case $s in
+    logcache | logcache-sync)
+        local engine=io_uring
+        [ "$s" = logcache-sync ] && engine=sync
+        truncate -s 8G "$dir/$s-backing.img"
+        truncate -s 4G "$dir/$s-cache.img"
+        "$bin" format --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" >/dev/null
+        "$bin" serve --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" \
+            --socket "$sock" --io-engine "$engine" >"$dir/$s.log" 2>&1 &
+        ;;
+    nbdkit-file)
+        truncate -s 4G "$dir/$s.img"
+        nbdkit -f -U "$sock" file file="$dir/$s.img" cache=none >"$dir/$s.log" 2>&1 &
+        ;;
+    qemu-nbd-direct)
+        truncate -s 4G "$dir/$s.img"
+        qemu-nbd -f raw -k "$sock" -t -e 4 --cache=none --aio=io_uring "$dir/$s.img" \
+            >"$dir/$s.log" 2>&1 &
+        ;;
+    *) echo "unknown server $s" >&2; exit 2 ;;
+    esac
+    pid[$s]=$!
+    uri[$s]="nbd+unix:///?socket=$sock"
+    wait_socket "${uri[$s]}" "${pid[$s]}"
+}
+for s in $servers; do start "$s"; done
 
 fio_run() { # $1 uri, $2 name, rest: fio options; prints the fio JSON file's path
     local out="$dir/fio-$2.json"
@@ -61,29 +85,31 @@ fio_run() { # $1 uri, $2 name, rest: fio options; prints the fio JSON file's pat
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # The data, sequentially, through each server.
-for uri in "$lc_uri" "$kit_uri"; do
-    fio_run "$uri" fill --rw=write --bs=1M --iodepth=8 --size="${data_mib}M" >/dev/null
+for s in $servers; do
+    fio_run "${uri[$s]}" fill --rw=write --bs=1M --iodepth=8 --size="${data_mib}M" >/dev/null
+    if [[ $s == logcache* ]] && [ "${LOGCACHE_DIRTY:-0}" != 1 ]; then
+        "$bin" drain --control "$dir/$s-cache.img.ctl" >/dev/null 2>&1
+    fi
 done
-if [ "${LOGCACHE_DIRTY:-0}" != 1 ]; then
-    "$bin" drain --control "$dir/cache.img.ctl" >/dev/null
-fi
 state=$([ "${LOGCACHE_DIRTY:-0}" = 1 ] && echo dirty || echo clean)
 
 # name: fio options (over the data's range; the write job writes the data again).
-jobs=(
-    "seqread-1m-qd8:--rw=read --bs=1M --iodepth=8"
-    "randread-4k-qd32:--rw=randread --bs=4k --iodepth=32"
-    "randread-4k-qd1:--rw=randread --bs=4k --iodepth=1"
-    "seqwrite-1m-qd8:--rw=write --bs=1M --iodepth=8"
-)
+jobs=()
+for entry in \
+    "seqread-1m-qd8:--rw=read --bs=1M --iodepth=8" \
+    "randread-4k-qd32:--rw=randread --bs=4k --iodepth=32" \
+    "randread-4k-qd1:--rw=randread --bs=4k --iodepth=1" \
+    "seqwrite-1m-qd8:--rw=write --bs=1M --iodepth=8"; do
+    if echo "${entry%%:*}" | grep -Eq "$job_filter"; then jobs+=("$entry"); fi
+done
 hz=$(getconf CLK_TCK)
-measure() { # $1 server, $2 uri, $3 pid, $4 job name, $5 fio options, $6 round
-    local before after out
-    before=$(cpu_ticks "$3")
+measure() { # $1 server, $2 job name, $3 fio options, $4 round
+    local before after out p=${pid[$1]}
+    before=$(cpu_ticks "$p")
     # shellcheck disable=SC2086
-    out=$(fio_run "$2" "$4-$1" $5 --size="${data_mib}M" --time_based --runtime="$runtime")
-    after=$(cpu_ticks "$3")
-    /usr/bin/python3 - "$out" "$1" "$4" "$6" "$((after - before))" "$hz" "$state" <<'EOF'
+    out=$(fio_run "${uri[$1]}" "$2-$1" $3 --size="${data_mib}M" --time_based --runtime="$runtime")
+    after=$(cpu_ticks "$p")
+    /usr/bin/python3 - "$out" "$1" "$2" "$4" "$((after - before))" "$hz" "$state" <<'EOF'
 import json, sys
 path, server, job, rnd, ticks, hz, state = sys.argv[1:]
 j = json.load(open(path))["jobs"][0]
@@ -100,13 +126,10 @@ for round in $(seq 1 "$rounds"); do
     for entry in "${jobs[@]}"; do
         name=${entry%%:*}
         opts=${entry#*:}
-        if [ $((round % 2)) = 1 ]; then order="logcache nbdkit-file"; else order="nbdkit-file logcache"; fi
-        for server in $order; do
-            if [ "$server" = logcache ]; then
-                measure logcache "$lc_uri" "$lc_pid" "$name" "$opts" "$round"
-            else
-                measure nbdkit-file "$kit_uri" "$kit_pid" "$name" "$opts" "$round"
-            fi | tee -a "$results"
+        order=$servers
+        if [ $((round % 2)) = 0 ]; then order=$(echo "$servers" | tr ' ' '\n' | tac | tr '\n' ' '); fi
+        for s in $order; do
+            measure "$s" "$name" "$opts" "$round" | tee -a "$results"
         done
     done
 done
@@ -114,19 +137,34 @@ done
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 jobs = list(dict.fromkeys(r["job"] for r in rows))
+servers = list(dict.fromkeys(r["server"] for r in rows))
+def pick(job, server, key):
+    return [r[key] for r in sorted(rows, key=lambda r: r["round"])
+            if r["job"] == job and r["server"] == server]
 print()
-print("| job | logcache | nbdkit file | ratio (median, per-round range) | server CPU µs/IO logcache / nbdkit |")
-print("|---|---:|---:|---:|---:|")
+print("| job | " + " | ".join(servers) + " | server CPU µs/IO (" + " / ".join(servers) + ") |")
+print("|---|" + "---:|" * (len(servers) + 1))
 for job in jobs:
-    def pick(server, key):
-        return [r[key] for r in rows if r["job"] == job and r["server"] == server]
     key = "mb_s" if job.startswith("seq") else "iops"
     unit = "MB/s" if key == "mb_s" else "IOPS"
-    lc, kit = pick("logcache", key), pick("nbdkit-file", key)
-    ratios = [a / b for a, b in zip(lc, kit) if b]
-    cpu_lc = statistics.median(pick("logcache", "server_cpu_us_per_io"))
-    cpu_kit = statistics.median(pick("nbdkit-file", "server_cpu_us_per_io"))
-    print(f"| {job} | {statistics.median(lc):,.0f} {unit} | {statistics.median(kit):,.0f} {unit} "
-          f"| **{statistics.median(ratios):.2f}** ({min(ratios):.2f}–{max(ratios):.2f}) "
-          f"| {cpu_lc:.1f} / {cpu_kit:.1f} |")
+    cells = [f"{statistics.median(pick(job, s, key)):,.0f} {unit}" for s in servers]
+    cpu = [f"{statistics.median(pick(job, s, 'server_cpu_us_per_io')):.1f}" for s in servers]
+    print(f"| {job} | " + " | ".join(cells) + " | " + " / ".join(cpu) + " |")
+for ref in ("nbdkit-file", "qemu-nbd-direct"):
+    if ref not in servers:
+        continue
+    others = [s for s in servers if s.startswith("logcache")]
+    if not others:
+        continue
+    print()
+    print(f"ratios to {ref} (median, per-round range):")
+    print("| job | " + " | ".join(others) + " |")
+    print("|---|" + "---:|" * len(others))
+    for job in jobs:
+        key = "mb_s" if job.startswith("seq") else "iops"
+        cells = []
+        for s in others:
+            r = [a / b for a, b in zip(pick(job, s, key), pick(job, ref, key)) if b]
+            cells.append(f"**{statistics.median(r):.2f}** ({min(r):.2f}–{max(r):.2f})")
+        print(f"| {job} | " + " | ".join(cells) + " |")
 EOF

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use logcache_io::file::{FileDevice, FileOptions};
+use logcache_io::file::{FileDevice, FileOptions, ReadEngine};
 use logcache_io::BlockDevice;
 use logcache_nbd::uri::is_nbd_uri;
 use logcache_nbd_client::NbdDevice;
@@ -55,10 +55,19 @@ pub fn open_file(path: &Path, what: impl FnOnce() -> String) -> Result<FileDevic
 
 /// Opens the cache device (a file or block device) for reading and writing.
 pub fn open_cache(path: &Path) -> Result<Arc<dyn BlockDevice>, OpenError> {
+    open_cache_with_engine(path, ReadEngine::Sync)
+}
+
+/// [`open_cache`], its read batches (the read hit path) served by `engine`.
+pub fn open_cache_with_engine(
+    path: &Path,
+    engine: ReadEngine,
+) -> Result<Arc<dyn BlockDevice>, OpenError> {
     if !path.exists() {
         return Err(OpenError::CacheMissing(path.display().to_string()));
     }
-    let dev = open_file(path, || format!("opening cache {}", path.display()))?;
+    let mut dev = open_file(path, || format!("opening cache {}", path.display()))?;
+    dev.set_read_engine(engine);
     Ok(Arc::new(dev))
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use logcache_backing::DEFAULT_REQUEST_TIMEOUT;
+use logcache_engine::io::file::ReadEngine;
 use logcache_engine::io::BlockDevice;
 use logcache_nbd::uri::is_nbd_uri;
 
@@ -16,6 +17,43 @@ use crate::guard::{lock_holder, try_flock};
 /// Opens the cache device (a file or block device) for reading and writing.
 pub fn open_cache(path: &Path) -> Result<Arc<dyn BlockDevice>> {
     Ok(logcache_backing::open_cache(path)?)
+}
+
+/// `serve --io-engine`: how the cache device's read batches (the read hit path) are served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum IoEngineArg {
+    /// io_uring where the kernel allows it, else `sync` (with a one-line note saying why).
+    Auto,
+    /// io_uring, or refuse to start where the kernel does not allow it.
+    #[value(name = "io_uring")]
+    IoUring,
+    /// Positional reads (pread), one after another.
+    Sync,
+}
+
+/// Picks the read engine `arg` asks for: `auto` falls back to `sync` with a note on stderr,
+/// `io_uring` refuses with one line where the kernel forbids it.
+pub fn pick_read_engine(arg: IoEngineArg) -> Result<ReadEngine> {
+    match arg {
+        IoEngineArg::Sync => Ok(ReadEngine::Sync),
+        IoEngineArg::IoUring => ReadEngine::require_io_uring().map_err(|e| {
+            anyhow::anyhow!(
+                "--io-engine io_uring: this kernel refuses io_uring ({e}); use --io-engine sync"
+            )
+        }),
+        IoEngineArg::Auto => {
+            let (engine, why) = ReadEngine::detect();
+            if let Some(e) = why {
+                eprintln!("logcache: note: io_uring unavailable ({e}); reading the cache device with pread (--io-engine sync)");
+            }
+            Ok(engine)
+        }
+    }
+}
+
+/// Opens the cache device for `serve`, its read hits served by `engine`.
+pub fn open_cache_for_serving(path: &Path, engine: ReadEngine) -> Result<Arc<dyn BlockDevice>> {
+    Ok(logcache_backing::open_cache_with_engine(path, engine)?)
 }
 
 /// Opens a backing SPEC: an NBD URI, an RBD image (`rbd:POOL/IMAGE[?conf=PATH&id=USER]`) or a

@@ -515,6 +515,16 @@ impl Engine {
         inner::check_usable(&st)
     }
 
+    /// Pins held on segments by reads and relocation under way (0 when nothing is in
+    /// flight): tests use it to show a failed read left no pin behind.
+    #[doc(hidden)]
+    pub fn segment_pins(&self) -> u64 {
+        let pins = &self.inner.pins;
+        pins.iter()
+            .map(|p| u64::from(p.load(std::sync::atomic::Ordering::Acquire)))
+            .sum()
+    }
+
     pub fn stats(&self) -> Stats {
         let st = self.inner.state.lock();
         let g = &self.inner.geo;

@@ -291,3 +291,123 @@ fn a_large_miss_is_one_backing_read() {
         "a 4 MiB miss took more than one backing read"
     );
 }
+
+/// The same failure on a real cache file read through the IO engine (io_uring where the kernel
+/// allows it, its runs in one batch): three runs of dirty blocks, the middle one past the end
+/// of the cache file (cut short under the engine, so its read fails with a short read while
+/// the runs around it in the same batch succeed). The request fails with an IO error (no
+/// data of it is served), no segment pin stays behind, the runs around it still read right,
+/// and the engine closes.
+#[test]
+fn a_device_read_failing_in_the_middle_of_a_batched_multi_run_read_fails_the_request_cleanly() {
+    use logcache_engine::io::file::{create_sparse, DirectIo, FileDevice, FileOptions, ReadEngine};
+    use logcache_engine::{format_cache, FormatOptions};
+    let dir = std::env::temp_dir();
+    let tag = format!("logcache-read-runs-{}", std::process::id());
+    let cache_path = dir.join(format!("{tag}-cache.img"));
+    let backing_path = dir.join(format!("{tag}-backing.img"));
+    struct Remove(Vec<std::path::PathBuf>);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+    let _remove = Remove(vec![cache_path.clone(), backing_path.clone()]);
+    let cache_bytes = MIB + 16 * MIB;
+    create_sparse(&cache_path, cache_bytes).unwrap();
+    create_sparse(&backing_path, 64 * MIB).unwrap();
+    let (engine_kind, why) = ReadEngine::detect();
+    if let Some(e) = why {
+        eprintln!("io_uring unavailable ({e}): the batch goes through the sync engine");
+    }
+    let open_devices = || {
+        let opts = FileOptions {
+            direct: DirectIo::Auto,
+            writable: true,
+        };
+        let mut cache = FileDevice::open(&cache_path, opts).unwrap();
+        cache.set_read_engine(engine_kind);
+        let backing = FileDevice::open(&backing_path, opts).unwrap();
+        (
+            Arc::new(cache) as Arc<dyn BlockDevice>,
+            Arc::new(backing) as Arc<dyn BlockDevice>,
+        )
+    };
+    let (cache, backing) = open_devices();
+    let format = FormatOptions {
+        segment_size_bytes: MIB,
+        ..FormatOptions::default()
+    };
+    format_cache(&*cache, &*backing, &format).unwrap();
+    let e = Engine::open(cache, backing, manual(4 * MIB)).unwrap();
+    // Blocks 0..8, then 16..24, then 8..16: reading 0..24 is three runs, the middle one
+    // (8..16) last on the cache device.
+    for range in [0..8u64, 16..24, 8..16] {
+        for b in range {
+            e.write(b * BLOCK, &block_of(b), false).unwrap();
+        }
+        e.flush().unwrap();
+    }
+    e.close().unwrap();
+    let image = std::fs::read(&cache_path).unwrap();
+    let at = |b: u64| {
+        image
+            .chunks(4096)
+            .position(|c| c == block_of(b))
+            .expect("the block is on the cache device") as u64
+            * BLOCK
+    };
+    assert!(
+        at(16) > at(7) + BLOCK && at(8) > at(23),
+        "three runs, the middle one last"
+    );
+    let cut_at = at(8);
+
+    let (cache, backing) = open_devices();
+    let e = Engine::open(cache, backing, manual(4 * MIB)).unwrap();
+    let mut out = logcache_engine::io::aligned::AlignedBuf::new((24 * BLOCK) as usize);
+    e.read(0, &mut out).unwrap();
+    for b in 0..24u64 {
+        assert!(
+            out[(b * BLOCK) as usize..][..4096] == block_of(b),
+            "block {b}"
+        );
+    }
+    // The file is cut at block 8's copy: the middle run (and only it) now reads short.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&cache_path)
+        .unwrap()
+        .set_len(cut_at)
+        .unwrap();
+    let batches_before = ReadEngine::io_uring_batches();
+    let errors_before = e.stats().counters.io_errors;
+    let err = e.read(0, &mut out).unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    if engine_kind == ReadEngine::IoUring {
+        assert!(
+            ReadEngine::io_uring_batches() > batches_before,
+            "the runs went through the ring"
+        );
+    }
+    assert!(e.stats().counters.io_errors > errors_before);
+    assert_eq!(e.segment_pins(), 0, "a failed read left a segment pinned");
+    // The runs around the bad one still read right, alone and together.
+    for (from, to) in [(0u64, 8u64), (16, 24)] {
+        let mut part =
+            logcache_engine::io::aligned::AlignedBuf::new(((to - from) * BLOCK) as usize);
+        e.read(from * BLOCK, &mut part).unwrap();
+        for b in from..to {
+            assert!(
+                part[((b - from) * BLOCK) as usize..][..4096] == block_of(b),
+                "block {b}"
+            );
+        }
+    }
+    // The dirty blocks are the only copies: every read of them keeps failing, never zeros.
+    assert!(e.read(8 * BLOCK, &mut out[..4096]).is_err());
+    assert_eq!(e.segment_pins(), 0);
+    e.close().unwrap();
+}

@@ -10,6 +10,9 @@
 pub mod aligned;
 pub mod file;
 pub mod memory;
+mod read_op;
+
+pub use read_op::{recycle_read_ops, ReadOp};
 
 use std::io;
 
@@ -44,6 +47,14 @@ pub trait BlockDevice: Send + Sync {
     }
     /// A short human description (path, "memory", ...) for messages.
     fn describe(&self) -> String;
+    /// Reads every op (each its own buffer and offset), setting each op's `result`: the IOs of
+    /// one request, which a device may have in flight together (a file with the io_uring read
+    /// engine submits them in one system call). The default reads them one by one.
+    fn read_batch(&self, ops: &mut [ReadOp<'_>]) {
+        for op in ops.iter_mut() {
+            op.result = self.read_at(op.buf, op.offset);
+        }
+    }
     /// Writes `bufs` one after another from `offset`, as one IO where the device can (a file:
     /// one `pwritev`). The default writes them one by one.
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {

@@ -17,7 +17,8 @@ use crate::cmd::admin::{parse_assignments, validate_assignments};
 use crate::control::server::ControlServer;
 use crate::defaults;
 use crate::devices::{
-    control_path_for, lock_backing, lock_cache, open_backing_with_timeout, open_cache,
+    control_path_for, lock_backing, lock_cache, open_backing_with_timeout, open_cache_for_serving,
+    pick_read_engine, IoEngineArg,
 };
 use crate::guard::refuse_same_device;
 use crate::metrics::MetricsServer;
@@ -66,6 +67,11 @@ pub struct ServeArgs {
     /// packets costs this long per try.
     #[arg(long, value_name = "SECONDS", default_value_t = 60.0)]
     pub backing_timeout: f64,
+    /// How the cache device's reads are served: io_uring (the runs of one request submitted
+    /// together), sync (pread, one after another), or auto (io_uring where the kernel allows
+    /// it, else sync).
+    #[arg(long, value_enum, default_value_t = IoEngineArg::Auto)]
+    pub io_engine: IoEngineArg,
 }
 
 struct Plan {
@@ -162,7 +168,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         defaults::ensure_files()?;
     }
     refuse_same_device(&plan.cache, &plan.backing)?;
-    let cache = open_cache(&plan.cache)?;
+    let read_engine = pick_read_engine(args.io_engine)?;
+    let cache = open_cache_for_serving(&plan.cache, read_engine)?;
     let _lock = lock_cache(&plan.cache)?;
     let _backing_lock = lock_backing(&plan.backing)?;
     let backing = open_backing_with_timeout(&plan.backing, backing_timeout)?;

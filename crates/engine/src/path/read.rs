@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
 use crate::geometry::{sector_mask, CacheBlock};
 use crate::inner::{check_usable, Inner};
-use crate::io::aligned::{is_aligned, AlignedBuf};
+use crate::io::aligned::AlignedBuf;
+use crate::io::{recycle_read_ops, ReadOp};
 use crate::promote;
 use crate::state::{Location, State};
 
@@ -61,8 +62,24 @@ struct Scratch {
     partials: Vec<Partial>,
     /// Byte ranges of the request's buffer to read from the backing device.
     misses: Vec<(usize, usize)>,
-    /// Aligned buffer for a run whose destination cannot take the device read directly.
+    /// Runs of `planned` read with one IO each.
+    runs: Vec<Run>,
+    /// The batch of the window's reads (kept empty between windows: only its allocation).
+    ops: Vec<ReadOp<'static>>,
+    /// Each run's IO outcome, by run.
+    outcomes: Vec<std::io::Result<()>>,
+    /// Aligned buffer for runs whose destination cannot take the device read directly: the
+    /// run starting at planned block `i` uses `[i * BLOCK, ..)`.
     run: Option<AlignedBuf>,
+}
+
+/// Planned blocks `[from, to)`, adjacent on the cache device and in the request: one IO.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    from: usize,
+    to: usize,
+    /// Read straight into the request's buffer (else into the scratch).
+    direct: bool,
 }
 
 thread_local! {
@@ -93,6 +110,8 @@ fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
     scratch.planned.clear();
     scratch.partials.clear();
     scratch.misses.clear();
+    scratch.runs.clear();
+    scratch.outcomes.clear();
     SCRATCH.with(|s| *s.borrow_mut() = scratch);
     result
 }
@@ -274,24 +293,32 @@ fn lookup_block(
 }
 
 /// Reads the planned blocks, one device IO per run of blocks adjacent both on the cache device
-/// and in the request, and checks each block's CRC. Unpins every planned block.
+/// and in the request, all runs of the window as one batch (in flight together where the
+/// device can), then checks each block's CRC. Unpins every planned block.
 fn read_planned(inner: &Inner, offset_bytes: u64, buf: &mut [u8], s: &mut Scratch) -> Result<()> {
-    let mut result = Ok(());
+    s.runs.clear();
     let mut i = 0;
     while i < s.planned.len() {
         let mut end = i + 1;
         while end < s.planned.len() && adjacent(inner, &s.planned[end - 1], &s.planned[end]) {
             end += 1;
         }
-        if result.is_ok() {
-            result = read_run(inner, offset_bytes, buf, s, i, end);
-        }
-        for p in &s.planned[i..end] {
-            let (slot, _) = inner.geo.split(p.c);
-            let pins_before = inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
-            assert!(pins_before > 0, "segment pin count underflow");
-        }
+        s.runs.push(Run {
+            from: i,
+            to: end,
+            direct: false,
+        });
         i = end;
+    }
+    let result = if s.runs.is_empty() {
+        Ok(())
+    } else {
+        read_runs(inner, offset_bytes, buf, s)
+    };
+    for p in &s.planned {
+        let (slot, _) = inner.geo.split(p.c);
+        let pins_before = inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
+        assert!(pins_before > 0, "segment pin count underflow");
     }
     result
 }
@@ -302,38 +329,75 @@ fn adjacent(inner: &Inner, a: &Planned, b: &Planned) -> bool {
         && inner.geo.block_offset(b.c) == inner.geo.block_offset(a.c) + BLOCK_SIZE_BYTES
 }
 
-/// Reads planned blocks `[from, to)` (one run) with one IO: straight into the request's buffer
-/// when the run is whole, aligned blocks, else through the aligned scratch. A block that fails
-/// (the IO, or its CRC) is handled as `block_failed` says.
-fn read_run(
+/// Reads every run with one batch: a run goes straight into the request's buffer when it is
+/// whole, aligned blocks, else into its own part of the aligned scratch (planned block `i`
+/// at `i * BLOCK`, so runs never share scratch). Then each run is checked in request order.
+fn read_runs(inner: &Inner, offset_bytes: u64, buf: &mut [u8], s: &mut Scratch) -> Result<()> {
+    let buf_addr = buf.as_ptr() as usize;
+    let scratch = s
+        .run
+        .get_or_insert_with(|| AlignedBuf::new(WINDOW_BLOCKS * BLOCK));
+    let mut ops = recycle_read_ops(std::mem::take(&mut s.ops));
+    {
+        // Runs come in request order, so each takes its part of `buf` (or of the scratch)
+        // from what the runs before it left.
+        let mut buf_rest: &mut [u8] = buf;
+        let mut buf_at = 0usize;
+        let mut scratch_rest: &mut [u8] = &mut scratch[..];
+        let mut scratch_at = 0usize;
+        for run in s.runs.iter_mut() {
+            let count = run.to - run.from;
+            debug_assert!(count > 0 && count <= WINDOW_BLOCKS);
+            let first = s.planned[run.from];
+            let last = s.planned[run.to - 1];
+            let run_bytes = count * BLOCK;
+            let whole = first.in_block == 0 && last.len == BLOCK;
+            run.direct = whole && (buf_addr + first.dst_start) % 4096 == 0;
+            let dst = if run.direct {
+                assert!(first.dst_start >= buf_at);
+                let rest = std::mem::take(&mut buf_rest);
+                let (dst, tail) = rest[first.dst_start - buf_at..].split_at_mut(run_bytes);
+                buf_rest = tail;
+                buf_at = first.dst_start + run_bytes;
+                dst
+            } else {
+                let at = run.from * BLOCK;
+                assert!(at >= scratch_at);
+                let rest = std::mem::take(&mut scratch_rest);
+                let (dst, tail) = rest[at - scratch_at..].split_at_mut(run_bytes);
+                scratch_rest = tail;
+                scratch_at = at + run_bytes;
+                dst
+            };
+            ops.push(ReadOp::new(dst, inner.geo.block_offset(first.c)));
+        }
+        inner.cache.read_batch(&mut ops);
+        s.outcomes.clear();
+        s.outcomes.extend(ops.drain(..).map(|op| op.result));
+    }
+    s.ops = recycle_read_ops(ops);
+    debug_assert_eq!(s.outcomes.len(), s.runs.len());
+    for r in 0..s.runs.len() {
+        let outcome = std::mem::replace(&mut s.outcomes[r], Ok(()));
+        check_run(inner, offset_bytes, buf, s, r, outcome)?;
+    }
+    Ok(())
+}
+
+/// After run `r`'s IO: each block's CRC checked and its bytes put in place. A block that
+/// fails (the IO, or its CRC) is handled as `block_failed` says.
+fn check_run(
     inner: &Inner,
     offset_bytes: u64,
     buf: &mut [u8],
     s: &mut Scratch,
-    from: usize,
-    to: usize,
+    r: usize,
+    outcome: std::io::Result<()>,
 ) -> Result<()> {
+    let Run { from, to, direct } = s.runs[r];
     let count = to - from;
-    debug_assert!(count > 0 && count <= WINDOW_BLOCKS);
-    let run = &s.planned[from..to];
-    let first = run[0];
-    let last = run[count - 1];
-    let device_offset = inner.geo.block_offset(first.c);
-    let run_bytes = count * BLOCK;
-    let whole = first.in_block == 0 && last.len == BLOCK;
-    let direct = whole && is_aligned(&buf[first.dst_start..]);
-    let io = if direct {
-        let dst = &mut buf[first.dst_start..first.dst_start + run_bytes];
-        inner.cache.read_at(dst, device_offset)
-    } else {
-        let scratch = s
-            .run
-            .get_or_insert_with(|| AlignedBuf::new(WINDOW_BLOCKS * BLOCK));
-        inner
-            .cache
-            .read_at(&mut scratch[..run_bytes], device_offset)
-    };
-    if let Err(e) = io {
+    if let Err(e) = outcome {
+        let first = s.planned[from];
         if count == 1 {
             let err = Error::io(
                 format!("reading cache block {} (lba {})", first.c, first.lba),
@@ -342,14 +406,14 @@ fn read_run(
             return block_failed(inner, offset_bytes, buf, &first, err);
         }
         // Which blocks are bad is unknown: read them one by one, each with its own outcome.
-        for i in 0..count {
-            let p = s.planned[from + i];
+        for i in from..to {
+            let p = s.planned[i];
             read_one(inner, offset_bytes, buf, &p)?;
         }
         return Ok(());
     }
-    for i in 0..count {
-        let p = s.planned[from + i];
+    for i in from..to {
+        let p = s.planned[i];
         let (block, dst): (&[u8], &mut [u8]) = if direct {
             let at = p.dst_start;
             (&buf[at..at + BLOCK], &mut [])

@@ -14,6 +14,7 @@ mod open;
 mod sys;
 #[cfg(test)]
 mod tests;
+mod uring;
 
 use std::fs::File;
 use std::io;
@@ -21,9 +22,47 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use crate::aligned::is_aligned;
-use crate::{check_range, Allocation, BlockDevice};
+use crate::{check_range, Allocation, BlockDevice, ReadOp};
 
 pub use open::create_sparse;
+
+/// How a [`FileDevice`] serves a batch of reads ([`BlockDevice::read_batch`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadEngine {
+    /// One positional read (`pread`) after another, on the calling thread.
+    Sync,
+    /// The batch submitted to the kernel at once through a per-thread io_uring (O_DIRECT
+    /// batches of two reads or more; a single read is one `pread`, as cheap as a submission).
+    IoUring,
+}
+
+impl ReadEngine {
+    /// The `--io-engine` spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadEngine::Sync => "sync",
+            ReadEngine::IoUring => "io_uring",
+        }
+    }
+
+    /// io_uring where the kernel allows it (probed now), else `Sync` with the reason.
+    pub fn detect() -> (ReadEngine, Option<io::Error>) {
+        match uring::probe() {
+            Ok(()) => (ReadEngine::IoUring, None),
+            Err(e) => (ReadEngine::Sync, Some(e)),
+        }
+    }
+
+    /// Batches served through io_uring in this process so far (every device).
+    pub fn io_uring_batches() -> u64 {
+        uring::batches()
+    }
+
+    /// `IoUring` only if the kernel allows it: the error says why not.
+    pub fn require_io_uring() -> io::Result<ReadEngine> {
+        uring::probe().map(|()| ReadEngine::IoUring)
+    }
+}
 
 /// Whether to bypass the page cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,12 +111,23 @@ pub struct FileDevice {
     direct_align_bytes: u64,
     /// Granularity discards are trimmed to (the logical sector size of a block device).
     discard_align_bytes: u64,
+    read_engine: ReadEngine,
 }
 
 impl FileDevice {
     /// The path the device was opened with.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Serves read batches with `engine` from now on (`Sync` at open); an engine the kernel
+    /// refuses is the caller's to probe first ([`ReadEngine::detect`]).
+    pub fn set_read_engine(&mut self, engine: ReadEngine) {
+        self.read_engine = engine;
+    }
+
+    pub fn read_engine(&self) -> ReadEngine {
+        self.read_engine
     }
 
     /// True when IO bypasses the page cache (O_DIRECT).
@@ -152,6 +202,28 @@ impl BlockDevice for FileDevice {
             self.pread_exact(buf, offset)
         } else {
             self.read_bounced(buf, offset)
+        }
+    }
+
+    fn read_batch(&self, ops: &mut [ReadOp<'_>]) {
+        // To the ring: reads the kernel takes as they are. The rest (a buffer or range that
+        // needs bouncing, a bad range that gets its own error) go the ordinary way.
+        let ringable = |op: &ReadOp<'_>| {
+            !op.buf.is_empty()
+                && self.direct_ok(op.buf, op.offset)
+                && self.check(op.offset, op.buf.len() as u64).is_ok()
+        };
+        // A single read is one `pread`: as cheap as one submission, and no ring is needed.
+        let use_ring = self.read_engine == ReadEngine::IoUring
+            && ops.iter().filter(|op| ringable(op)).nth(1).is_some();
+        if use_ring && uring::read_batch(&self.file, ops, ringable).is_ok() {
+            for op in ops.iter_mut().filter(|op| !ringable(op)) {
+                op.result = self.read_at(op.buf, op.offset);
+            }
+            return;
+        }
+        for op in ops.iter_mut() {
+            op.result = self.read_at(op.buf, op.offset);
         }
     }
 

@@ -107,6 +107,7 @@ impl FileDevice {
             direct,
             direct_align_bytes,
             discard_align_bytes: discard_align_bytes.max(SECTOR_SIZE_BYTES),
+            read_engine: super::ReadEngine::Sync,
         })
     }
 }

@@ -426,3 +426,84 @@ fn allocation_reports_a_sparse_files_holes_and_data() {
     dev.write_zeroes(64 << 10, 4096).unwrap();
     assert_eq!(dev.allocation(0, 1 << 20).unwrap(), (1 << 20, hole));
 }
+
+/// A batch of reads (several runs of one request) returns what positional reads return, with
+/// either engine: each op its own bytes, and an op that fails (past the end of a file that
+/// shrank under the device: a short read) fails alone, the ops around it still served.
+#[test]
+fn a_read_batch_serves_each_op_and_fails_only_the_failing_one() {
+    let size_bytes = 4u64 << 20;
+    let data = random_bytes(7, size_bytes as usize);
+    let (detected, why) = ReadEngine::detect();
+    if let Some(e) = why {
+        eprintln!("io_uring unavailable here ({e}): only the sync engine is tested");
+    }
+    for engine in [ReadEngine::Sync, detected] {
+        let path = make_file("batch", size_bytes);
+        let mut dev = open(&path.0, DirectIo::Auto);
+        dev.set_read_engine(engine);
+        dev.write_at(&aligned_copy(&data), 0).unwrap();
+        // Four runs, out of device order, one of them unaligned in memory (bounced).
+        let offsets = [3u64 << 20, 4096, 2 << 20, (1 << 20) + 512];
+        let lens = [64 * 1024usize, 4096, 1 << 20, 8192];
+        let mut bufs: Vec<AlignedBuf> = lens.iter().map(|&l| AlignedBuf::new(l + 4096)).collect();
+        let batches_before = ReadEngine::io_uring_batches();
+        {
+            let mut ops: Vec<ReadOp<'_>> = bufs
+                .iter_mut()
+                .zip(offsets.iter().zip(lens))
+                .map(|(b, (&off, len))| ReadOp::new(&mut b[..len], off))
+                .collect();
+            dev.read_batch(&mut ops);
+            for (i, op) in ops.iter().enumerate() {
+                op.result.as_ref().unwrap();
+                let at = offsets[i] as usize;
+                assert!(op.buf[..] == data[at..at + lens[i]], "{engine:?} op {i}");
+            }
+        }
+        if engine == ReadEngine::IoUring {
+            assert!(
+                ReadEngine::io_uring_batches() > batches_before,
+                "the ring served it"
+            );
+        }
+        // The file shrinks to 2 MiB + 4 KiB: the third op (2 MiB .. 3 MiB) reads short.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path.0)
+            .unwrap()
+            .set_len((2 << 20) + 4096)
+            .unwrap();
+        let mut ops: Vec<ReadOp<'_>> = bufs
+            .iter_mut()
+            .zip(offsets.iter().zip(lens))
+            .map(|(b, (&off, len))| ReadOp::new(&mut b[..len], off))
+            .collect();
+        ops.swap(0, 2);
+        // Now: [2 MiB: fails] [4 KiB] [3 MiB: fails] [1 MiB + 512] — failures first and
+        // in the middle.
+        dev.read_batch(&mut ops);
+        for (i, op) in ops.iter().enumerate() {
+            let fails = op.offset >= 2 << 20;
+            assert_eq!(
+                op.result.is_err(),
+                fails,
+                "{engine:?} op {i} at {}",
+                op.offset
+            );
+            if !fails {
+                let at = op.offset as usize;
+                assert!(
+                    op.buf[..] == data[at..at + op.buf.len()],
+                    "{engine:?} op {i}"
+                );
+            }
+        }
+    }
+}
+
+fn aligned_copy(data: &[u8]) -> AlignedBuf {
+    let mut b = AlignedBuf::new(data.len());
+    b.copy_from_slice(data);
+    b
+}
