@@ -21,6 +21,10 @@
 # of the server process over the job, from /proc/PID/stat, divided by fio's IOs). Prints one
 # JSON line per measurement, then tables of the median ratios against each reference.
 #
+# FILL="randwrite 4k" writes the data in random order in 4 KiB pieces instead (each server; the
+# log then holds it scattered, so a 1 MiB read of it is many runs: what batched submission is
+# for).
+#
 # usage: scripts/bench-iopath.sh [ROUNDS=3] [RUNTIME_S=8] [DATA_MIB=1024] [DIR=/var/tmp]
 # (LOGCACHE_BIN picks the binary.)
 set -euo pipefail
@@ -86,7 +90,9 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # The data, sequentially, through each server.
 for s in $servers; do
-    fio_run "${uri[$s]}" fill --rw=write --bs=1M --iodepth=8 --size="${data_mib}M" >/dev/null
+    read -r fill_rw fill_bs <<<"${FILL:-write 1M}"
+    fio_run "${uri[$s]}" fill --rw="$fill_rw" --bs="$fill_bs" --iodepth=8 --size="${data_mib}M" \
+        --norandommap=0 >/dev/null
     if [[ $s == logcache* ]] && [ "${LOGCACHE_DIRTY:-0}" != 1 ]; then
         "$bin" drain --control "$dir/$s-cache.img.ctl" >/dev/null 2>&1
     fi
