@@ -79,8 +79,9 @@ mon warn on insecure global id reclaim = false
 mon warn on insecure global id reclaim allowed = false
 mon data avail warn = 2
 # A throwaway monitor's store is a few MB: without this it refuses to start when the disk is
-# 95% full (seen here at 2% free on a shared machine), failing every test that needs it.
-mon data avail crit = 0
+# 95% full (seen here at 2% free on a shared machine), failing every test that needs it; -1,
+# not 0, because below 1% free the free share rounds down to 0, which 0 still refuses.
+mon data avail crit = -1
 log to stderr = false
 err to stderr = false
 osd crush chooseleaf type = 0
