@@ -1,29 +1,32 @@
 //! `export-diff` on the serving side: the changes since a checkpoint as an `rbd diff v1`
 //! stream, describing the disk at one moment: the creation of the new checkpoint.
 //!
-//! The new checkpoint and a frozen copy of the old one's changed blocks are taken in one lock
-//! hold (`Engine::checkpoint_create_since`). Each run of frozen blocks is then read through the
-//! engine, and the new checkpoint's bits for that run are checked after the read: none set
-//! means no write touched those blocks since the moment, so the bytes read are the moment's.
-//! A write to a block not yet exported makes the export fail with one line (never a stream
-//! mixing two moments); writes elsewhere, or to blocks already exported, do not matter.
-//! Runs of zero blocks become `z` records, the rest `w` records, sorted and disjoint.
+//! `Engine::export_begin` creates the new checkpoint and takes the old one's changed blocks
+//! at one moment, and holds them: a client changing a block not yet exported makes the
+//! engine keep the moment's copy first (engine `export.rs`), so clients keep writing while
+//! the export reads. Runs of zero blocks become `z` records, the rest `w` records, sorted
+//! and disjoint.
 
 use std::io::Write;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use logcache_diff::{Encoder, Header};
-use logcache_engine::Engine;
+use logcache_engine::{Engine, Export};
 
 const BLOCK_BYTES: u64 = 4096;
 /// Blocks read per engine read.
 const PIECE_BLOCKS: u64 = 256;
+/// The most RAM an export spends on the moment's copies of blocks clients rewrite before it
+/// reads them; past that it fails with one line (the disk is unaffected).
+pub const HOLD_LIMIT_BYTES: u64 = 256 << 20;
 
 /// What an export wrote.
 pub struct Exported {
     pub checkpoint: String,
     pub data_bytes: u64,
     pub zero_bytes: u64,
+    /// Bytes clients rewrote during the export whose moment's copy was kept for it.
+    pub kept_bytes: u64,
 }
 
 /// Writes the diff since `since` to `out`. With `new`, checkpoint `new` is created and kept
@@ -44,8 +47,10 @@ pub fn export(
                 .map_or(0, |d| d.as_nanos())
         ),
     };
-    let (_, frozen) = engine.checkpoint_create_since(&name, since)?;
-    let result = write_stream(engine, since, new, &name, &frozen, out);
+    let mut held = engine.export_begin(&name, since, HOLD_LIMIT_BYTES)?;
+    let result = write_stream(engine.size_bytes(), since, new, &mut held, out);
+    let kept_bytes = held.kept_blocks() * BLOCK_BYTES;
+    drop(held);
     if result.is_err() || new.is_none() {
         let _ = engine.checkpoint_delete(&name);
     }
@@ -53,38 +58,33 @@ pub fn export(
         checkpoint: name,
         data_bytes,
         zero_bytes,
+        kept_bytes,
     })
 }
 
 fn write_stream(
-    engine: &Engine,
+    size_bytes: u64,
     since: &str,
     new: Option<&str>,
-    moment: &str,
-    frozen: &[(u64, u64)],
+    held: &mut Export,
     out: impl Write,
 ) -> Result<(u64, u64)> {
     let header = Header {
         from_snap: Some(since.as_bytes().to_vec()),
         to_snap: new.map(|n| n.as_bytes().to_vec()),
-        size_bytes: engine.size_bytes(),
+        size_bytes,
     };
     let mut enc = Encoder::new(out, &header).context("writing the diff")?;
     let mut buf = vec![0u8; (PIECE_BLOCKS * BLOCK_BYTES) as usize];
     let (mut data_bytes, mut zero_bytes) = (0, 0);
-    for &(first, count) in frozen {
+    let runs = held.runs().to_vec();
+    for (first, count) in runs {
         let mut lba = first;
         while lba < first + count {
             let n = PIECE_BLOCKS.min(first + count - lba);
             let (off, len) = (lba * BLOCK_BYTES, n * BLOCK_BYTES);
             let piece = &mut buf[..len as usize];
-            engine.read(off, piece)?;
-            let runs = engine.checkpoint_changes(moment, off, len, 1)?;
-            if runs[0].1 || runs[0].0 < len {
-                bail!(
-                    "a client wrote to the disk near byte {off} while export-diff read it; the diff would mix two moments, so none was written: retry while writes pause"
-                );
-            }
+            held.read(lba, piece)?;
             let zero_block = |i: u64| {
                 piece[(i * BLOCK_BYTES) as usize..((i + 1) * BLOCK_BYTES) as usize]
                     .iter()

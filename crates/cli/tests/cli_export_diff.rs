@@ -135,3 +135,177 @@ fn a_copy_plus_the_diff_is_the_disk() {
     );
     assert!(!std::path::Path::new(&dir.s("x.diff")).exists());
 }
+
+/// A client writing with NBD as fast as it can, until `stop` exists: random runs of 1 to 16
+/// blocks, each sector holding (write number, sector) so the image can be decoded; each
+/// acknowledged write is logged ("number offset length") in order. Debian's python3-libnbd.
+const HAMMER: &str = r#"
+import nbd, os, random, struct, sys
+uri, log, ready, stop = sys.argv[1:5]
+h = nbd.NBD()
+h.connect_uri(uri)
+blocks = h.get_size() // 4096
+r = random.Random(int(sys.argv[5]))
+gen = 0
+with open(log, "w") as f:
+    while not os.path.exists(stop):
+        gen += 1
+        n = r.choice([1, 1, 2, 4, 16])
+        off = r.randrange(0, blocks - n + 1) * 4096
+        first = off // 512
+        h.pwrite(b"".join(struct.pack("<QQ", gen, s) * 32 for s in range(first, first + n * 8)), off)
+        f.write(f"{gen} {off} {n * 4096}\n")
+        if gen == 50:
+            open(ready, "w").close()
+h.shutdown()
+"#;
+
+/// The write number sector `s` of `img` holds, 0 if it holds `pre`'s bytes; panics on bytes
+/// neither put there.
+fn decode_gens(img: &[u8], pre: &[u8]) -> Vec<u64> {
+    img.chunks(512)
+        .zip(pre.chunks(512))
+        .enumerate()
+        .map(|(s, (b, p))| {
+            let gen = u64::from_le_bytes(b[..8].try_into().unwrap());
+            let mut want = Vec::with_capacity(512);
+            for _ in 0..32 {
+                want.extend_from_slice(&gen.to_le_bytes());
+                want.extend_from_slice(&(s as u64).to_le_bytes());
+            }
+            if gen > 0 && b == &want[..] {
+                gen
+            } else {
+                assert!(
+                    b == p,
+                    "sector {s} holds bytes neither the writer nor the base put there"
+                );
+                0
+            }
+        })
+        .collect()
+}
+
+/// The issue's consistency: the diff describes the disk at one moment, the creation of the new
+/// checkpoint, while a client keeps writing. The copy as of `mon` plus the diff must be the
+/// disk after exactly the first K acknowledged writes of the hammering client, for some K
+/// (writes are one at a time, so every moment of the disk is such a prefix), and the client
+/// must have gone on writing after the moment, into blocks the export still had to read.
+#[test]
+fn an_export_while_a_client_keeps_writing_is_the_disk_at_one_moment() {
+    let dir = TestDir::new("export-diff-hammer");
+    let (cache, backing) = formatted_pair(&dir, 64 * MIB, 64 * MIB);
+    let served = Served::start(&["--cache", &cache, "--backing", &backing]);
+    let ctl = served.control().to_string_lossy().into_owned();
+    let uri = served.unix_uri();
+    let size = 64 * MIB - 4096;
+    qemu_io_ok(&uri, &["write -P 1 0 16M"]);
+    logcache_ok(&["checkpoint", "create", "mon", "--control", &ctl]);
+    let copy = dir.s("copy.img");
+    sparse(std::path::Path::new(&copy), size);
+    copy_disk(&uri, &copy);
+    // A large diff (48 MiB), so the export takes a while and the client's writes land on
+    // blocks it has not read yet.
+    qemu_io_ok(&uri, &["write -P 2 8M 48M"]);
+    let pre = dir.s("pre.img");
+    sparse(std::path::Path::new(&pre), size);
+    copy_disk(&uri, &pre);
+
+    let (script, log, ready, stop) = (
+        dir.s("hammer.py"),
+        dir.s("writes.log"),
+        dir.s("ready"),
+        dir.s("stop"),
+    );
+    std::fs::write(&script, HAMMER).unwrap();
+    let mut writer = std::process::Command::new("/usr/bin/python3")
+        .args([&script, &uri, &log, &ready, &stop, "21"])
+        .spawn()
+        .expect("starting the writer");
+    let started = std::time::Instant::now();
+    while !std::path::Path::new(&ready).exists() {
+        assert!(
+            writer.try_wait().unwrap().is_none(),
+            "the writer exited early"
+        );
+        assert!(started.elapsed().as_secs() < 60, "the writer did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let diff = dir.s("mon-tue.diff");
+    let out = run(
+        std::process::Command::new(env!("CARGO_BIN_EXE_logcache")).args([
+            "export-diff",
+            "--since",
+            "mon",
+            "--checkpoint",
+            "tue",
+            "--control",
+            &ctl,
+            &diff,
+        ]),
+    );
+    std::fs::write(&stop, b"").unwrap();
+    let status =
+        wait_timeout(&mut writer, std::time::Duration::from_secs(60)).expect("writer stops");
+    assert!(status.success(), "the writer failed");
+    assert_ok(&out, "export-diff while a client writes");
+    let said = text(&out.stderr);
+    assert!(said.contains("as of one moment"), "{said}");
+
+    logcache_ok(&["import-diff", &diff, &copy, "--from", "mon"]);
+    let image = decode_gens(
+        &std::fs::read(&copy).unwrap(),
+        &std::fs::read(&pre).unwrap(),
+    );
+    let writes: Vec<(u64, u64, u64)> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Vec<u64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+            (v[0], v[1], v[2])
+        })
+        .collect();
+    // The disk after the first k writes, k = 0, 1, ...: count the sectors that differ from
+    // the image, and find a k where none does.
+    let mut state = vec![0u64; image.len()];
+    let mut differ = image.iter().filter(|&&g| g != 0).count();
+    let mut moment = (differ == 0).then_some(0);
+    for &(gen, off, len) in &writes {
+        for s in (off / 512) as usize..((off + len) / 512) as usize {
+            differ -= usize::from(state[s] != image[s]);
+            state[s] = gen;
+            differ += usize::from(state[s] != image[s]);
+        }
+        if differ == 0 {
+            moment = Some(gen);
+        }
+    }
+    let k = moment.unwrap_or_else(|| {
+        panic!(
+            "the copy plus the diff is no moment of the disk ({} writes logged; {said})",
+            writes.len()
+        )
+    });
+    let after = writes.len() as u64 - k;
+    eprintln!(
+        "moment after write {k} of {}; {after} writes after it; {said}",
+        writes.len()
+    );
+    assert!(
+        after > 0,
+        "the client wrote nothing after the moment: the test proved nothing"
+    );
+    assert!(
+        !said.contains("; 0 bytes rewritten"),
+        "no write reached a block the export still held: the test proved nothing ({said})"
+    );
+    // And the disk now is the moment plus the later writes (nothing lost on the way).
+    let now = dir.s("now.img");
+    sparse(std::path::Path::new(&now), size);
+    copy_disk(&uri, &now);
+    let now = decode_gens(&std::fs::read(&now).unwrap(), &std::fs::read(&pre).unwrap());
+    assert!(
+        now == state,
+        "the disk now is not every acknowledged write applied in order"
+    );
+}

@@ -20,6 +20,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::checkpoints::{self, CheckpointInfo};
 use crate::drive::{self, DrainProgress};
 use crate::error::{Error, Result};
+use crate::export::{self, Export};
 use crate::format::{BLOCK_SIZE_BYTES, SECTOR_SIZE_BYTES};
 use crate::geometry::Geometry;
 use crate::inner::{self, Inner};
@@ -79,6 +80,8 @@ pub struct Engine {
     inner: Arc<Inner>,
     /// The flusher and writeback threads.
     threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    /// Keeps an export's blocks as they were at its moment (every change passes it).
+    hold: Arc<export::Hold>,
 }
 
 impl Engine {
@@ -203,6 +206,7 @@ impl Engine {
         let engine = Engine {
             inner,
             threads: Arc::new(Mutex::new(threads)),
+            hold: Arc::default(),
         };
         if let Err(e) = bypass::apply_recovered_zeros(&engine.inner, &deferred_zeros) {
             engine.crash();
@@ -235,7 +239,10 @@ impl Engine {
     /// write-around mode the data goes to the backing device only.
     pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_range(offset_bytes, data.len() as u64)?;
-        self.write_mode(offset_bytes, data)?;
+        {
+            let _pass = self.hold.pass(&self.inner, offset_bytes, data.len() as u64);
+            self.write_mode(offset_bytes, data)?;
+        }
         if fua {
             self.inner.state.lock().counters.fua_writes += 1;
             self.make_durable()?;
@@ -272,9 +279,12 @@ impl Engine {
         if len_bytes == 0 {
             return Ok(());
         }
-        bypass::zero(&self.inner, offset_bytes, len_bytes, |off, zeros| {
-            self.write_mode(off, zeros)
-        })?;
+        {
+            let _pass = self.hold.pass(&self.inner, offset_bytes, len_bytes);
+            bypass::zero(&self.inner, offset_bytes, len_bytes, |off, zeros| {
+                self.write_mode(off, zeros)
+            })?;
+        }
         self.durable_if(fua)
     }
 
@@ -287,7 +297,10 @@ impl Engine {
         if len_bytes == 0 {
             return Ok(());
         }
-        bypass::trim(&self.inner, offset_bytes, len_bytes)?;
+        {
+            let _pass = self.hold.pass(&self.inner, offset_bytes, len_bytes);
+            bypass::trim(&self.inner, offset_bytes, len_bytes)?;
+        }
         self.durable_if(fua)
     }
 
@@ -420,16 +433,13 @@ impl Engine {
         checkpoints::create(&self.inner, name, None).map(|(info, _)| info)
     }
 
-    /// Creates checkpoint `name` and, at the same moment, takes the runs of blocks
-    /// (first block, count) checkpoint `since` holds as changed: what an export of the
-    /// changes from `since` to `name` must ship.
-    pub fn checkpoint_create_since(
-        &self,
-        name: &str,
-        since: &str,
-    ) -> Result<(CheckpointInfo, Vec<(u64, u64)>)> {
+    /// Begins an export of the changes since checkpoint `since` as of one moment: creates
+    /// checkpoint `name` (the moment) and, until the returned [`Export`] is dropped, keeps in
+    /// RAM the moment's copy of each block still to export that a client changes (at most
+    /// `hold_limit_bytes`; past that the export fails, the disk never does). One at a time.
+    pub fn export_begin(&self, name: &str, since: &str, hold_limit_bytes: u64) -> Result<Export> {
         self.check_usable()?;
-        checkpoints::create(&self.inner, name, Some(since))
+        export::begin(&self.inner, &self.hold, name, since, hold_limit_bytes)
     }
 
     /// Deletes checkpoint `name`, durably.

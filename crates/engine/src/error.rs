@@ -39,6 +39,10 @@ pub enum Error {
     /// The engine is closed.
     #[error("engine is closed")]
     Closed,
+    /// An export could not describe its moment (abandoned, or a defect caught); the disk and
+    /// the checkpoints are fine. The message says what to do.
+    #[error("{0}")]
+    Export(String),
 }
 
 impl Error {
@@ -56,7 +60,7 @@ impl Error {
             Error::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             Error::InvalidArgument(_) | Error::HoldsData(_) => libc::EINVAL,
             Error::NoSpace(_) => libc::ENOSPC,
-            Error::Closed | Error::Failed(_) => libc::EIO,
+            Error::Closed | Error::Failed(_) | Error::Export(_) => libc::EIO,
             Error::Corruption(_) | Error::NotFormatted(_) | Error::WrongBacking(_) => libc::EIO,
         }
     }

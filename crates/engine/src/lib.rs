@@ -8,13 +8,14 @@
 //!
 //! Layers, bottom up (a module uses only those below it):
 //! `format`, `io`, `geometry`, `tunables`, `stats`, `index` → `state` → `inner`, `verify` →
-//! `bitmaps` → `reclaim` → `log` → `writeback` → `promote`, `path`, `status`, `checkpoints` → `open`, `inspect` → `engine`.
+//! `bitmaps` → `reclaim` → `log` → `writeback` → `promote`, `path`, `status`, `checkpoints` → `export`, `open`, `inspect` → `engine`.
 
 mod bitmaps;
 mod checkpoints;
 mod drive;
 pub mod engine;
 pub mod error;
+mod export;
 pub mod format;
 pub mod geometry;
 pub mod index;
@@ -40,6 +41,7 @@ pub use checkpoints::CheckpointInfo;
 pub use drive::DrainProgress;
 pub use engine::{Engine, OpenOptions};
 pub use error::{Error, Result};
+pub use export::Export;
 pub use open::create::{format_cache, FormatOptions};
 pub use stats::{Counters, RecoveryReport, Stats};
 pub use status::{Extent, ExtentKind};

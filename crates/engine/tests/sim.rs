@@ -9,7 +9,8 @@
 //!   the next request on an idle thread (writes of any size and alignment, sub-block too, with
 //!   or without FUA; flushes; TRIM; write-zeroes; reads, which promote misses; cache-mode
 //!   switches; checkpoint creates and deletes, whose table and bitmap writes and the folds
-//!   before each reclaim go through the gate too) or lets one held IO through. Some kinds of IO are slow in a schedule (released
+//!   before each reclaim go through the gate too; exports, read in pieces while the other
+//!   threads change the disk, every sector checked against the export's moment) or lets one held IO through. Some kinds of IO are slow in a schedule (released
 //!   rarely while anything else can run): a slow cache sync, a slow backing zeroing, a slow
 //!   backing device. Some schedules fail IOs with EIO (a read error on one block);
 //! - every read is checked when it returns: no sector older than the newest write acknowledged
@@ -107,6 +108,11 @@ enum Req {
         name: &'static str,
         create: bool,
     },
+    /// An export of the changes since a checkpoint (`Engine::export_begin`), read in pieces
+    /// while other requests run: every sector read must be the disk as of its moment.
+    Export {
+        since: &'static str,
+    },
 }
 
 /// What request threads report to the scheduler.
@@ -122,6 +128,10 @@ struct Shared {
     reads_checked: AtomicU64,
     /// Sectors block status called zero, each checked.
     zero_claims_checked: AtomicU64,
+    /// Exports that read all they held, each sector checked against their moment.
+    exports_checked: AtomicU64,
+    /// Blocks changed while held by an export, whose moment's copy it read.
+    export_blocks_kept: AtomicU64,
 }
 
 struct Worker {
@@ -275,6 +285,7 @@ fn run_req(e: &Engine, sh: &Shared, req: Req) {
             r
         }
         Req::Mode(mode) => e.set_tunable("cache_mode", mode),
+        Req::Export { since } => export(e, sh, since),
         Req::Checkpoint { name, create } => {
             let r = if create {
                 e.checkpoint_create(name).map(|_| ())
@@ -302,6 +313,106 @@ fn run_req(e: &Engine, sh: &Shared, req: Req) {
                 .push(format!("{what} failed with no fault injected: {err}"));
         }
     }
+}
+
+/// Runs an export since `since` to a temporary checkpoint and checks what it read.
+fn export(e: &Engine, sh: &Shared, since: &str) -> logcache_engine::Result<()> {
+    // A name of its own: a power cut may leave it behind (a full table deletes it later).
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let temp = format!("export-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    // Since an existing checkpoint (creating `since` when there is none: the next export
+    // then has something to ship).
+    let Some(since) = e
+        .checkpoints()
+        .into_iter()
+        .map(|c| c.name)
+        .find(|n| n == since)
+        .or_else(|| {
+            e.checkpoints()
+                .into_iter()
+                .map(|c| c.name)
+                .find(|n| !n.starts_with("export-"))
+        })
+    else {
+        return match e.checkpoint_create(since) {
+            Err(err) if err.to_string().contains("in use") => Ok(()),
+            r => r.map(|_| ()),
+        };
+    };
+    let since = since.as_str();
+    let ri = sh.model.lock().begin_read();
+    let mut begun = e.export_begin(&temp, since, 1 << 20);
+    if matches!(&begun, Err(logcache_engine::Error::NoSpace(_))) {
+        // A full table: make room (the other names are few and often fill it).
+        if let Some(c) = e.checkpoints().iter().find(|c| c.name != since) {
+            let _ = e.checkpoint_delete(&c.name);
+        }
+        begun = e.export_begin(&temp, since, 1 << 20);
+    }
+    let mut x = match begun {
+        Ok(x) => x,
+        Err(err) => {
+            sh.model.lock().check_as_of(ri, ri + 1, 0, &[], true).ok();
+            // A missing `since`, a full table or a running export is the answer to a race
+            // between requests.
+            return match err {
+                err if ["no checkpoint named", "in use", "another export-diff"]
+                    .iter()
+                    .any(|m| err.to_string().contains(m)) =>
+                {
+                    Ok(())
+                }
+                err => Err(err),
+            };
+        }
+    };
+    let at = sh.model.lock().tick();
+    let sectors = sh.model.lock().sector_count() as u64;
+    let blocks: Vec<(u64, u64)> = x.runs().to_vec();
+    let mut read: Vec<(u64, Vec<Option<Val>>)> = Vec::new();
+    let mut res = Ok(());
+    'runs: for (f, n) in blocks {
+        // Pieces of up to 3 blocks, so changes interleave with the reads.
+        let mut b = f;
+        while b < f + n {
+            let k = (f + n - b).min(3);
+            let mut buf = vec![0u8; (k * 4096) as usize];
+            if let Err(err) = x.read(b, &mut buf) {
+                res = Err(err);
+                break 'runs;
+            }
+            let first = b * 8;
+            let vals = buf
+                .chunks(SECTOR)
+                .enumerate()
+                .map(|(i, d)| decode(first + i as u64, d))
+                .take(sectors.saturating_sub(first) as usize)
+                .collect();
+            read.push((first, vals));
+            b += k;
+        }
+    }
+    sh.export_blocks_kept
+        .fetch_add(x.kept_blocks(), Ordering::Relaxed);
+    drop(x);
+    let mut m = sh.model.lock();
+    let failed = res.is_err();
+    for (first, vals) in &read {
+        if failed {
+            break;
+        }
+        if let Err(msg) = m.check_as_of(ri, at, *first as usize, vals, false) {
+            sh.errors.lock().push(format!(
+                "an export since {since} read sector(s) from {first}: {msg}"
+            ));
+        }
+    }
+    m.check_as_of(ri, at, 0, &[], true).ok();
+    drop(m);
+    sh.exports_checked
+        .fetch_add(u64::from(!failed), Ordering::Relaxed);
+    let _ = e.checkpoint_delete(&temp);
+    res
 }
 
 /// Per sector from the query's start, whether block status called it zero (sector-aligned
@@ -336,6 +447,8 @@ struct Totals {
     seal_checks: u64,
     reads_checked: u64,
     zero_claims_checked: u64,
+    exports_checked: u64,
+    export_blocks_kept: u64,
     /// Power cuts while a backing zeroing was held.
     cuts_in_zeroing: u64,
     /// Steps spent waiting for a timer (no IO held, requests running).
@@ -433,16 +546,27 @@ impl Case<'_> {
                 let t = self.shared.begin(first, count, effect);
                 Req::Zero { t, fua, trim }
             }
-            31 if rng.chance(1, 2) => Req::Checkpoint {
-                name: ["a", "b", "c", "d", "e"][rng.below(5) as usize],
-                create: rng.chance(2, 3),
-            },
             _ => {
-                let mode = MODES[rng.below(3) as usize];
-                if self.fixed_mode {
-                    Req::Flush
-                } else {
-                    Req::Mode(mode)
+                // below(4) / 2 is the below(2) this arm drew before exports were added, so
+                // older seeds draw the same numbers: half of what were mode switches are
+                // exports now.
+                let names = ["a", "b", "c", "d", "e"];
+                match rng.below(4) {
+                    0 | 1 => Req::Checkpoint {
+                        name: names[rng.below(5) as usize],
+                        create: rng.chance(2, 3),
+                    },
+                    2 => Req::Export {
+                        since: names[rng.below(5) as usize],
+                    },
+                    _ => {
+                        let mode = MODES[rng.below(3) as usize];
+                        if self.fixed_mode {
+                            Req::Flush
+                        } else {
+                            Req::Mode(mode)
+                        }
+                    }
                 }
             }
         }
@@ -515,6 +639,8 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         faulted: AtomicBool::new(false),
         reads_checked: AtomicU64::new(0),
         zero_claims_checked: AtomicU64::new(0),
+        exports_checked: AtomicU64::new(0),
+        export_blocks_kept: AtomicU64::new(0),
     });
     let cycles = rng.range(1, env_u64("LOGCACHE_SIM_CYCLES").unwrap_or(1).max(1));
     let mut case = Case {
@@ -776,6 +902,8 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
     assert_eq!(sched.timed_out(), 0, "an IO passed the gate by timeout");
     case.totals.reads_checked += shared.reads_checked.load(Ordering::Relaxed);
     case.totals.zero_claims_checked += shared.zero_claims_checked.load(Ordering::Relaxed);
+    case.totals.exports_checked += shared.exports_checked.load(Ordering::Relaxed);
+    case.totals.export_blocks_kept += shared.export_blocks_kept.load(Ordering::Relaxed);
     case.trace
 }
 
@@ -997,8 +1125,8 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     }
     eprintln!(
         "sim: {} schedules, {} cycles, {} requests, {} steps, {} injected faults, {} seal checks, \
-         {} reads checked, {} sectors called zero checked, {} cuts during a zeroing, {} ms \
-         waiting for timers, in {:.1} s",
+         {} reads checked, {} sectors called zero checked, {} exports checked ({} blocks kept for them), \
+         {} cuts during a zeroing, {} ms waiting for timers, in {:.1} s",
         seeds.len(),
         totals.cycles,
         totals.requests,
@@ -1007,6 +1135,8 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.seal_checks,
         totals.reads_checked,
         totals.zero_claims_checked,
+        totals.exports_checked,
+        totals.export_blocks_kept,
         totals.cuts_in_zeroing,
         totals.waits,
         started.elapsed().as_secs_f64()
@@ -1035,6 +1165,11 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     assert!(
         seeds.len() < CI_SCHEDULES as usize || totals.zero_claims_checked > 0,
         "block status called no sector zero in {} schedules",
+        seeds.len()
+    );
+    assert!(
+        seeds.len() < CI_SCHEDULES as usize || totals.exports_checked > 0,
+        "no export completed in {} schedules",
         seeds.len()
     );
 }

@@ -196,11 +196,12 @@ pub fn export(args: &ExportDiffArgs) -> Result<()> {
         file.sync_all()
             .with_context(|| format!("syncing {}", args.output))?;
         eprintln!(
-            "exported the changes since {} to {}: {} of data, {} of zeros{}",
+            "exported the changes since {} to {}: {} of data, {} of zeros (as of one moment; {} rewritten meanwhile kept as they were){}",
             args.since,
             args.output,
             human(reply["data_bytes"].as_u64().unwrap_or(0)),
             human(reply["zero_bytes"].as_u64().unwrap_or(0)),
+            human(reply["kept_bytes"].as_u64().unwrap_or(0)),
             args.checkpoint
                 .as_ref()
                 .map(|n| format!("; checkpoint {n} created"))

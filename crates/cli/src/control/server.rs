@@ -110,6 +110,7 @@ fn export_diff(req: &Value, served: &Served, writer: &mut UnixStream) -> std::io
             "checkpoint": e.checkpoint,
             "data_bytes": e.data_bytes,
             "zero_bytes": e.zero_bytes,
+            "kept_bytes": e.kept_bytes,
         }),
         Err(e) => json!({"ok": false, "error": format!("{e:#}")}),
     })

@@ -251,6 +251,28 @@ impl History {
         Ok(())
     }
 
+    /// An export sent at `ri` (with `begin_read`) had taken its moment by `at` (a `tick`
+    /// after it did), and read `vals` from sector `first` afterwards, however much later:
+    /// each must be what a read sent at `ri` and returned at `at` could have returned.
+    /// Ends the query when `last`.
+    pub fn check_as_of(
+        &mut self,
+        ri: u64,
+        at: u64,
+        first: usize,
+        vals: &[Option<Val>],
+        last: bool,
+    ) -> Result<(), String> {
+        assert!(ri < at, "the moment comes after the export is sent");
+        if last {
+            self.end_query(ri);
+        }
+        for (i, v) in vals.iter().enumerate() {
+            self.check(first + i, *v, |d| d.complete < ri, at)?;
+        }
+        Ok(())
+    }
+
     /// A block status query sent at `ri` (with `begin_read`) returned, calling sector
     /// `first + i` zero where `zero[i]`: each such sector must be one a read sent then could
     /// have returned as zeros. Sectors called data promise nothing.

@@ -1,0 +1,141 @@
+//! The export hold (`Engine::export_begin`): an export reads the disk as of its moment while
+//! changes keep arriving — writes of any size, write-zeroes and TRIM, to blocks not yet
+//! exported, already exported and never held, with writeback and log wrap in between — and
+//! its bounds: one export at a time, a side area that overflows abandons the export (never a
+//! write), and the hold ends when the export is dropped. Seeded; `LOGCACHE_EXPORT_CASES`
+//! sets how many cases run.
+
+mod common;
+
+use common::*;
+use logcache_engine::{Engine, Error};
+use logcache_testkit::rng::Rng;
+
+const BLOCK: u64 = 4096;
+const KIB: u64 = 1024;
+
+fn disk(e: &Engine) -> Vec<u8> {
+    let mut buf = vec![0u8; e.size_bytes() as usize];
+    e.read(0, &mut buf).expect("read the disk");
+    buf
+}
+
+/// One random change; returns nothing, the caller reads the disk when it needs it.
+fn change(e: &Engine, rng: &mut Rng, gen: u8) {
+    let size = e.size_bytes();
+    let len = [512, 4096, 8192, 65536][rng.below(4) as usize].min(size);
+    let off = rng.below((size - len) / 512 + 1) * 512;
+    match rng.below(8) {
+        0 => e.write_zeroes(off, len, false).expect("write-zeroes"),
+        1 => e.discard(off, len, false).expect("trim"),
+        _ => e
+            .write(off, &vec![gen; len as usize], rng.chance(1, 8))
+            .expect("write"),
+    }
+    if rng.chance(1, 6) {
+        e.writeback_step(256).expect("writeback");
+    }
+    if rng.chance(1, 6) {
+        e.flush().expect("flush");
+    }
+}
+
+#[test]
+fn an_export_reads_the_moment_while_changes_keep_coming_seeded() {
+    let cases = std::env::var("LOGCACHE_EXPORT_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24u64);
+    let mut kept_total = 0;
+    for seed in 0..cases {
+        let mut rng = Rng::new(seed);
+        let pair = SimPair::new((1 << 20) + 16 * 64 * KIB, 2 << 20, 64 * KIB);
+        let e = Engine::open(pair.cache(), pair.backing(), manual(256 * KIB)).expect("open");
+        for g in 0..rng.range(10, 60) {
+            change(&e, &mut rng, g as u8 + 1);
+        }
+        e.checkpoint_create("since").expect("checkpoint");
+        for g in 0..rng.range(20, 120) {
+            change(&e, &mut rng, 100 + g as u8);
+        }
+        let mut export = e
+            .export_begin("moment", "since", 64 << 20)
+            .unwrap_or_else(|err| panic!("seed {seed}: {err}"));
+        let moment = disk(&e);
+        let runs = export.runs().to_vec();
+        let mut exported = moment.clone();
+        // Blank what the export must fill, so a piece it does not read shows.
+        for &(f, n) in &runs {
+            exported[(f * BLOCK) as usize..((f + n) * BLOCK) as usize].fill(0xEE);
+        }
+        for (f, n) in runs {
+            let mut b = f;
+            while b < f + n {
+                let k = rng.range(1, (f + n - b).min(8));
+                for _ in 0..rng.below(4) {
+                    let gen = 200 + rng.below(50) as u8;
+                    change(&e, &mut rng, gen);
+                }
+                let at = (b * BLOCK) as usize;
+                export
+                    .read(b, &mut exported[at..at + (k * BLOCK) as usize])
+                    .unwrap_or_else(|err| panic!("seed {seed}: {err}"));
+                b += k;
+            }
+        }
+        kept_total += export.kept_blocks();
+        assert!(
+            exported == moment,
+            "seed {seed}: the export differs from the disk at its moment"
+        );
+        drop(export);
+        // The hold is gone: changes go on, and a new export may begin.
+        change(&e, &mut rng, 1);
+        drop(
+            e.export_begin("next", "moment", 1 << 20)
+                .expect("a second export"),
+        );
+        e.close().expect("close");
+    }
+    // The cases must exercise the copies (else this test could not fail for want of them).
+    assert!(
+        kept_total > 0,
+        "no case changed a held block before it was exported"
+    );
+    eprintln!("{cases} cases, {kept_total} blocks kept for exports");
+}
+
+#[test]
+fn a_side_area_that_overflows_abandons_the_export_never_a_write() {
+    let pair = SimPair::new((1 << 20) + 16 * 64 * KIB, 2 << 20, 64 * KIB);
+    let e = Engine::open(pair.cache(), pair.backing(), manual(256 * KIB)).expect("open");
+    e.checkpoint_create("since").unwrap();
+    e.write(0, &vec![1u8; 64 * 1024], false).unwrap();
+    let mut export = e.export_begin("moment", "since", 16 * 1024).unwrap();
+    assert_eq!(export.runs(), &[(0, 16)]);
+    // A second export is refused while this one runs.
+    let second = e
+        .export_begin("other", "since", 1 << 20)
+        .err()
+        .expect("one at a time");
+    assert!(
+        second
+            .to_string()
+            .contains("another export-diff is running"),
+        "{second}"
+    );
+    // 16 KiB of copies fit; the fifth block does not.
+    e.write(0, &vec![2u8; 16 * 1024], false).unwrap();
+    e.write(16 * 1024, &vec![3u8; 4096], false).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let err = export.read(0, &mut buf).expect_err("abandoned");
+    assert!(matches!(err, Error::Export(_)), "{err}");
+    assert!(err.to_string().contains("more than 16 KiB"), "{err}");
+    // The writes all landed.
+    let now = disk(&e);
+    assert!(now[..16 * 1024].iter().all(|&b| b == 2));
+    assert!(now[16 * 1024..20 * 1024].iter().all(|&b| b == 3));
+    assert!(now[20 * 1024..64 * 1024].iter().all(|&b| b == 1));
+    drop(export);
+    e.close().unwrap();
+}
