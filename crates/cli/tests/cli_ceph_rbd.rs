@@ -864,3 +864,71 @@ fn logcache_diff_stream_applied_by_rbd_import_diff_equals_the_model() {
         "rbd import-diff made no snapshot 'next':\n{snaps}"
     );
 }
+
+/// Replication to Ceph, as README gives it: a served logcache's disk copied whole into an RBD
+/// image (`rbd import`, snapshot `base`), then twice `logcache export-diff --since A
+/// --checkpoint B - | rbd import-diff - IMAGE`; after each, `rbd export` of the image equals
+/// the logcache disk byte for byte, and the image has snapshot B.
+#[test]
+fn logcache_export_diff_piped_to_rbd_import_diff_replicates_the_disk() {
+    let Some(cluster) = cluster() else { return };
+    let _gate = osd_shared();
+    let dir = TestDir::new("rbd-replicate");
+    let (cache, backing) = formatted_pair(&dir, 16 * MIB, DIFF_IMAGE_BYTES + BLOCK);
+    let served = serve(&cache, &backing);
+    let ctl = served.control().to_string_lossy().into_owned();
+    let uri = served.unix_uri();
+    qemu_io_ok(&uri, &["write -P 1 0 6M", "write -P 2 9M 3M"]);
+    logcache_ok(&["checkpoint", "create", "base", "--control", &ctl]);
+    let full = dir.s("full.img");
+    sparse(Path::new(&full), DIFF_IMAGE_BYTES);
+    assert_ok(&run(tool("nbdcopy").args([&uri, &full])), "nbdcopy");
+    cluster.rbd(&["import", "--no-progress", &full, "rbd/repl"]);
+    cluster.rbd(&["snap", "create", "rbd/repl@base"]);
+    let rounds: [(&str, &str, &[&str]); 2] = [
+        (
+            "base",
+            "mon",
+            &[
+                "write -P 3 1M 64K",
+                "write -P 4 5M 2M",
+                "write -z 9M 1M",
+                "discard 10M 256K",
+                "write -P 5 15M 4K",
+            ],
+        ),
+        (
+            "mon",
+            "tue",
+            &["write -P 6 0 4K", "write -z 4M 5M", "write -P 7 14M 1M"],
+        ),
+    ];
+    for (since, to, writes) in rounds {
+        qemu_io_ok(&uri, writes);
+        let out = run(Command::new("/bin/bash").args([
+            "-c",
+            &format!(
+                "set -o pipefail; {BIN} export-diff --since {since} --checkpoint {to} --control {ctl} - \
+                 | rbd -c {} import-diff --no-progress - rbd/repl",
+                cluster.conf
+            ),
+        ]));
+        assert_ok(&out, "logcache export-diff | rbd import-diff");
+        let disk = dir.s(&format!("disk-{to}.img"));
+        sparse(Path::new(&disk), DIFF_IMAGE_BYTES);
+        assert_ok(&run(tool("nbdcopy").args([&uri, &disk])), "nbdcopy");
+        let exported = cluster.export_file("repl", &dir);
+        let image = std::fs::read(&exported).unwrap();
+        std::fs::remove_file(exported).unwrap();
+        assert_same(
+            &image,
+            &std::fs::read(&disk).unwrap(),
+            &format!("rbd export after the diff from {since} to {to}"),
+        );
+        let snaps = cluster.rbd(&["snap", "ls", "rbd/repl"]);
+        assert!(
+            snaps.contains(to),
+            "rbd import-diff made no snapshot {to}:\n{snaps}"
+        );
+    }
+}
