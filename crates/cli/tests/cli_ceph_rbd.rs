@@ -914,7 +914,7 @@ fn logcache_export_diff_piped_to_rbd_import_diff_replicates_the_disk() {
             ),
         ]));
         assert_ok(&out, "logcache export-diff | rbd import-diff");
-        let disk = dir.s(&format!("disk-{to}.img"));
+        let disk = dir.s(format!("disk-{to}.img"));
         sparse(Path::new(&disk), DIFF_IMAGE_BYTES);
         assert_ok(&run(tool("nbdcopy").args([&uri, &disk])), "nbdcopy");
         let exported = cluster.export_file("repl", &dir);

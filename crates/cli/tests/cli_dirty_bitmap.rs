@@ -178,7 +178,7 @@ fn a_backup_loop_copying_only_the_dirty_extents_reproduces_the_disk() {
             assert_ok(&out, "qemu-img convert of a dirty extent");
         }
         logcache_ok(&["checkpoint", "delete", &prev, "--control", &ctl]);
-        let now = dir.s(&format!("now-{day}.img"));
+        let now = dir.s(format!("now-{day}.img"));
         sparse(std::path::Path::new(&now), size);
         assert_ok(&run(tool("nbdcopy").args([&uri, &now])), "nbdcopy");
         assert!(
