@@ -446,3 +446,111 @@ fn copies_plus_diffs_equal_the_disk_across_sigkills_with_several_checkpoints() {
     eprintln!("{steps} steps: {kills} SIGKILLs, {backups} backups checked");
     assert!(kills > 0 && backups > 0, "the seed exercised too little");
 }
+
+/// The lines of the `nth` ```sh block after `marker` in README.md.
+fn readme_block(marker: &str, nth: usize) -> Vec<String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let mut rest = &readme[readme.find(marker).expect("the README section")..];
+    for _ in 0..nth {
+        rest = &rest[rest.find("```sh\n").unwrap() + 6..];
+        rest = &rest[rest.find("```").unwrap() + 3..];
+    }
+    let start = rest.find("```sh\n").unwrap() + 6;
+    let end = start + rest[start..].find("```").unwrap();
+    rest[start..end].lines().map(str::to_owned).collect()
+}
+
+/// README's daily backup (the crontab line run twice, without its schedule, `date` answering
+/// two nights) and its replication to a second logcache, as written, with the paths and URIs
+/// of this test put in: after each night the copy equals the disk; after the replication the
+/// replica does.
+#[test]
+fn the_readme_daily_backup_and_replication_work_as_written() {
+    let dir = TestDir::new("readme-backup");
+    let (cache, backing) = formatted_pair(&dir, 32 * MIB, 64 * MIB);
+    let served = Served::start(&["--cache", &cache, "--backing", &backing]);
+    let uri = served.unix_uri();
+    let size = 64 * MIB - 4096;
+    // The admin commands find this serve the way they find the embedded default's.
+    let runtime = dir.join("run");
+    std::fs::create_dir(&runtime).unwrap();
+    std::os::unix::fs::symlink(served.control(), runtime.join("logcache-default.ctl")).unwrap();
+    let shims = dir.join("shims");
+    std::fs::create_dir(&shims).unwrap();
+    std::fs::write(shims.join("date"), "#!/bin/sh\necho \"$NIGHT\"\n").unwrap();
+    std::fs::set_permissions(
+        shims.join("date"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_logcache"))
+        .parent()
+        .unwrap();
+    let path_env = format!("{}:{}:/usr/bin:/bin", shims.display(), bin.display());
+    let backups = dir.s("backups");
+    let sh = |script: &str, night: &str| {
+        let script = script
+            .replace("/var/backups/vm1", &backups)
+            .replace("nbd+unix:///?socket=/path/to/socket", &uri);
+        let out = run(std::process::Command::new("/bin/sh")
+            .args(["-ec", &script])
+            .current_dir(dir.path())
+            .env("PATH", &path_env)
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .env("NIGHT", night));
+        assert_ok(&out, &script);
+    };
+    let disk_equals = |file: &str, what: &str| {
+        let now = dir.s("now.img");
+        sparse(std::path::Path::new(&now), size);
+        copy_disk(&uri, &now);
+        assert!(
+            std::fs::read(file).unwrap() == std::fs::read(&now).unwrap(),
+            "{what} differs from the disk"
+        );
+        std::fs::remove_file(now).unwrap();
+    };
+
+    let backup = readme_block("### Daily backup", 0);
+    assert_eq!(backup.len(), 3, "{backup:?}");
+    let cron = backup[2].splitn(6, ' ').nth(5).unwrap().replace("\\%", "%");
+    assert_eq!(
+        backup[2].split(' ').take(5).collect::<Vec<_>>(),
+        ["0", "2", "*", "*", "*"]
+    );
+    qemu_io_ok(&uri, &["write -P 1 0 8M"]);
+    sh(&format!("{}\n{}", backup[0], backup[1]), "");
+    for (night, writes) in [
+        ("2026-11-26", ["write -P 2 1M 64K", "write -z 4M 1M"]),
+        ("2026-11-27", ["write -P 3 20M 4K", "discard 0 64K"]),
+    ] {
+        qemu_io_ok(&uri, &writes);
+        sh(&cron, night);
+        let full = format!("{backups}/full.img");
+        disk_equals(&full, &format!("full.img after night {night}"));
+        assert!(std::path::Path::new(&format!("{backups}/{night}.diff")).exists());
+        assert_eq!(
+            std::fs::read_to_string(format!("{backups}/last"))
+                .unwrap()
+                .trim(),
+            night
+        );
+    }
+
+    let second = TestDir::new("readme-replica");
+    let (cache2, backing2) = formatted_pair(&second, 32 * MIB, 64 * MIB);
+    let replica = Served::start(&["--cache", &cache2, "--backing", &backing2]);
+    let replica_uri = replica.unix_uri();
+    let replicate = readme_block("### Replicating", 0);
+    assert_eq!(replicate.len(), 2, "{replicate:?}");
+    let with_replica =
+        |l: &str| l.replace("nbd+unix:///?socket=/path/to/replica.sock", &replica_uri);
+    sh(&with_replica(&replicate[0]), "");
+    qemu_io_ok(&uri, &["write -P 4 30M 2M", "write -z 0 4K"]);
+    sh(&with_replica(&replicate[1]), "");
+    let copy = dir.s("replica.img");
+    sparse(std::path::Path::new(&copy), size);
+    copy_disk(&replica_uri, &copy);
+    disk_equals(&copy, "the replica");
+}
