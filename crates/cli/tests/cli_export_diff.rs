@@ -14,6 +14,30 @@ fn copy_disk(uri: &str, to: &str) {
     assert_ok(&run(tool("nbdcopy").args([uri, to])), "nbdcopy");
 }
 
+/// The disk served at `uri` (`size` bytes), copied by nbdcopy into `dir`'s `name`.
+fn disk_image(dir: &TestDir, uri: &str, name: &str, size: u64) -> Vec<u8> {
+    let file = dir.s(name);
+    sparse(std::path::Path::new(&file), size);
+    copy_disk(uri, &file);
+    std::fs::read(&file).unwrap()
+}
+
+/// `logcache export-diff --since SINCE --checkpoint TO --control CTL OUT`, run.
+fn export_diff(since: &str, to: &str, ctl: &str, out: &str) -> std::process::Output {
+    run(
+        std::process::Command::new(env!("CARGO_BIN_EXE_logcache")).args([
+            "export-diff",
+            "--since",
+            since,
+            "--checkpoint",
+            to,
+            "--control",
+            ctl,
+            out,
+        ]),
+    )
+}
+
 /// (offset, length, data) per record, and the `f` and `t` names.
 type Records = (Vec<(u64, u64, bool)>, Option<Vec<u8>>, Option<Vec<u8>>);
 
@@ -64,16 +88,7 @@ fn a_copy_plus_the_diff_is_the_disk() {
         ],
     );
     let diff = dir.s("mon-tue.diff");
-    logcache_ok(&[
-        "export-diff",
-        "--since",
-        "mon",
-        "--checkpoint",
-        "tue",
-        "--control",
-        &ctl,
-        &diff,
-    ]);
+    assert_ok(&export_diff("mon", "tue", &ctl, &diff), "export-diff");
     let (records, from, to) = pieces(&diff);
     assert_eq!(from.as_deref(), Some(&b"mon"[..]));
     assert_eq!(to.as_deref(), Some(&b"tue"[..]));
@@ -232,18 +247,7 @@ fn an_export_while_a_client_keeps_writing_is_the_disk_at_one_moment() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let diff = dir.s("mon-tue.diff");
-    let out = run(
-        std::process::Command::new(env!("CARGO_BIN_EXE_logcache")).args([
-            "export-diff",
-            "--since",
-            "mon",
-            "--checkpoint",
-            "tue",
-            "--control",
-            &ctl,
-            &diff,
-        ]),
-    );
+    let out = export_diff("mon", "tue", &ctl, &diff);
     std::fs::write(&stop, b"").unwrap();
     let status =
         wait_timeout(&mut writer, std::time::Duration::from_secs(60)).expect("writer stops");
@@ -300,10 +304,8 @@ fn an_export_while_a_client_keeps_writing_is_the_disk_at_one_moment() {
         "no write reached a block the export still held: the test proved nothing ({said})"
     );
     // And the disk now is the moment plus the later writes (nothing lost on the way).
-    let now = dir.s("now.img");
-    sparse(std::path::Path::new(&now), size);
-    copy_disk(&uri, &now);
-    let now = decode_gens(&std::fs::read(&now).unwrap(), &std::fs::read(&pre).unwrap());
+    let now = disk_image(&dir, &uri, "now.img", size);
+    let now = decode_gens(&now, &std::fs::read(&pre).unwrap());
     assert!(
         now == state,
         "the disk now is not every acknowledged write applied in order"
@@ -398,10 +400,7 @@ fn copies_plus_diffs_equal_the_disk_across_sigkills_with_several_checkpoints() {
                     assert!(s.stop().status.success());
                 }
                 let s = Served::start(&args);
-                let now = dir.s("now.img");
-                sparse(std::path::Path::new(&now), size);
-                copy_disk(&s.unix_uri(), &now);
-                let now = std::fs::read(&now).unwrap();
+                let now = disk_image(&dir, &s.unix_uri(), "now.img", size);
                 for (blk, &t) in trimmed.iter().enumerate() {
                     let r = blk * 4096..(blk + 1) * 4096;
                     assert!(
@@ -416,22 +415,10 @@ fn copies_plus_diffs_equal_the_disk_across_sigkills_with_several_checkpoints() {
                 let name = format!("c{next}");
                 next += 1;
                 let diff = dir.s("step.diff");
-                logcache_ok(&[
-                    "export-diff",
-                    "--since",
-                    &since,
-                    "--checkpoint",
-                    &name,
-                    "--control",
-                    &ctl,
-                    &diff,
-                ]);
+                assert_ok(&export_diff(&since, &name, &ctl, &diff), "export-diff");
                 logcache_ok(&["import-diff", &diff, &copy, "--from", &since]);
-                let now = dir.s("now.img");
-                sparse(std::path::Path::new(&now), size);
-                copy_disk(&uri, &now);
                 assert!(
-                    std::fs::read(&copy).unwrap() == std::fs::read(&now).unwrap(),
+                    std::fs::read(&copy).unwrap() == disk_image(&dir, &uri, "now.img", size),
                     "step {step}: the copy as of {since} plus the diff differs from the disk"
                 );
                 logcache_ok(&["checkpoint", "delete", &since, "--control", &ctl]);
@@ -502,14 +489,10 @@ fn the_readme_daily_backup_and_replication_work_as_written() {
         assert_ok(&out, &script);
     };
     let disk_equals = |file: &str, what: &str| {
-        let now = dir.s("now.img");
-        sparse(std::path::Path::new(&now), size);
-        copy_disk(&uri, &now);
         assert!(
-            std::fs::read(file).unwrap() == std::fs::read(&now).unwrap(),
+            std::fs::read(file).unwrap() == disk_image(&dir, &uri, "now.img", size),
             "{what} differs from the disk"
         );
-        std::fs::remove_file(now).unwrap();
     };
 
     let backup = readme_block("### Daily backup", 0);
@@ -549,8 +532,6 @@ fn the_readme_daily_backup_and_replication_work_as_written() {
     sh(&with_replica(&replicate[0]), "");
     qemu_io_ok(&uri, &["write -P 4 30M 2M", "write -z 0 4K"]);
     sh(&with_replica(&replicate[1]), "");
-    let copy = dir.s("replica.img");
-    sparse(std::path::Path::new(&copy), size);
-    copy_disk(&replica_uri, &copy);
-    disk_equals(&copy, "the replica");
+    disk_image(&dir, &replica_uri, "replica.img", size);
+    disk_equals(&dir.s("replica.img"), "the replica");
 }
