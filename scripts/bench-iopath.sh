@@ -12,18 +12,27 @@
 #                   512 MiB resident after its read jobs), so its reads are partly RAM speed
 #   qemu-nbd-direct qemu-nbd --cache=none --aio=io_uring (O_DIRECT): the cache device's own
 #                   speed through the same protocol, as logcache reads it
+# and, for the jobs against the slow device (not in the default; each has its own EMULATED
+# 7200 rpm disk, `logcache-bench sim-hdd` over a sparse 8 GiB file, an emulation):
+#   hdd             the emulated HDD alone: the reference of the two HDD jobs
+#   logcache-hdd    logcache (write-back) in front of it; nothing is written, so every read
+#                   of the randread-miss job is a miss to the disk
+#   logcache-wt     logcache with --set cache_mode=write-through in front of it
 #
 # The data (DATA_MIB, written sequentially through each server) is in place first; logcache's
 # is then drained (clean, on the cache device: every read is a hit there; LOGCACHE_DIRTY=1
 # leaves it dirty). Jobs (JOBS, a grep -E pattern on the names; default all): 1 MiB
 # sequential read iodepth 8, 4 KiB random read iodepth 32 and 1, 1 MiB sequential write
-# iodepth 8. For each: bandwidth or IOPS, and the server's CPU time per request (utime+stime
+# iodepth 8; with the HDD servers, 4 KiB random read misses iodepth 32 (hdd, logcache-hdd)
+# and 4 KiB random writes iodepth 16 (hdd, logcache-wt), over the disk's 8 GiB. For each: bandwidth or IOPS, and the server's CPU time per request (utime+stime
 # of the server process over the job, from /proc/PID/stat, divided by fio's IOs). Prints one
 # JSON line per measurement, then tables of the median ratios against each reference.
 #
 # FILL="randwrite 4k" writes the data in random order in 4 KiB pieces instead (each server; the
 # log then holds it scattered, so a 1 MiB read of it is many runs: what batched submission is
 # for).
+#
+# e.g. SERVERS="hdd logcache-hdd logcache-wt" scripts/bench-iopath.sh 3 8
 #
 # usage: scripts/bench-iopath.sh [ROUNDS=3] [RUNTIME_S=8] [DATA_MIB=1024] [DIR=/var/tmp]
 # (LOGCACHE_BIN picks the binary.)
@@ -37,6 +46,8 @@ job_filter=${JOBS:-.}
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=${LOGCACHE_BIN:-$root/target/release/logcache}
 [ -x "$bin" ] || (cd "$root" && cargo build --release -q -p logcache)
+bench_bin=$(dirname "$bin")/logcache-bench
+hdd_gib=8
 dir=$(mktemp -d "$base/lciopath.XXXXXX")
 declare -A pid uri
 cleanup() {
@@ -51,9 +62,36 @@ wait_socket() { # $1 uri, $2 pid
         sleep 0.05
     done
 }
+start_hdd() { # $1 name: an emulated HDD of its own; prints its URI
+    local sock="$dir/$1-hdd.sock"
+    "$bench_bin" sim-hdd --file "$dir/$1-hdd.img" --size "${hdd_gib}G" --socket "$sock" \
+        >"$dir/$1-hdd.log" 2>&1 &
+    pid[$1-hdd]=$!
+    wait_socket "nbd+unix:///?socket=$sock" "$!"
+    echo "nbd+unix:///?socket=$sock"
+}
 start() { # $1 server name
     local s=$1 sock="$dir/$1.sock"
     case $s in
+    hdd)
+        [ -x "$bench_bin" ] || (cd "$root" && cargo build --release -q -p logcache-bench)
+        start_hdd "$s" >/dev/null
+        pid[$s]=${pid[$s-hdd]}
+        unset "pid[$s-hdd]"
+        uri[$s]="nbd+unix:///?socket=$dir/$s-hdd.sock"
+        return
+        ;;
+    logcache-hdd | logcache-wt)
+        [ -x "$bench_bin" ] || (cd "$root" && cargo build --release -q -p logcache-bench)
+        local backing mode=write-back
+        [ "$s" = logcache-wt ] && mode=write-through
+        start_hdd "$s" >/dev/null
+        backing="nbd+unix:///?socket=$dir/$s-hdd.sock"
+        truncate -s 4G "$dir/$s-cache.img"
+        "$bin" format --cache "$dir/$s-cache.img" --backing "$backing" >/dev/null
+        "$bin" serve --cache "$dir/$s-cache.img" --backing "$backing" --socket "$sock" \
+            --set cache_mode="$mode" >"$dir/$s.log" 2>&1 &
+        ;;
     logcache | logcache-sync)
         local engine=io_uring
         [ "$s" = logcache-sync ] && engine=sync
@@ -88,8 +126,10 @@ fio_run() { # $1 uri, $2 name, rest: fio options; prints the fio JSON file's pat
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-# The data, sequentially, through each server.
+is_hdd() { [[ $1 == hdd || $1 == logcache-hdd || $1 == logcache-wt ]]; }
+# The data, sequentially, through each server (not the HDD ones: their jobs need none).
 for s in $servers; do
+    is_hdd "$s" && continue
     read -r fill_rw fill_bs <<<"${FILL:-write 1M}"
     fio_run "${uri[$s]}" fill --rw="$fill_rw" --bs="$fill_bs" --iodepth=8 --size="${data_mib}M" \
         --norandommap=0 >/dev/null
@@ -105,15 +145,29 @@ for entry in \
     "seqread-1m-qd8:--rw=read --bs=1M --iodepth=8" \
     "randread-4k-qd32:--rw=randread --bs=4k --iodepth=32" \
     "randread-4k-qd1:--rw=randread --bs=4k --iodepth=1" \
-    "seqwrite-1m-qd8:--rw=write --bs=1M --iodepth=8"; do
+    "seqwrite-1m-qd8:--rw=write --bs=1M --iodepth=8" \
+    "randread-miss-4k-qd32:--rw=randread --bs=4k --iodepth=32" \
+    "randwrite-wt-4k-qd16:--rw=randwrite --bs=4k --iodepth=16"; do
     if echo "${entry%%:*}" | grep -Eq "$job_filter"; then jobs+=("$entry"); fi
 done
 hz=$(getconf CLK_TCK)
+runs_on() { # $1 server, $2 job: whether the job is measured on that server
+    case $2 in
+    randread-miss-*) [[ $1 == hdd || $1 == logcache-hdd ]] ;;
+    randwrite-wt-*) [[ $1 == hdd || $1 == logcache-wt ]] ;;
+    *) ! is_hdd "$1" ;;
+    esac
+}
 measure() { # $1 server, $2 job name, $3 fio options, $4 round
-    local before after out p=${pid[$1]}
+    local before after out p=${pid[$1]} size="${data_mib}M" seed=""
+    # The HDD jobs: new offsets every run (fio repeats its random sequence by default, even
+    # with another --randseed here, and logcache keeps what a miss read: 2,453 of 4,627 reads
+    # of three runs were hits), so a read is a miss unless it meets one of the few thousand
+    # blocks read before out of the disk's two million.
+    is_hdd "$1" && size="${hdd_gib}G" seed="--randrepeat=0"
     before=$(cpu_ticks "$p")
     # shellcheck disable=SC2086
-    out=$(fio_run "${uri[$1]}" "$2-$1" $3 --size="${data_mib}M" --time_based --runtime="$runtime")
+    out=$(fio_run "${uri[$1]}" "$2-$1" $3 $seed --size="$size" --time_based --runtime="$runtime")
     after=$(cpu_ticks "$p")
     /usr/bin/python3 - "$out" "$1" "$2" "$4" "$((after - before))" "$hz" "$state" <<'EOF'
 import json, sys
@@ -135,6 +189,7 @@ for round in $(seq 1 "$rounds"); do
         order=$servers
         if [ $((round % 2)) = 0 ]; then order=$(echo "$servers" | tr ' ' '\n' | tac | tr '\n' ' '); fi
         for s in $order; do
+            runs_on "$s" "$name" || continue
             measure "$s" "$name" "$opts" "$round" | tee -a "$results"
         done
     done
@@ -153,10 +208,11 @@ print("|---|" + "---:|" * (len(servers) + 1))
 for job in jobs:
     key = "mb_s" if job.startswith("seq") else "iops"
     unit = "MB/s" if key == "mb_s" else "IOPS"
-    cells = [f"{statistics.median(pick(job, s, key)):,.0f} {unit}" for s in servers]
-    cpu = [f"{statistics.median(pick(job, s, 'server_cpu_us_per_io')):.1f}" for s in servers]
+    med = lambda v, f: f.format(statistics.median(v)) if v else "–"
+    cells = [med(pick(job, s, key), "{:,.0f} " + unit) for s in servers]
+    cpu = [med(pick(job, s, "server_cpu_us_per_io"), "{:.1f}") for s in servers]
     print(f"| {job} | " + " | ".join(cells) + " | " + " / ".join(cpu) + " |")
-for ref in ("nbdkit-file", "qemu-nbd-direct"):
+for ref in ("nbdkit-file", "qemu-nbd-direct", "hdd"):
     if ref not in servers:
         continue
     others = [s for s in servers if s.startswith("logcache")]
@@ -171,6 +227,9 @@ for ref in ("nbdkit-file", "qemu-nbd-direct"):
         cells = []
         for s in others:
             r = [a / b for a, b in zip(pick(job, s, key), pick(job, ref, key)) if b]
+            if not r:
+                cells.append("–")
+                continue
             cells.append(f"**{statistics.median(r):.2f}** ({min(r):.2f}–{max(r):.2f})")
         print(f"| {job} | " + " | ".join(cells) + " |")
 EOF
