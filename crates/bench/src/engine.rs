@@ -38,6 +38,10 @@ pub struct EngineBenchArgs {
     /// Put the cache on this file (created sparse, O_DIRECT where possible) instead of memory.
     #[arg(long)]
     cache_file: Option<std::path::PathBuf>,
+    /// Checkpoints created before the writers start (each tracks every write: issue 21's
+    /// write-path cost); several values run one after another, e.g. 0,2,0,2.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    checkpoints: Vec<u32>,
 }
 
 struct RunResult {
@@ -56,8 +60,11 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
         Some(n) => vec![n],
         None => vec![1, 2],
     };
-    for n in threads {
-        let r = run_one(args, n)?;
+    for (n, checkpoints) in threads
+        .iter()
+        .flat_map(|&n| args.checkpoints.iter().map(move |&c| (n, c)))
+    {
+        let r = run_one(args, n, checkpoints)?;
         let wps = r.writes as f64 / r.seconds;
         let p50_us = r.hist.quantile_ns(0.50) as f64 / 1000.0;
         let p99_us = r.hist.quantile_ns(0.99) as f64 / 1000.0;
@@ -76,11 +83,12 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
                 "cache_size_bytes": args.cache_mib << 20,
                 "blocks_relocated": r.relocated,
                 "write_waits": r.waits,
+                "checkpoints": checkpoints,
             });
             println!("{v}");
         } else {
             println!(
-                "threads {:>2}: {:>10.0} writes/s  ({:>7.1} MiB/s)  p50 {:>6.2} us  p99 {:>7.2} us  p99.9 {:>8.2} us  ({} writes in {:.2} s, {} blocks relocated, {} waits)",
+                "threads {:>2}, checkpoints {checkpoints}: {:>10.0} writes/s  ({:>7.1} MiB/s)  p50 {:>6.2} us  p99 {:>7.2} us  p99.9 {:>8.2} us  ({} writes in {:.2} s, {} blocks relocated, {} waits)",
                 r.threads,
                 wps,
                 wps * 4096.0 / (1 << 20) as f64,
@@ -97,7 +105,7 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_one(args: &EngineBenchArgs, threads: usize) -> anyhow::Result<RunResult> {
+fn run_one(args: &EngineBenchArgs, threads: usize, checkpoints: u32) -> anyhow::Result<RunResult> {
     let cache: Arc<dyn BlockDevice> = match &args.cache_file {
         Some(path) => {
             create_sparse(path, args.cache_mib << 20)
@@ -115,6 +123,11 @@ fn run_one(args: &EngineBenchArgs, threads: usize) -> anyhow::Result<RunResult> 
     };
     format_cache(&*cache, &*backing, &fopts).context("formatting the memory cache")?;
     let engine = Engine::open(cache, backing, OpenOptions::default()).context("opening")?;
+    for i in 0..checkpoints {
+        engine
+            .checkpoint_create(&format!("bench{i}"))
+            .context("creating a checkpoint")?;
+    }
     let span_blocks = (args.cache_mib << 20) / 4096 / 4;
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
