@@ -45,6 +45,8 @@ MIB = 1 << 20
 GIB = 1 << 30
 # format::checkpoints: 4080 bytes of bits in each 4 KiB page, two copies of each page.
 BLOCKS_PER_PAGE = 4080 * 8
+# Every serve started, so that one left running by a failed measurement is killed at exit.
+SERVES = []
 
 
 def log(obj):
@@ -74,6 +76,7 @@ class Serve:
             os.unlink(self.sock)
         t0 = time.monotonic()
         logf = open(os.path.join(self.dir, "serve.log"), "ab")
+        SERVES.append(self)
         self.proc = subprocess.Popen([self.bin, "serve", "--cache", self.cache, "--backing",
                                       self.backing, "--socket", self.sock],
                                      stdout=logf, stderr=logf)
@@ -525,7 +528,12 @@ def main():
         sys.exit(f"{BIN} missing: cargo build --release -p logcache")
     log({"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
          "binary": BIN, "load": os.getloadavg()})
-    {"daily": daily, "memory": memory, "overreport": overreport, "writecost": writecost}[a.cmd](a)
+    try:
+        {"daily": daily, "memory": memory, "overreport": overreport, "writecost": writecost}[a.cmd](a)
+    finally:
+        for s in SERVES:
+            if s.proc is not None:
+                s.kill()
 
 
 if __name__ == "__main__":
