@@ -39,7 +39,9 @@
 //! schedules of several cycles find open bugs, see docs/RELIABILITY.md),
 //! `LOGCACHE_SIM_KEEP_GOING` (run every seed, then list the failures),
 //! `LOGCACHE_SIM_LOSS_SCHEDULES` and `LOGCACHE_SIM_LOSS_SEED` (the cache-loss seeds, default
-//! `CI_LOSS_SCHEDULES` from 0). A failure prints the seed and the command that replays it. The scheduler's
+//! `CI_LOSS_SCHEDULES` from 0), `LOGCACHE_SIM_REPEAT` (run each seed this many times in a row:
+//! a seed's schedule is not exact from run to run). A failure prints the seed and the command
+//! that replays it. The scheduler's
 //! determinism and its limits are described in `logcache_testkit::sched`; each schedule also
 //! prints a trace hash (`LOGCACHE_SIM_VERBOSE=1`) so two runs of a seed can be compared.
 //!
@@ -643,6 +645,12 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         export_blocks_kept: AtomicU64::new(0),
     });
     let cycles = rng.range(1, env_u64("LOGCACHE_SIM_CYCLES").unwrap_or(1).max(1));
+    if std::env::var("LOGCACHE_SIM_VERBOSE").is_ok() {
+        eprintln!(
+            "sim: seed {seed}: segment {segment} B, cache {cache_bytes} B, region {region_sectors} \
+             sectors, seal interval {seal_interval_ms} ms, {cycles} cycle(s)"
+        );
+    }
     let mut case = Case {
         rng,
         sched: sched.clone(),
@@ -1080,6 +1088,14 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         .map(|&s| (s, false))
         .chain((0..loss_count).map(|i| (loss_base.wrapping_add(i), true)))
         .collect();
+    // Each seed this many times in a row: a seed's schedule is not exact from run to run (two
+    // threads one step wakes race; docs/RELIABILITY.md), so a failure is replayed by running
+    // its seed alone several times.
+    let repeat = env_u64("LOGCACHE_SIM_REPEAT").unwrap_or(1).max(1) as usize;
+    let runs: Vec<(u64, bool)> = runs
+        .into_iter()
+        .flat_map(|r| std::iter::repeat_n(r, repeat))
+        .collect();
     let mut failures: Vec<(u64, String)> = Vec::new();
     let mut totals = Totals::default();
     let started = Instant::now();
@@ -1116,8 +1132,11 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
                     )
                 };
                 eprintln!(
-                    "\nsim failed with {kind} {seed}; replay it with:\n  {env} cargo test -p \
-                     logcache-engine --test sim\n"
+                    "\nsim failed with {kind} {seed}; replay it with:\n  {env} \
+                     LOGCACHE_SIM_REPEAT=20 LOGCACHE_SIM_CYCLES={} cargo test -p logcache-engine \
+                     --test sim\n(a seed's schedule may differ from run to run: this runs it 20 \
+                     times and stops at a failure)\n",
+                    env_u64("LOGCACHE_SIM_CYCLES").unwrap_or(1)
                 );
                 std::panic::resume_unwind(e);
             }

@@ -358,11 +358,34 @@ impl History {
                 Val::Data(id) => Effect::Data(id),
                 Val::Zeros => Effect::Zeros,
             };
-            // A value only a TRIM allowed (older data, or zeros) keeps the sector trimmed: its
-            // content is unspecified until written again, so a later read may find another
-            // older value (a replayed cached copy now, the backing device's after an eviction).
-            let direct = self.sectors[s].iter().any(|e| e.effect == effect);
-            let effect = if direct { effect } else { Effect::Trim };
+            // A sector a TRIM may have been the last to touch stays trimmed: its content is
+            // unspecified until written again, so a later read may find another older value (a
+            // replayed cached copy now, the backing device's after an eviction). That holds when
+            // only a TRIM allowed the value (older data, or zeros), and also when a TRIM not
+            // replaced by a durable operation overlapped the operation that put the value
+            // there: NBD leaves overlapping requests unordered, so the TRIM may have come after
+            // it (sim seed 49: recovery returned a write sent while a TRIM of it was in flight,
+            // and the backing device then held the TRIM's zeros).
+            let entries = &self.sectors[s];
+            let live = |o: &Entry| {
+                !entries
+                    .iter()
+                    .any(|d| d.complete != NEVER && d.durable && d.invoke > o.complete)
+            };
+            let trimmed_after = |d: &Entry| {
+                entries
+                    .iter()
+                    .any(|t| t.effect == Effect::Trim && live(t) && t.complete >= d.invoke)
+            };
+            let direct: Vec<&Entry> = entries
+                .iter()
+                .filter(|e| e.effect == effect && live(e))
+                .collect();
+            let effect = if direct.is_empty() || direct.iter().any(|d| trimmed_after(d)) {
+                Effect::Trim
+            } else {
+                effect
+            };
             self.sectors[s] = vec![Entry {
                 effect,
                 invoke: now,
