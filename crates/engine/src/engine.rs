@@ -43,6 +43,9 @@ pub const RAM_BUFFER_DEFAULT_BYTES: u64 = 64 << 20;
 /// for as long as the load lasts instead of switching them on and off each pass.
 pub const PROMOTE_PAUSE_AFTER_RELOCATION: Duration = Duration::from_secs(10);
 
+#[cfg(test)]
+mod close_race_tests;
+
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
     /// Total bytes of RAM segment buffers (at least two segments' worth is always allocated).
@@ -195,6 +198,8 @@ impl Engine {
             last_record: Mutex::new(None),
             record_pending: std::sync::atomic::AtomicBool::new(false),
             bitmaps: loaded.bitmaps,
+            #[cfg(test)]
+            failpoints: Default::default(),
         });
         {
             let mut st = inner.state.lock();
@@ -357,6 +362,7 @@ impl Engine {
             // is met again, and returned, by the wait below.
             let _ = flusher::want_durable(&self.inner, &mut st);
         }
+        crate::failpoint::close_between_holds(&self.inner);
         // Relocation may queue chunks of its own while we wait; repeat until nothing is left.
         let res = loop {
             if let Err(e) = drive::wait_durable_closing(&self.inner) {

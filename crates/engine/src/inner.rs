@@ -57,6 +57,9 @@ pub(crate) struct Inner {
     pub record_pending: std::sync::atomic::AtomicBool,
     /// Checkpoint persistence; `None` for a cache formatted without room for checkpoints.
     pub bitmaps: Option<crate::bitmaps::Bitmaps>,
+    /// Unit tests stop threads here to force interleavings (`failpoint`); absent otherwise.
+    #[cfg(test)]
+    pub failpoints: crate::failpoint::Failpoints,
 }
 
 impl Inner {

@@ -16,6 +16,7 @@ mod drive;
 pub mod engine;
 pub mod error;
 mod export;
+mod failpoint;
 pub mod format;
 pub mod geometry;
 pub mod index;

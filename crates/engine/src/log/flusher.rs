@@ -36,6 +36,7 @@ pub fn run(inner: &Inner) {
         // within the seal interval.
         seal_if_due(inner, &mut st, Instant::now());
         if !has_work(&st) {
+            crate::failpoint::flusher_pass_done(inner);
             if st.health.closing() {
                 break;
             }
@@ -46,6 +47,7 @@ pub fn run(inner: &Inner) {
         match step(inner, st) {
             Ok((guard, progressed)) => {
                 st = guard;
+                crate::failpoint::flusher_pass_done(inner);
                 if !progressed {
                     // Nothing could move (e.g. waiting writers but no reclaimable segment).
                     // Wake in time for the periodic seal.

@@ -1,0 +1,76 @@
+//! Test-only failpoints: places where a unit test can stop one engine thread to force an
+//! interleaving the scheduler cannot reach (the gap between two lock holds of one thread).
+//! Compiled only with `cfg(test)`: in every other build the calls are empty inline functions.
+
+#[cfg(test)]
+pub use imp::Failpoints;
+
+/// In `Engine::close`, after the lock hold that begins closing and before the wait for the
+/// final sync.
+#[inline(always)]
+pub fn close_between_holds(_inner: &crate::inner::Inner) {
+    #[cfg(test)]
+    imp::close_between_holds(_inner);
+}
+
+/// The flusher finished one pass of its loop (it is about to wait, step again or exit); called
+/// with the state lock held, so a test that saw the count move knows the pass's decision.
+#[inline(always)]
+pub fn flusher_pass_done(_inner: &crate::inner::Inner) {
+    #[cfg(test)]
+    _inner.failpoints.pass_done();
+}
+
+#[cfg(test)]
+mod imp {
+    use std::time::Duration;
+
+    use parking_lot::{Condvar, Mutex};
+
+    use crate::inner::Inner;
+
+    type Hook = Box<dyn Fn(&Inner) + Send + Sync>;
+
+    #[derive(Default)]
+    pub struct Failpoints {
+        close_between_holds: Mutex<Option<Hook>>,
+        flusher_passes: Mutex<u64>,
+        flusher_passed: Condvar,
+    }
+
+    impl Failpoints {
+        /// Runs `hook` (once) at `close_between_holds`.
+        pub fn on_close_between_holds(&self, hook: impl Fn(&Inner) + Send + Sync + 'static) {
+            *self.close_between_holds.lock() = Some(Box::new(hook));
+        }
+
+        pub fn flusher_passes(&self) -> u64 {
+            *self.flusher_passes.lock()
+        }
+
+        /// Waits (at most `max`) until the flusher finished a pass after the `seen`th; whether it
+        /// did.
+        pub fn wait_flusher_pass_after(&self, seen: u64, max: Duration) -> bool {
+            let mut n = self.flusher_passes.lock();
+            let until = std::time::Instant::now() + max;
+            while *n <= seen {
+                if self.flusher_passed.wait_until(&mut n, until).timed_out() {
+                    return *n > seen;
+                }
+            }
+            true
+        }
+
+        pub(super) fn pass_done(&self) {
+            *self.flusher_passes.lock() += 1;
+            self.flusher_passed.notify_all();
+        }
+    }
+
+    pub(super) fn close_between_holds(inner: &Inner) {
+        let hook = inner.failpoints.close_between_holds.lock().take();
+        if let Some(hook) = hook {
+            hook(inner);
+        }
+    }
+}
