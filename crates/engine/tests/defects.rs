@@ -742,3 +742,53 @@ fn a_trim_leaves_out_its_discard_after_a_write_of_its_blocks() {
     assert_eq!(buf, [0x66; 4096]);
     e.close().unwrap();
 }
+
+/// In flush-epoch order a write-through or write-around may not reach the backing device while
+/// an older zero range is still owed to it (sim `LOGCACHE_SIM_CYCLES=3` seed 141: a sector held
+/// a write older than one made durable by a flush, while a write sent after that flush was
+/// already there). A write of block z, then a write-zeroes of z that kills its dirty copy in the
+/// same flush epoch (so writeback never writes it), its backing zeroing held; a flush makes the
+/// write durable: the disk now reads the write or zeros at z, never what z held before. After a
+/// switch to a bypass mode (nothing is dirty), a bypass write of another block found no dirty
+/// block and went straight to the backing device, whose z still held the old data: no moment
+/// of the disk looks like that.
+#[test]
+fn a_bypass_write_waits_for_an_older_zero_range_in_flush_epoch_order() {
+    for mode in ["write-through", "write-around"] {
+        let pair = SimPair::new(MIB + 32 * SEG_64K, 16 * MIB, SEG_64K);
+        let (z, w) = (300u64, 500u64);
+        let (backing, e) = gated_engine(&pair);
+        e.write(z * 4096, &[0x31; 4096], false).unwrap();
+        let zeroing = held_zeroing(&e, &backing, z);
+        let flusher = e.clone();
+        bounded("the flush", move || flusher.flush()).unwrap();
+        let switcher = e.clone();
+        bounded("the mode switch", move || {
+            switcher.set_tunable("cache_mode", mode)
+        })
+        .unwrap();
+        let writer = e.clone();
+        bounded("the write of w", move || {
+            writer.write(w * 4096, &[0x77; 4096], false)
+        })
+        .unwrap();
+        assert!(
+            pair.backing.read_volatile(w * 4096, 4096) != vec![0x77; 4096],
+            "{mode}: the write of w reached the backing device before the zeros of z, older \
+             in flush-epoch order (z still holds data older than a durable write)"
+        );
+        backing.release(OpKind::Discard);
+        zeroing.join().unwrap().unwrap();
+        e.drain(|_| {}).unwrap();
+        let mut buf = [0u8; 4096];
+        e.read(z * 4096, &mut buf).unwrap();
+        assert_eq!(buf, [0; 4096], "{mode}: z");
+        e.read(w * 4096, &mut buf).unwrap();
+        assert_eq!(buf, [0x77; 4096], "{mode}: w");
+        e.close().unwrap();
+        assert!(
+            pair.backing.read_volatile(w * 4096, 4096) == vec![0x77; 4096],
+            "{mode}: the backing device lost the write of w"
+        );
+    }
+}

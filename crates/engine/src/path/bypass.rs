@@ -41,19 +41,21 @@ fn blocks_of(offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
 }
 
 /// Whether the write must go the write-back way: a block of the range has a dirty cached copy,
-/// or (in flush-epoch order) anything is dirty, since data reaching the backing device now
-/// would overtake older epochs still in the cache; or a write-zeroes of a block of the range is
-/// on its way to the backing device, where its zeros could land after this write's data (the
-/// cache would then keep a clean copy the backing device no longer holds).
+/// or (in flush-epoch order) anything older is owed to the backing device, a dirty block or a
+/// zero range not yet applied, since data reaching the backing device now would overtake older
+/// epochs (a zero range's epoch may have lost its killed dirty copies for good: sim seed 141);
+/// or a write-zeroes of a block of the range is on its way to the backing device, where its
+/// zeros could land after this write's data (the cache would then keep a clean copy the
+/// backing device no longer holds).
 fn any_dirty(st: &State, first: u64, end: u64) -> bool {
     if st.bypass.zeroing_any(first, end) {
         return true;
     }
+    if st.ordered() {
+        return st.blocks.dirty_blocks() > 0 || st.writeback.zero_pending_seq().is_some();
+    }
     if st.blocks.dirty_blocks() == 0 {
         return false;
-    }
-    if st.ordered() {
-        return true;
     }
     (first..end).any(|lba| {
         st.blocks
