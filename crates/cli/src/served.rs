@@ -37,6 +37,8 @@ impl Served {
             })
         };
         gauge("exported_size_bytes", s.exported_size_bytes as f64);
+        // 1: the cache device failed with no dirty data; serving from the backing device alone.
+        gauge("cache_failed", s.cache_failed.is_some() as u8 as f64);
         // The label is the block right after the exported disk (docs/FORMAT.md).
         gauge("label_offset_bytes", s.exported_size_bytes as f64);
         gauge("segment_size_bytes", s.segment_size_bytes as f64);
@@ -141,14 +143,18 @@ impl Served {
             ),
             (
                 "state".to_string(),
-                Value::String(match &s.failed {
-                    Some(_) => "failed".into(),
-                    None => "serving".into(),
+                Value::String(match (&s.failed, &s.cache_failed) {
+                    (Some(_), _) => "failed".into(),
+                    (None, Some(_)) => "cache failed".into(),
+                    (None, None) => "serving".into(),
                 }),
             ),
         ];
         if let Some(f) = s.failed {
             extra.push(("failure".into(), Value::String(f)));
+        }
+        if let Some(f) = s.cache_failed {
+            extra.push(("cache_failure".into(), Value::String(f)));
         }
         if let Some(e) = s.writeback_error {
             extra.push(("writeback_error".into(), Value::String(e)));

@@ -91,6 +91,16 @@ impl EioCache {
         }
     }
 
+    /// A failing-SSD cache formatted for a new backing file: (it, cache path, backing path).
+    fn formatted(dir: &TestDir) -> (EioCache, String, String) {
+        let eio = EioCache::start(dir);
+        let cache = eio.path();
+        let backing = dir.s("backing.img");
+        sparse(Path::new(&backing), BACKING_BYTES);
+        format_256k(&cache, &backing);
+        (eio, cache, backing)
+    }
+
     fn path(&self) -> String {
         self.fused.file().to_string_lossy().into_owned()
     }
@@ -107,9 +117,14 @@ impl EioCache {
 
 /// The backing device holds the drained disk: the first write, not the lost one.
 fn assert_backing_holds_the_drained_disk(backing: &str) {
+    assert_backing_holds_the_drained_disk_and(backing, 0);
+}
+
+/// 1 MiB of 0xaa, then 2 MiB of `next`.
+fn assert_backing_holds_the_drained_disk_and(backing: &str, next: u8) {
     let p = Path::new(backing);
     assert!(read_at(p, 0, MIB as usize).iter().all(|&b| b == 0xaa));
-    assert!(read_at(p, MIB, 2 * MIB as usize).iter().all(|&b| b == 0));
+    assert!(read_at(p, MIB, 2 * MIB as usize).iter().all(|&b| b == next));
 }
 
 /// Runs `detach --force`, which must succeed and say what the backing device holds; returns
@@ -230,11 +245,7 @@ fn detach_force_after_the_cache_file_was_truncated() {
 fn detach_force_when_the_cache_device_returns_eio() {
     preflight(&["nbdkit"]);
     let dir = TestDir::new("detach-eio");
-    let eio = EioCache::start(&dir);
-    let cache = eio.path();
-    let backing = dir.s("backing.img");
-    sparse(Path::new(&backing), BACKING_BYTES);
-    format_256k(&cache, &backing);
+    let (eio, cache, backing) = EioCache::formatted(&dir);
     lose_newest_writes(&dir, &cache, &backing);
     // The device fails: every read returns EIO.
     eio.fail();
@@ -271,11 +282,7 @@ fn detach_the_unreadable_cache(dir: &TestDir, eio: &EioCache, backing: &str) {
 fn the_cache_device_failing_while_serving_fails_the_export_with_its_reason() {
     preflight(&["nbdkit"]);
     let dir = TestDir::new("detach-eio-serving");
-    let eio = EioCache::start(&dir);
-    let cache = eio.path();
-    let backing = dir.s("backing.img");
-    sparse(Path::new(&backing), BACKING_BYTES);
-    format_256k(&cache, &backing);
+    let (eio, cache, backing) = EioCache::formatted(&dir);
     let served = serve_with_unwritten_data(&dir, &cache, &backing);
     let uri = served.unix_uri();
     eio.fail();
@@ -335,4 +342,64 @@ fn detach_force_over_an_nbd_backing_device() {
     assert!(stdout.contains("when writeback had caught up"), "{stdout}");
     assert_backing_holds_the_drained_disk(&file);
     assert_usable_after_detach(&dir, &uri);
+}
+
+/// The cache device fails while serve runs in write-through mode, holding no dirty data (issue
+/// 25: "with no dirty data, service goes on from the backing device alone, as bcache does, and
+/// status says so"): writes, flushes and reads go on against the backing device, status says
+/// `cache failed` with the device's error, serve stops cleanly, the backing device holds every
+/// write, and the old cache, once readable again, is refused (it would serve stale copies).
+#[test]
+fn the_cache_device_failing_with_no_dirty_data_leaves_serve_on_the_backing_device_alone() {
+    preflight(&["nbdkit"]);
+    let dir = TestDir::new("alone");
+    let (eio, cache, backing) = EioCache::formatted(&dir);
+    let (socket, control) = (dir.s("serve.sock"), dir.s("serve.ctl"));
+    let served = Served::start(&[
+        "--cache",
+        &cache,
+        "--backing",
+        &backing,
+        "--socket",
+        &socket,
+        "--control",
+        &control,
+        "--set",
+        "cache_mode=write-through",
+    ]);
+    let uri = served.unix_uri();
+    qemu_io_ok(&uri, &["write -P 0xaa 0 1M", "flush", "read -P 0xaa 0 1M"]);
+    eio.fail();
+    qemu_io_ok(
+        &uri,
+        &[
+            "write -P 0xbb 1M 2M",
+            "flush",
+            "read -P 0xaa 0 1M",
+            "read -P 0xbb 1M 2M",
+        ],
+    );
+    let s = served.status();
+    assert_eq!(s["state"].as_str(), Some("cache failed"), "{s}");
+    let why = s["cache_failure"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("cache device failed")
+            && why.contains("Input/output error")
+            && why.contains("serving from the backing device alone"),
+        "{s}"
+    );
+    let shown = logcache_ok(&["status", "--control", &control]);
+    assert!(shown.contains("cache failed: "), "{shown}");
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    assert_backing_holds_the_drained_disk_and(&backing, 0xbb);
+    eio.heal();
+    fails_with(
+        1,
+        &["serve", "--cache", &cache, "--backing", &backing],
+        &["detached", "logcache format"],
+    );
+    let fresh = dir.s("fresh.img");
+    sparse(Path::new(&fresh), CACHE_BYTES);
+    logcache_ok(&["format", "--cache", &fresh, "--backing", &backing]);
 }

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use crate::error::{Error, Result};
 use crate::format::checkpoints::*;
 use crate::format::superblock::Superblock;
-use crate::inner::{fail, Inner};
+use crate::inner::{fail_cache, Inner};
 use crate::io::aligned::AlignedBuf;
 use crate::io::BlockDevice;
 use crate::state::changes::{PageWrite, Tracked};
@@ -170,7 +170,7 @@ pub fn fold(inner: &Inner, head_seq: u64) -> Result<()> {
     }
     let written = pages.len() as u64;
     if let Err(e) = write_pages(inner, &bitmaps.geo, &pages) {
-        return Err(fail(inner, inner.state.lock(), e));
+        return Err(fail_cache(inner, inner.state.lock(), e));
     }
     inner.state.lock().counters.checkpoint_pages_written += written;
     Ok(())

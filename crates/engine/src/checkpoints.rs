@@ -15,7 +15,7 @@ use crate::format::checkpoints::{check_name, Table, TableEntry};
 use crate::format::chunk::{ChunkHeader, Entry};
 use crate::format::superblock::Superblock;
 use crate::format::BLOCK_SIZE_BYTES;
-use crate::inner::{check_usable, fail, Inner};
+use crate::inner::{check_usable, fail_cache, Inner};
 use crate::io::BlockDevice;
 use crate::state::changes::Tracked;
 use crate::stats::RecoveryReport;
@@ -211,7 +211,7 @@ pub fn create(
         // The table copy being written may be torn: stop here, as for the superblock.
         let mut st = inner.state.lock();
         st.changes.tracked.retain(|t| t.serial != serial);
-        return Err(fail(inner, st, e));
+        return Err(fail_cache(inner, st, e));
     }
     Ok((
         CheckpointInfo {
@@ -237,7 +237,7 @@ pub fn delete(inner: &Inner, name: &str) -> Result<()> {
     };
     table.slots[slot] = None;
     if let Err(e) = bitmaps::write_table(&*inner.cache, &b.geo, &mut table) {
-        return Err(fail(inner, inner.state.lock(), e));
+        return Err(fail_cache(inner, inner.state.lock(), e));
     }
     inner
         .state

@@ -29,7 +29,7 @@ use crate::io::BlockDevice;
 use crate::log::checkpoint::{self, SuperblockWriter};
 use crate::log::flusher;
 use crate::open::{self, recover};
-use crate::path::{bypass, read, write};
+use crate::path::{alone, bypass, read, write};
 use crate::state::buffers::SegmentBuffers;
 use crate::stats::Stats;
 use crate::status::{self, Extent};
@@ -200,6 +200,7 @@ impl Engine {
             bitmaps: loaded.bitmaps,
             #[cfg(test)]
             failpoints: Default::default(),
+            alone: std::sync::atomic::AtomicU8::new(alone::NO),
         });
         {
             let mut st = inner.state.lock();
@@ -228,7 +229,26 @@ impl Engine {
     /// Reads `buf.len()` bytes at `offset_bytes` (both multiples of 512).
     pub fn read(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
         self.check_range(offset_bytes, buf.len() as u64)?;
-        read::read(&self.inner, offset_bytes, buf)
+        if !self.alone() {
+            match read::read(&self.inner, offset_bytes, buf) {
+                Err(_) if self.took_over() => {}
+                r => return r,
+            }
+        }
+        alone::read(&self.inner, offset_bytes, buf)
+    }
+
+    /// Serving from the backing device alone (the cache device failed with no dirty data):
+    /// checked before each request, and again when one fails in the cached path (it was not
+    /// acknowledged, so it is tried again there).
+    fn alone(&self) -> bool {
+        alone::active(&self.inner)
+    }
+
+    /// After a request failed in the cached path: whether the backing device alone serves now
+    /// (waiting, if the switch is being decided).
+    fn took_over(&self) -> bool {
+        alone::took_over(&self.inner)
     }
 
     /// Reads like [`read`](Self::read) if the cache holds every wanted sector and the range is
@@ -236,7 +256,13 @@ impl Engine {
     /// having done nothing (the caller then uses `read`, e.g. on a thread that may wait).
     pub fn read_if_cached(&self, offset_bytes: u64, buf: &mut [u8]) -> Result<bool> {
         self.check_range(offset_bytes, buf.len() as u64)?;
-        read::read_if_cached(&self.inner, offset_bytes, buf)
+        if self.alone() {
+            return Ok(false);
+        }
+        match read::read_if_cached(&self.inner, offset_bytes, buf) {
+            Err(_) if self.took_over() => Ok(false),
+            r => r,
+        }
     }
 
     /// Writes `data` at `offset_bytes` (both multiples of 512). With `fua`, returns once durable.
@@ -244,6 +270,16 @@ impl Engine {
     /// write-around mode the data goes to the backing device only.
     pub fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         self.check_range(offset_bytes, data.len() as u64)?;
+        if !self.alone() {
+            match self.write_cached(offset_bytes, data, fua) {
+                Err(_) if self.took_over() => {}
+                r => return r,
+            }
+        }
+        alone::write(&self.inner, offset_bytes, data, fua)
+    }
+
+    fn write_cached(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         {
             let _pass = self.hold.pass(&self.inner, offset_bytes, data.len() as u64);
             self.write_mode(offset_bytes, data)?;
@@ -271,8 +307,14 @@ impl Engine {
 
     /// Returns once every write that returned before this call is durable.
     pub fn flush(&self) -> Result<()> {
-        self.inner.state.lock().counters.flushes += 1;
-        self.make_durable()
+        if !self.alone() {
+            self.inner.state.lock().counters.flushes += 1;
+            match self.make_durable() {
+                Err(_) if self.took_over() => {}
+                r => return r,
+            }
+        }
+        alone::flush(&self.inner)
     }
 
     /// Makes `len_bytes` bytes at `offset_bytes` read as zeros (both multiples of 512), in every mode:
@@ -284,13 +326,20 @@ impl Engine {
         if len_bytes == 0 {
             return Ok(());
         }
-        {
-            let _pass = self.hold.pass(&self.inner, offset_bytes, len_bytes);
-            bypass::zero(&self.inner, offset_bytes, len_bytes, |off, zeros| {
-                self.write_mode(off, zeros)
-            })?;
+        if !self.alone() {
+            let r = {
+                let _pass = self.hold.pass(&self.inner, offset_bytes, len_bytes);
+                bypass::zero(&self.inner, offset_bytes, len_bytes, |off, zeros| {
+                    self.write_mode(off, zeros)
+                })
+            }
+            .and_then(|()| self.durable_if(fua));
+            match r {
+                Err(_) if self.took_over() => {}
+                r => return r,
+            }
         }
-        self.durable_if(fua)
+        alone::write_zeroes(&self.inner, offset_bytes, len_bytes, fua)
     }
 
     /// TRIM, a hint: the range's data is no longer needed, and until it is written again it
@@ -302,11 +351,18 @@ impl Engine {
         if len_bytes == 0 {
             return Ok(());
         }
-        {
-            let _pass = self.hold.pass(&self.inner, offset_bytes, len_bytes);
-            bypass::trim(&self.inner, offset_bytes, len_bytes)?;
+        if !self.alone() {
+            let r = {
+                let _pass = self.hold.pass(&self.inner, offset_bytes, len_bytes);
+                bypass::trim(&self.inner, offset_bytes, len_bytes)
+            }
+            .and_then(|()| self.durable_if(fua));
+            match r {
+                Err(_) if self.took_over() => {}
+                r => return r,
+            }
         }
-        self.durable_if(fua)
+        alone::discard(&self.inner, offset_bytes, len_bytes, fua)
     }
 
     fn durable_if(&self, fua: bool) -> Result<()> {
@@ -328,7 +384,14 @@ impl Engine {
     ) -> Result<()> {
         assert!(len_bytes > 0 && max_extents > 0, "empty block status query");
         self.check_within(offset_bytes, len_bytes)?;
-        status::block_status(&self.inner, offset_bytes, len_bytes, max_extents, out)
+        if !self.alone() {
+            match status::block_status(&self.inner, offset_bytes, len_bytes, max_extents, out) {
+                Err(_) if self.took_over() => {}
+                r => return r,
+            }
+        }
+        alone::block_status(len_bytes, out);
+        Ok(())
     }
 
     /// Manual mode: runs flusher rounds until the queue is empty. A no-op otherwise.
@@ -354,6 +417,10 @@ impl Engine {
             if let Err(e) = st.health.check_failed() {
                 drop(st);
                 self.stop_thread();
+                if self.alone() {
+                    // Nothing to write to the cache: the backing device holds the disk.
+                    return alone::flush(&self.inner);
+                }
                 return Err(e);
             }
             // Seal and ask for the final sync in the same lock hold as `begin_close`: a
@@ -419,6 +486,9 @@ impl Engine {
     /// dirty, calling `progress` a few times a second. Writes arriving meanwhile are drained
     /// too, so under a steady write load this returns when writeback has caught up.
     pub fn drain(&self, progress: impl FnMut(DrainProgress)) -> Result<()> {
+        if self.alone() {
+            return alone::flush(&self.inner); // nothing is dirty
+        }
         self.check_usable()?;
         drive::drain(&self.inner, progress)
     }
@@ -577,7 +647,16 @@ impl Engine {
             index_memory_bytes: st.blocks.memory_bytes(),
             zero_ranges: st.zeros.range_count() as u64,
             zero_blocks_forgotten: st.zeros.forgotten_blocks(),
-            failed: st.health.failed().map(str::to_string),
+            failed: st
+                .health
+                .failed()
+                .filter(|_| !self.alone())
+                .map(str::to_string),
+            cache_failed: st
+                .health
+                .failed()
+                .filter(|_| self.alone())
+                .map(str::to_string),
             mode: tunables::MODE_NAMES[self.inner.tunables.get(tunables::CACHE_MODE) as usize],
             read_cache: self.inner.tunables.get(tunables::READ_CACHE) != 0,
             segments_in_ram: st.ring.ram_segment_count(),

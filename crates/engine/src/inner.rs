@@ -60,6 +60,9 @@ pub(crate) struct Inner {
     /// Unit tests stop threads here to force interleavings (`failpoint`); absent otherwise.
     #[cfg(test)]
     pub failpoints: crate::failpoint::Failpoints,
+    /// Whether requests go to the backing device alone (`path::alone`: `NO`, `DECIDING`,
+    /// `YES`, `REFUSED`); changed under the state lock, only away from `NO` and `DECIDING`.
+    pub alone: std::sync::atomic::AtomicU8,
 }
 
 impl Inner {
@@ -126,6 +129,24 @@ pub fn mark_failed(inner: &Inner, st: &mut State, msg: String) {
 pub fn fail(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {
     mark_failed(inner, &mut st, e.to_string());
     drop(st);
+    e
+}
+
+/// As `fail`, for an error of the cache device itself (a log write or sync). If no block is
+/// dirty in that same lock hold, every acknowledged write is on the backing device and no
+/// dirty data can come after (every write path checks for failure in the hold that adds it):
+/// the engine then goes on from the backing device alone (`path::alone::take_over`; threads
+/// mode only, manual-mode tests keep the plain failure).
+pub fn fail_cache(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {
+    let clean = !st.health.is_failed() && st.blocks.dirty_blocks() == 0 && inner.drive.threads();
+    if clean {
+        crate::path::alone::deciding(inner);
+    }
+    mark_failed(inner, &mut st, e.to_string());
+    drop(st);
+    if clean {
+        crate::path::alone::take_over(inner, &e);
+    }
     e
 }
 

@@ -11,7 +11,7 @@ use parking_lot::MutexGuard;
 
 use crate::error::{Error, Result};
 use crate::format::{chunk, BLOCK_SIZE_BYTES};
-use crate::inner::{fail, Inner};
+use crate::inner::{fail, fail_cache, Inner};
 use crate::state::{Location, State, RESERVE_SEGMENTS};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
@@ -36,7 +36,7 @@ pub fn reclaim<'a>(
     let res = inner.superblock.advance_head(new_head, head_seq);
     let mut st = inner.state.lock();
     if let Err(e) = res {
-        return Err(fail(inner, st, e));
+        return Err(fail_cache(inner, st, e));
     }
     st.counters.superblock_writes += 1;
     st.free_segments_before(new_head);
@@ -140,7 +140,7 @@ pub fn relocate_head<'a>(
         // status shows it and waiting requests get it (a bare Err stopped the flusher with
         // the engine still "healthy", and every flush then hung).
         inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
-        return Err(fail(inner, st, e));
+        return Err(fail_cache(inner, st, e));
     }
     let mut moved = 0u64;
     let now = Instant::now();

@@ -240,6 +240,9 @@ pub struct Stats {
     pub zero_ranges: u64,
     pub zero_blocks_forgotten: u64,
     pub failed: Option<String>,
+    /// The cache device failed with no dirty data and the engine serves from the backing
+    /// device alone (`failed` is then `None`): why, and what to do.
+    pub cache_failed: Option<String>,
     /// `cache_mode`: "write-back", "write-through" or "write-around".
     pub mode: &'static str,
     pub read_cache: bool,

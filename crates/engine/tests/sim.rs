@@ -462,9 +462,11 @@ struct Totals {
     /// ... with no dirty data left, so the backing device alone was checked to hold every
     /// acknowledged write, per mode.
     losses_exact: [u64; 3],
-    /// ... where the engine failed with no dirty data left (service could have gone on from
-    /// the backing device alone; see docs/RELIABILITY.md).
+    /// ... where the engine failed with no dirty data left (it serves from the backing device
+    /// alone then, unless marking the backing device detached failed too).
     losses_failed_clean: u64,
+    /// ... after which the engine served from the backing device alone, per mode.
+    losses_alone: [u64; 3],
 }
 
 struct Case<'a> {
@@ -723,7 +725,19 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         // that), or when the last one is done; a flush follows once every request returned.
         let die_after = loss_rng.range(0, requests_left);
         let mut started = 0;
-        let mut final_flush = loss;
+        // After the death, once every request returned: a flush, then a read of the whole
+        // region (checked like every read: the engine that goes on serves the newest data).
+        let mut finals = if loss {
+            vec![
+                Req::Read {
+                    first: 0,
+                    count: region_sectors,
+                },
+                Req::Flush,
+            ]
+        } else {
+            Vec::new()
+        };
         let mut dead_steps = 0;
         loop {
             case.settle();
@@ -742,8 +756,9 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
                 shared.faulted.store(true, Ordering::SeqCst);
                 case.totals.faults += 1;
             }
-            if case.cache_dead {
-                // Retrying a dead device for ever is a hang too, with IO held.
+            if case.cache_dead && !held.is_empty() {
+                // Retrying a dead device for ever is a hang too, with IO held (without, the
+                // `HANG` rule below applies).
                 dead_steps += 1;
                 assert!(
                     dead_steps < DEAD_STEPS_MAX,
@@ -769,11 +784,12 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             }
             if held.is_empty() && !can_start {
                 if idle.len() == workers.len() {
-                    if final_flush && case.cache_dead {
-                        final_flush = false;
-                        case.note("flush after the loss");
-                        workers[0].start(Req::Flush);
-                        continue;
+                    if case.cache_dead {
+                        if let Some(req) = finals.pop() {
+                            case.note(&format!("after the loss: {req:?}"));
+                            workers[0].start(req);
+                            continue;
+                        }
                     }
                     break;
                 }
@@ -827,9 +843,8 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
                 case.release_one(&held, &slow, fault_odds);
             }
         }
-        if loss {
-            loss_check(&mut case, &e, &pair, mode);
-        } else if seal_interval_ms > 0 && case.rng.chance(1, 2) {
+        let alone = loss && loss_check(&mut case, &e, &pair, mode);
+        if !loss && seal_interval_ms > 0 && case.rng.chance(1, 2) {
             seal_check(&mut case, &e, &workers);
         }
         // Power fails.
@@ -857,6 +872,27 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             panic!("cycle {cycle}: after the power cut, the backing device: {msg}")
         });
         sched.set_mode(GateMode::Open);
+        if alone {
+            // The backing device was marked detached when the engine went on without the
+            // cache: the old cache is refused, and the backing device alone holds everything
+            // made durable.
+            let refused = Engine::open(cache.clone(), backing.clone(), opts.clone())
+                .err()
+                .map(|err| err.to_string());
+            assert!(
+                refused.as_deref().is_some_and(|m| m.contains("detached")),
+                "cycle {cycle}: the old cache opened on a backing device served alone: {refused:?}"
+            );
+            let image = pair
+                .backing
+                .read_volatile(0, region_sectors * SECTOR as u64);
+            if let Err(msg) = shared.model.lock().check_recovered(&image) {
+                panic!(
+                    "cycle {cycle}: after the power cut, served alone, the backing device: {msg}"
+                );
+            }
+            break;
+        }
         let e = Engine::open(cache.clone(), backing.clone(), opts.clone())
             .unwrap_or_else(|err| panic!("cycle {cycle}: reopen after the power cut: {err}"));
         let mut image = vec![0u8; region_sectors as usize * SECTOR];
@@ -940,11 +976,20 @@ fn backing_image(pair: &SimPair, region_sectors: u64) -> Vec<Option<Val>> {
 /// the engine serves on (its reads were checked as they returned) or failed with a reason and
 /// refuses IO; the backing device alone is a past state of the disk; with no dirty data left it
 /// holds every acknowledged write, as a read sent now must return.
-fn loss_check(case: &mut Case<'_>, e: &Engine, pair: &SimPair, mode: usize) {
+/// Returns whether the engine serves from the backing device alone.
+fn loss_check(case: &mut Case<'_>, e: &Engine, pair: &SimPair, mode: usize) -> bool {
     let n = case.region_sectors;
     let stats = e.stats();
     let clean = stats.writeback_lag_bytes == 0;
     case.totals.losses[mode] += 1;
+    let alone = stats.cache_failed.is_some();
+    if alone {
+        assert!(
+            clean && stats.failed.is_none(),
+            "serving from the backing device alone with dirty data or failed: {stats:?}"
+        );
+        case.totals.losses_alone[mode] += 1;
+    }
     if let Some(reason) = &stats.failed {
         assert!(
             !reason.trim().is_empty(),
@@ -978,6 +1023,7 @@ fn loss_check(case: &mut Case<'_>, e: &Engine, pair: &SimPair, mode: usize) {
         });
         case.totals.losses_exact[mode] += 1;
     }
+    alone
 }
 
 /// The periodic seal, checked: with the backing device stalled (its writes and zeroings held),
@@ -1161,9 +1207,14 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         started.elapsed().as_secs_f64()
     );
     eprintln!(
-        "sim: cache losses per mode {MODES:?}: {:?}, the engine failed after {:?}, the backing \
-         device alone checked exact (no dirty data left) {:?}; failed with no dirty data left: {}",
-        totals.losses, totals.losses_failed, totals.losses_exact, totals.losses_failed_clean
+        "sim: cache losses per mode {MODES:?}: {:?}, the engine failed after {:?}, served from \
+         the backing device alone after {:?}, the backing device alone checked exact (no dirty \
+         data left) {:?}; failed with no dirty data left: {}",
+        totals.losses,
+        totals.losses_failed,
+        totals.losses_alone,
+        totals.losses_exact,
+        totals.losses_failed_clean
     );
     assert!(
         failures.is_empty(),
@@ -1178,6 +1229,10 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         assert!(
             totals.losses_exact[1] > 0 && totals.losses_exact[2] > 0,
             "the backing device was never checked exact after a loss without dirty data"
+        );
+        assert!(
+            totals.losses_alone[1] > 0 && totals.losses_alone[2] > 0,
+            "the engine never went on from the backing device alone after a loss"
         );
     }
     // Zero tracking is exercised, not only never wrong: a run of CI's size sees claims.

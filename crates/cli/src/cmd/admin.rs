@@ -93,6 +93,9 @@ fn render_status(s: &Value) -> String {
     if let Some(f) = s["failure"].as_str() {
         line(format!("  FAILED: {f}"));
     }
+    if let Some(f) = s["cache_failure"].as_str() {
+        line(format!("  {f}"));
+    }
     line(format!(
         "  devices: cache {}, backing {} (its 4 KiB label at byte {}, after the exported disk)",
         word("cache"),

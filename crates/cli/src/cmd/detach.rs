@@ -10,8 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use logcache_engine::format::label::{
-    label_offset, Label, WritebackRecord, RECORD_DETACHED, RECORD_OFFSET_IN_LABEL_BYTES,
-    RECORD_SORTED,
+    label_offset, write_detached, Label, WritebackRecord, RECORD_SORTED,
 };
 use logcache_engine::inspect::read_superblock;
 
@@ -75,29 +74,8 @@ pub fn run(args: &DetachArgs) -> Result<()> {
     if let Some(cache) = &args.cache {
         eprintln!("logcache: {}", probe_cache(cache, spec, &label)?);
     }
-    let now_ms = now_unix_ms();
-    let detached = WritebackRecord {
-        flags: record.map_or(0, |r| r.flags) | RECORD_DETACHED,
-        detached_unix_ms: now_ms,
-        ..record.unwrap_or(WritebackRecord {
-            format_id: label.format_id,
-            flags: 0,
-            consistent_as_of_unix_ms: 0,
-            recorded_unix_ms: 0,
-            lag_bytes: 0,
-            detached_unix_ms: 0,
-        })
-    };
-    // The record first: with it alone, this version already refuses the old cache; then the
-    // label, which every version refuses once its format_id is gone.
-    let unlabelled = Label {
-        format_id: 0,
-        ..label
-    };
-    backing
-        .write_at(&detached.encode(), label_at + RECORD_OFFSET_IN_LABEL_BYTES)
-        .and_then(|()| backing.write_at(&unlabelled.encode()[..512], label_at))
-        .and_then(|()| backing.flush())
+    let detached = WritebackRecord::detached_from(record, &label, now_unix_ms());
+    write_detached(&*backing, label_at, &label, &detached)
         .with_context(|| format!("marking {spec} detached"))?;
     println!("detached {spec}: {}", holds(record));
     println!(

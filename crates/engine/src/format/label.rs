@@ -132,6 +132,47 @@ impl WritebackRecord {
     pub fn detached(&self) -> bool {
         self.flags & RECORD_DETACHED != 0
     }
+
+    /// `record` (the label's own, if any) marked detached at `now_unix_ms`: what it said the
+    /// backing device holds stays, for whoever reads it later.
+    pub fn detached_from(
+        record: Option<WritebackRecord>,
+        label: &Label,
+        now_unix_ms: u64,
+    ) -> WritebackRecord {
+        WritebackRecord {
+            flags: record.map_or(0, |r| r.flags) | RECORD_DETACHED,
+            detached_unix_ms: now_unix_ms,
+            ..record.unwrap_or(WritebackRecord {
+                format_id: label.format_id,
+                flags: 0,
+                consistent_as_of_unix_ms: 0,
+                recorded_unix_ms: 0,
+                lag_bytes: 0,
+                detached_unix_ms: 0,
+            })
+        }
+    }
+}
+
+/// Marks the backing device `dev` (its label at `label_at`) detached from its cache, with
+/// `record` (see [`WritebackRecord::detached_from`]): the record first (with it alone, this
+/// version already refuses the old cache), then the label with `format_id` 0 (which every
+/// version refuses), then a sync.
+pub fn write_detached(
+    dev: &dyn crate::io::BlockDevice,
+    label_at: u64,
+    label: &Label,
+    record: &WritebackRecord,
+) -> std::io::Result<()> {
+    debug_assert!(record.detached());
+    let unlabelled = Label {
+        format_id: 0,
+        ..*label
+    };
+    dev.write_at(&record.encode(), label_at + RECORD_OFFSET_IN_LABEL_BYTES)?;
+    dev.write_at(&unlabelled.encode()[..512], label_at)?;
+    dev.flush()
 }
 
 #[cfg(test)]

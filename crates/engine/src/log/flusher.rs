@@ -9,7 +9,7 @@ use parking_lot::MutexGuard;
 
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE_BYTES;
-use crate::inner::{fail, mark_failed, Inner};
+use crate::inner::{fail_cache, mark_failed, Inner};
 use crate::reclaim;
 use crate::state::{self, SealedChunk, State};
 
@@ -149,7 +149,7 @@ fn step<'a>(
     let written = write_chunks(inner, &batch, synced_for_headers);
     let mut st = inner.state.lock();
     if let Err(e) = written {
-        return Err(fail(inner, st, e));
+        return Err(fail_cache(inner, st, e));
     }
     // Publish the data checksums (for reads from the cache device) from the chunks' own entries,
     // then free fully written buffers.
@@ -185,7 +185,7 @@ fn step<'a>(
                 format!("cache device failed: syncing {}", inner.cache.describe()),
                 e,
             );
-            return Err(fail(inner, st, e));
+            return Err(fail_cache(inner, st, e));
         }
         st.note_synced(target);
         // Newly durable chunks are what a waiting writeback can take.

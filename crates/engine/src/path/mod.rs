@@ -3,6 +3,7 @@
 //! write-around, TRIM, write-zeroes), and fair admission of writers to log room.
 
 pub mod admission;
+pub mod alone;
 pub mod bypass;
 pub mod read;
 pub mod write;

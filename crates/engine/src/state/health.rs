@@ -19,6 +19,20 @@ impl Health {
         debug_assert!(self.failed.is_some());
     }
 
+    /// The cache device failed with no dirty data and the engine serves from the backing
+    /// device alone (`path::alone`): `msg` replaces the failure's cause (status shows it).
+    pub fn serve_alone(&mut self, msg: String) {
+        debug_assert!(self.failed.is_some());
+        self.failed = Some(msg);
+    }
+
+    /// Adds `more` to the failure's cause.
+    pub fn note(&mut self, more: String) {
+        if let Some(f) = &mut self.failed {
+            f.push_str(&more);
+        }
+    }
+
     /// A simulated crash (tests): stops everything, whatever happened before.
     pub fn crash(&mut self) {
         self.failed = Some("crashed".into());

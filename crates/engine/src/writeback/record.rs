@@ -30,6 +30,10 @@ fn unix_ms(t: SystemTime) -> u64 {
 /// Writes the record for the state now. A failure is counted and left to the next position
 /// change (the writeback batches report a failing backing device themselves).
 pub fn write(inner: &Inner, st: &mut MutexGuard<'_, State>) {
+    if inner.alone.load(Ordering::Acquire) != crate::path::alone::NO {
+        // The cache is being given up: the label is marked detached (`path::alone`).
+        return;
+    }
     let now = SystemTime::now();
     let as_of = st.backing_consistent_as_of(now);
     let lag_bytes = st.blocks.dirty_blocks() * BLOCK_SIZE_BYTES;
