@@ -1,13 +1,17 @@
 //! A backing device served over NBD, so the cache's slow device can be any NBD export (qemu-nbd,
 //! nbdkit, another logcache).
 //!
-//! [`NbdDevice`] keeps a small pool of blocking [`Client`] connections, each behind its own
-//! mutex, so calls from several threads run in parallel (one request in flight per connection).
-//! A broken connection is replaced by a new one on its next use: see [`NbdDevice`].
+//! [`NbdDevice`] keeps a small pool of connections. Over a plain socket each is a [`Pipe`]:
+//! every calling thread's request goes out at once and many are in flight per connection, so
+//! the server (and a disk behind it that reorders its queue) sees the callers' whole queue. Over
+//! TLS (one session cannot be read and written from two threads) each is a blocking [`Client`]
+//! behind its own mutex, one request in flight per connection. A broken connection is replaced
+//! by a new one on its next use: see [`NbdDevice`].
 
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use logcache_io::{Allocation, BlockDevice, SECTOR_SIZE_BYTES};
@@ -15,19 +19,58 @@ use logcache_nbd::consts::{STATE_HOLE, STATE_ZERO};
 use logcache_nbd::uri::NbdUri;
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::client::{Client, ExportInfo, DEFAULT_REQUEST_TIMEOUT};
+use crate::client::{Client, ExportInfo, Pipe, DEFAULT_REQUEST_TIMEOUT};
 
 /// Connections opened when the caller has no better number and the server allows several.
 pub const DEFAULT_CONNECTIONS: usize = 4;
 
+/// How long the server may take to greet a connection beyond the first at open. A server that
+/// advertises multi-conn but takes fewer clients (qemu-nbd `-e N`) leaves an extra connection
+/// waiting for its greeting forever; the device then keeps the connections it has.
+pub const EXTRA_CONNECTION_GREETING_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One connection of the pool.
+enum Link {
+    /// A plain socket: shared by every caller, many requests in flight.
+    Pipe(Arc<Pipe>),
+    /// TLS: one request at a time, its caller holding the pool slot's mutex.
+    Serial(Client),
+}
+
+impl Link {
+    fn broken_reason(&self) -> Option<String> {
+        match self {
+            Link::Pipe(pipe) => pipe.broken_reason(),
+            Link::Serial(client) => client.broken_reason().map(str::to_owned),
+        }
+    }
+
+    fn info(&self) -> &ExportInfo {
+        match self {
+            Link::Pipe(pipe) => pipe.info(),
+            Link::Serial(client) => client.info(),
+        }
+    }
+}
+
+/// A data call, run on whichever connection the pool picks.
+enum Op<'a> {
+    Read(&'a mut [u8], u64),
+    Write(&'a [u8], u64),
+    Flush,
+    Trim(u64, u64),
+    WriteZeroes(u64, u64),
+}
+
 /// An NBD export as a [`BlockDevice`].
 ///
-/// Failure policy: a call on a connection that broke (the server died or restarted, the
-/// network dropped, a request went unanswered for the request timeout (a minute unless
-/// [`NbdDevice::open_with_timeout`] says otherwise), the server broke the protocol)
-/// fails. The next call on that connection first connects again; while that fails, calls fail
-/// at once with the reason, so the cache keeps absorbing writes and retries writeback later.
-/// The new connection must show the same export (size and flags), or the device refuses it.
+/// Failure policy: every call in flight on a connection that breaks (the server died or
+/// restarted, the network dropped, the server sent nothing for the request timeout (a minute
+/// unless [`NbdDevice::open_with_timeout`] says otherwise) while requests waited, the server
+/// broke the protocol) fails. A pipe notices a closed connection even with nothing in flight.
+/// The next call on a broken connection first connects again; while that fails, calls fail at
+/// once with the reason, so the cache keeps absorbing writes and retries writeback later. The
+/// new connection must show the same export (size and flags), or the device refuses it.
 ///
 /// The server may have acknowledged writes on the broken connection that it had not flushed,
 /// and lost them: a flush on the new connection does not cover them. [`BlockDevice::reconnects`]
@@ -37,7 +80,9 @@ pub struct NbdDevice {
     uri: String,
     parsed: NbdUri,
     info: ExportInfo,
-    connections: Vec<Mutex<Client>>,
+    /// Every connection is a pipe (plain sockets) or every one is serial (TLS).
+    pipelined: bool,
+    connections: Vec<Mutex<Link>>,
     /// Where the next call starts looking for a free connection (round robin).
     next_connection: AtomicUsize,
     /// Successful reconnections so far.
@@ -56,6 +101,8 @@ impl NbdDevice {
     /// Opens `connections` connections if the server advertises `CAN_MULTI_CONN`, otherwise
     /// exactly one: without multi-conn a flush on one connection need not cover writes completed
     /// on another, so spreading writes over several connections would make `flush` meaningless.
+    /// The connections beyond the first must be greeted within
+    /// [`EXTRA_CONNECTION_GREETING_TIMEOUT`]; the device keeps those that were.
     pub fn open(uri: &str, connections: usize) -> io::Result<NbdDevice> {
         Self::open_with_timeout(uri, connections, DEFAULT_REQUEST_TIMEOUT)
     }
@@ -75,6 +122,7 @@ impl NbdDevice {
                 format!("{uri}: at least one NBD connection is needed"),
             ));
         }
+        let pipelined = parsed.tls.is_none();
         let first = Client::connect_with_timeout(&parsed, request_timeout)?;
         let info = *first.info();
         let sector_bytes = SECTOR_SIZE_BYTES as u32;
@@ -95,10 +143,18 @@ impl NbdDevice {
         } else {
             1
         };
-        let mut clients = Vec::with_capacity(count);
-        clients.push(Mutex::new(first));
+        let mut links = Vec::with_capacity(count);
+        links.push(Mutex::new(link(first, pipelined, request_timeout)?));
         for _ in 1..count {
-            let client = Client::connect_with_timeout(&parsed, request_timeout)?;
+            // A server that advertises multi-conn may still take fewer clients: keep what it
+            // greeted (the first connection is enough; the queue rides on pipes anyway).
+            let Ok(client) = Client::connect_with_timeouts(
+                &parsed,
+                request_timeout,
+                EXTRA_CONNECTION_GREETING_TIMEOUT,
+            ) else {
+                break;
+            };
             let other = client.info();
             if other.size_bytes != info.size_bytes
                 || other.transmission_flags != info.transmission_flags
@@ -115,13 +171,14 @@ impl NbdDevice {
                     ),
                 ));
             }
-            clients.push(Mutex::new(client));
+            links.push(Mutex::new(link(client, pipelined, request_timeout)?));
         }
         Ok(NbdDevice {
             uri: uri.to_owned(),
             parsed,
             info,
-            connections: clients,
+            pipelined,
+            connections: links,
             next_connection: AtomicUsize::new(0),
             reconnects: AtomicU64::new(0),
             request_timeout,
@@ -134,20 +191,28 @@ impl NbdDevice {
         &self.info
     }
 
-    /// Connections in the pool (1 unless the server advertises `CAN_MULTI_CONN`).
+    /// Connections in the pool (1 unless the server advertises `CAN_MULTI_CONN`; fewer than
+    /// asked if the server did not greet the extra ones in time).
     pub fn connection_count(&self) -> usize {
         self.connections.len()
     }
 
+    /// Whether each connection carries many requests at once (plain sockets) rather than one
+    /// (TLS).
+    pub fn is_pipelined(&self) -> bool {
+        self.pipelined
+    }
+
     /// Whether some connection is broken now (it reconnects on its next use).
     pub fn has_failed(&self) -> bool {
-        self.connections
-            .iter()
-            .any(|c| c.try_lock().is_some_and(|c| c.is_broken()))
+        self.connections.iter().any(|c| {
+            c.try_lock()
+                .is_some_and(|link| link.broken_reason().is_some())
+        })
     }
 
     /// A new connection to replace a broken one, if the server answers with the same export.
-    fn reconnect(&self) -> io::Result<Client> {
+    fn reconnect(&self) -> io::Result<Link> {
         let client = Client::connect_with_timeout(&self.parsed, self.request_timeout)?;
         let other = client.info();
         if other.size_bytes != self.info.size_bytes
@@ -166,22 +231,26 @@ impl NbdDevice {
                 ),
             ));
         }
-        Ok(client)
+        link(client, self.pipelined, self.request_timeout)
     }
 
-    /// Runs `op` on a free connection (the first that `try_lock` gets, starting round robin),
-    /// or waits for the starting one if all are busy. A broken connection reconnects first.
-    fn with_connection<T>(&self, op: impl FnOnce(&mut Client) -> io::Result<T>) -> io::Result<T> {
+    /// Runs `op` on a connection: a pipe round robin (it takes every caller at once), or the
+    /// first free serial connection (starting round robin, waiting for the starting one if all
+    /// are busy). A broken connection reconnects first.
+    fn run(&self, op: Op<'_>) -> io::Result<()> {
         let count = self.connections.len();
         let start = self.next_connection.fetch_add(1, Ordering::Relaxed) % count;
-        let mut client: MutexGuard<'_, Client> = (0..count)
-            .find_map(|step| self.connections[(start + step) % count].try_lock())
-            .unwrap_or_else(|| self.connections[start].lock());
-        if let Some(reason) = client.broken_reason() {
-            let reason = reason.to_owned();
+        let mut link: MutexGuard<'_, Link> = if self.pipelined {
+            self.connections[start].lock()
+        } else {
+            (0..count)
+                .find_map(|step| self.connections[(start + step) % count].try_lock())
+                .unwrap_or_else(|| self.connections[start].lock())
+        };
+        if let Some(reason) = link.broken_reason() {
             match self.reconnect() {
                 Ok(fresh) => {
-                    *client = fresh;
+                    *link = fresh;
                     self.reconnects.fetch_add(1, Ordering::AcqRel);
                 }
                 Err(e) => {
@@ -197,7 +266,16 @@ impl NbdDevice {
                 }
             }
         }
-        op(&mut client)
+        debug_assert_eq!(link.info().size_bytes, self.info.size_bytes);
+        match &mut *link {
+            Link::Pipe(pipe) => {
+                // The pool slot is free again at once: other callers share the pipe.
+                let pipe = Arc::clone(pipe);
+                drop(link);
+                op.run_on_pipe(&pipe)
+            }
+            Link::Serial(client) => op.run_on_client(client),
+        }
     }
 
     fn check_range(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
@@ -228,7 +306,7 @@ impl BlockDevice for NbdDevice {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.check_range(offset, buf.len() as u64)?;
-        self.with_connection(|client| client.read_at(buf, offset))
+        self.run(Op::Read(buf, offset))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -236,7 +314,7 @@ impl BlockDevice for NbdDevice {
         if self.info.is_read_only() {
             return Err(io::Error::from_raw_os_error(libc::EROFS));
         }
-        self.with_connection(|client| client.write_at(buf, offset, false))
+        self.run(Op::Write(buf, offset))
     }
 
     /// `NBD_CMD_FLUSH` on one connection. That covers every connection's completed writes: with
@@ -249,7 +327,7 @@ impl BlockDevice for NbdDevice {
         if !self.info.can_flush() {
             return Ok(());
         }
-        self.with_connection(|client| client.flush())
+        self.run(Op::Flush)
     }
 
     /// `NBD_CMD_TRIM` when the server advertises it; otherwise (or on a read-only export) Ok and
@@ -259,7 +337,7 @@ impl BlockDevice for NbdDevice {
         if !self.info.can_trim() || self.info.is_read_only() || len_bytes == 0 {
             return Ok(());
         }
-        self.with_connection(|client| client.trim(offset, len_bytes))
+        self.run(Op::Trim(offset, len_bytes))
     }
 
     /// `NBD_CMD_WRITE_ZEROES` when the server advertises it; otherwise zero blocks are written.
@@ -271,7 +349,7 @@ impl BlockDevice for NbdDevice {
         if !self.info.can_write_zeroes() || self.info.is_read_only() {
             return logcache_io::write_zero_blocks(self, offset, len_bytes);
         }
-        self.with_connection(|client| client.write_zeroes(offset, len_bytes))
+        self.run(Op::WriteZeroes(offset, len_bytes))
     }
 
     fn describe(&self) -> String {
@@ -325,7 +403,39 @@ impl fmt::Debug for NbdDevice {
             .field("uri", &self.uri)
             .field("info", &self.info)
             .field("connections", &self.connections.len())
+            .field("pipelined", &self.pipelined)
             .field("reconnects", &self.reconnects.load(Ordering::Relaxed))
             .finish()
+    }
+}
+
+/// A freshly connected client as a pool connection.
+fn link(client: Client, pipelined: bool, request_timeout: Duration) -> io::Result<Link> {
+    Ok(if pipelined {
+        Link::Pipe(Arc::new(Pipe::new(client, request_timeout)?))
+    } else {
+        Link::Serial(client)
+    })
+}
+
+impl Op<'_> {
+    fn run_on_pipe(self, pipe: &Pipe) -> io::Result<()> {
+        match self {
+            Op::Read(buf, offset) => pipe.read_at(buf, offset),
+            Op::Write(buf, offset) => pipe.write_at(buf, offset, false),
+            Op::Flush => pipe.flush(),
+            Op::Trim(offset, len_bytes) => pipe.trim(offset, len_bytes),
+            Op::WriteZeroes(offset, len_bytes) => pipe.write_zeroes(offset, len_bytes),
+        }
+    }
+
+    fn run_on_client(self, client: &mut Client) -> io::Result<()> {
+        match self {
+            Op::Read(buf, offset) => client.read_at(buf, offset),
+            Op::Write(buf, offset) => client.write_at(buf, offset, false),
+            Op::Flush => client.flush(),
+            Op::Trim(offset, len_bytes) => client.trim(offset, len_bytes),
+            Op::WriteZeroes(offset, len_bytes) => client.write_zeroes(offset, len_bytes),
+        }
     }
 }

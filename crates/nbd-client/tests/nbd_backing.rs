@@ -197,10 +197,16 @@ fn nbdkit_tcp(dir: &TempDir, args: &[&str]) -> (Server, String) {
 /// qemu-nbd serving `image` as export `disk`, persistent (-t) and accepting several clients
 /// (one for the readiness probe, some for the tests).
 fn qemu_nbd(dir: &TempDir, image: &Path) -> (Server, PathBuf) {
+    qemu_nbd_shared(dir, image, 8)
+}
+
+/// [`qemu_nbd`] taking at most `clients` clients at once (`--shared`).
+fn qemu_nbd_shared(dir: &TempDir, image: &Path, clients: usize) -> (Server, PathBuf) {
     let socket = dir.join("qemu-nbd.sock");
+    let shared = format!("--shared={clients}");
     let args = [
         "-t",
-        "--shared=8",
+        shared.as_str(),
         "-k",
         socket.to_str().unwrap(),
         "-x",
@@ -558,6 +564,80 @@ fn threads_do_io_in_parallel_over_multi_conn() {
     run_threads(&dev, 8, 40);
     dev.flush().unwrap();
     assert!(!dev.has_failed());
+}
+
+/// One connection (the server does not advertise multi-conn) carries many requests at once:
+/// nbdkit's log filter records when each request starts and ends on the server, and with every
+/// read delayed the reads of 8 threads are on the server together.
+#[test]
+fn one_connection_carries_many_requests_at_once() {
+    let dir = TempDir::new("pipelined");
+    let log = dir.join("requests.log");
+    let logfile = format!("logfile={}", log.display());
+    let (server, uri) = nbdkit_unix(
+        &dir,
+        &[
+            "--filter=multi-conn",
+            "--filter=log",
+            "--filter=delay",
+            "memory",
+            "64M",
+            "multi-conn-mode=disable",
+            "delay-read=200ms",
+            &logfile,
+        ],
+    );
+    let dev = Arc::new(NbdDevice::open(&uri, 4).unwrap());
+    assert_eq!(dev.connection_count(), 1);
+    assert!(dev.is_pipelined());
+    run_threads(&dev, 8, 3);
+    drop(dev);
+    drop(server);
+    let text = fs::read_to_string(&log).unwrap();
+    let (mut on_server, mut most_on_server, mut reads) = (0usize, 0usize, 0usize);
+    let mut connections = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.split("connection=").nth(1) {
+            connections.insert(rest.split(' ').next().unwrap().to_owned());
+        }
+        if line.contains("...Read id=") {
+            on_server -= 1;
+        } else if line.contains(" Read id=") {
+            reads += 1;
+            on_server += 1;
+            most_on_server = most_on_server.max(on_server);
+        }
+    }
+    assert_eq!(connections.len(), 1, "one connection: {connections:?}");
+    assert!(reads >= 8 * 4, "every read reached the server ({reads})");
+    assert!(
+        most_on_server >= 2,
+        "reads were never on the server together: one request at a time ({most_on_server})"
+    );
+    eprintln!("at most {most_on_server} reads on the server at once, {reads} reads");
+}
+
+/// qemu-nbd advertises multi-conn but takes only 2 clients: the connections it does not greet
+/// are given up after a short wait and the device works on those it has, instead of waiting
+/// forever for a greeting.
+#[test]
+fn a_server_taking_fewer_clients_than_asked_keeps_the_connections_it_greeted() {
+    let dir = TempDir::new("fewclients");
+    let image = dir.join("disk.img");
+    File::create(&image)
+        .and_then(|f| f.set_len(16 * MIB))
+        .unwrap();
+    let (_server, socket) = qemu_nbd_shared(&dir, &image, 2);
+    let uri = format!("nbd+unix:///disk?socket={}", socket.to_str().unwrap());
+    // The readiness probe's client may still count against --shared for a moment.
+    let dev = NbdDevice::open(&uri, 4).unwrap();
+    assert!(
+        dev.info().can_multi_conn(),
+        "qemu-nbd --shared=2 offers multi-conn"
+    );
+    let count = dev.connection_count();
+    assert!((1..=2).contains(&count), "{count} connections");
+    exercise(&dev);
 }
 
 #[test]

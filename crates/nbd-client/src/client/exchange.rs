@@ -9,13 +9,26 @@ use logcache_nbd::consts::{SIMPLE_REPLY_HEADER_BYTES, STRUCTURED_REPLY_MAGIC};
 use logcache_nbd::reply::SimpleReply;
 use logcache_nbd::request::{Command, Request};
 
+use super::ops::Requests;
 use super::stream::write_all_vectored;
-use super::Client;
+use super::{Client, ExportInfo};
 
-impl Client {
+impl Requests for Client {
+    fn info(&self) -> &ExportInfo {
+        &self.info
+    }
+
+    fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    fn check_usable(&self) -> io::Result<()> {
+        Client::check_usable(self)
+    }
+
     /// Sends one request (with `payload` for writes) and waits for its simple reply, reading
     /// `read_into.len()` bytes of data after a successful reply to a read.
-    pub(super) fn transact(
+    fn request(
         &mut self,
         command: Command,
         flags: u16,
@@ -87,7 +100,9 @@ impl Client {
         }
         Ok(())
     }
+}
 
+impl Client {
     /// Records why the connection is unusable, closes the socket so the server notices, and
     /// returns the error for the call that found out.
     pub(super) fn fail(&mut self, kind: io::ErrorKind, reason: String) -> io::Error {
@@ -97,13 +112,18 @@ impl Client {
     fn mark_broken(&mut self, kind: io::ErrorKind, reason: String) -> io::Error {
         let _ = self.stream.shutdown(Shutdown::Both);
         self.closed = true;
-        let error = io::Error::new(
-            kind,
-            format!("{}: {reason}; the NBD connection is now unusable", self.uri),
-        );
+        let error = broken_error(&self.uri, kind, &reason);
         self.broken = Some(reason);
         error
     }
+}
+
+/// The error of the call that met a connection's failure (or was in flight when it came).
+pub(super) fn broken_error(uri: &str, kind: io::ErrorKind, reason: &str) -> io::Error {
+    io::Error::new(
+        kind,
+        format!("{uri}: {reason}; the NBD connection is now unusable"),
+    )
 }
 
 /// Maps an NBD wire error to the local errno (the spec fixes the wire values, which happen to be
@@ -123,7 +143,7 @@ pub(super) fn local_errno(wire_error: u32) -> i32 {
     }
 }
 
-fn command_name(command: Command) -> &'static str {
+pub(super) fn command_name(command: Command) -> &'static str {
     match command {
         Command::Read => "NBD_CMD_READ",
         Command::Write => "NBD_CMD_WRITE",

@@ -88,6 +88,23 @@ struct Negotiated {
     base_allocation_id: Option<u32>,
 }
 
+/// How long the handshake may take, and then each request.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HandshakeTimeouts {
+    pub(super) handshake: Duration,
+    pub(super) request: Duration,
+}
+
+impl HandshakeTimeouts {
+    /// The handshake gets the shorter of the request timeout and its own 30 s.
+    pub(super) fn for_requests(request: Duration) -> HandshakeTimeouts {
+        HandshakeTimeouts {
+            handshake: HANDSHAKE_TIMEOUT.min(request),
+            request,
+        }
+    }
+}
+
 /// Runs the fixed-newstyle handshake on a connected stream and returns a client in the
 /// transmission phase.
 #[cfg(test)]
@@ -97,7 +114,14 @@ pub(super) fn handshake(
     export_name: &str,
     request_timeout: Duration,
 ) -> io::Result<Client> {
-    handshake_with_tls(stream, uri, export_name, request_timeout, None, false)
+    handshake_with_tls(
+        stream,
+        uri,
+        export_name,
+        HandshakeTimeouts::for_requests(request_timeout),
+        None,
+        false,
+    )
 }
 
 /// [`handshake`], starting TLS first when `tls` is given (an `nbds` URI): STARTTLS is the first
@@ -106,12 +130,16 @@ pub(super) fn handshake_with_tls(
     mut stream: Stream,
     uri: &str,
     export_name: &str,
-    request_timeout: Duration,
+    timeouts: HandshakeTimeouts,
     tls: Option<TlsTarget<'_>>,
     block_status: bool,
 ) -> io::Result<Client> {
+    let HandshakeTimeouts {
+        handshake: handshake_timeout,
+        request: request_timeout,
+    } = timeouts;
     stream
-        .set_timeouts(Some(HANDSHAKE_TIMEOUT.min(request_timeout)))
+        .set_timeouts(Some(handshake_timeout))
         .map_err(|e| prefix_error(uri, e))?;
     let client_flags = greet(&mut stream, uri).inspect_err(|_| {
         let _ = stream.shutdown(Shutdown::Both);
@@ -420,6 +448,7 @@ fn option_export_name(
             ));
         }
         return Err(handshake_io_error(
+            stream,
             uri,
             "the reply to NBD_OPT_EXPORT_NAME",
             e,
@@ -497,7 +526,7 @@ fn send_option(stream: &mut Stream, uri: &str, option: u32, payload: &[u8]) -> i
     }
     .encode();
     write_all_vectored(stream, &[&header, payload])
-        .map_err(|e| handshake_io_error(uri, "sending an option", e))
+        .map_err(|e| handshake_io_error(stream, uri, "sending an option", e))
 }
 
 /// Turns an option error reply into one clear line.
@@ -561,23 +590,26 @@ fn one_line(data: &[u8]) -> String {
 fn read_handshake(stream: &mut Stream, buf: &mut [u8], uri: &str, what: &str) -> io::Result<()> {
     stream
         .read_exact(buf)
-        .map_err(|e| handshake_io_error(uri, what, e))
+        .map_err(|e| handshake_io_error(stream, uri, what, e))
 }
 
 fn write_handshake(stream: &mut Stream, bytes: &[u8], uri: &str) -> io::Result<()> {
     stream
         .write_all(bytes)
-        .map_err(|e| handshake_io_error(uri, "sending the client flags", e))
+        .map_err(|e| handshake_io_error(stream, uri, "sending the client flags", e))
 }
 
-fn handshake_io_error(uri: &str, what: &str, e: io::Error) -> io::Error {
+fn handshake_io_error(stream: &Stream, uri: &str, what: &str, e: io::Error) -> io::Error {
     let text = match e.kind() {
         io::ErrorKind::UnexpectedEof => {
             format!("the server closed the connection during the handshake (reading {what})")
         }
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => format!(
             "no answer from the server within {} s (waiting for {what})",
-            HANDSHAKE_TIMEOUT.as_secs()
+            stream
+                .read_timeout()
+                .unwrap_or(HANDSHAKE_TIMEOUT)
+                .as_secs_f64()
         ),
         _ => format!("handshake failed ({what}): {e}"),
     };

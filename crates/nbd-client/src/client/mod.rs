@@ -1,8 +1,9 @@
 //! A small blocking NBD client over std sockets, built on this crate's codecs.
 //!
-//! One request at a time per connection: every call sends a request and waits for its reply, so
-//! the code never has to match replies to requests out of order. Callers that want parallelism
-//! open several connections (only safe for flushes when the server advertises `CAN_MULTI_CONN`).
+//! [`Client`]: one request at a time per connection: every call sends a request and waits for
+//! its reply, so the code never has to match replies to requests out of order. [`Pipe`] takes a
+//! connected client's socket over for many threads at once: each caller's request goes out
+//! whole and a receiver thread matches replies to requests by cookie, in any order.
 //!
 //! Only simple replies are used: structured replies are never negotiated, which keeps the read
 //! path to "header, then exactly the requested bytes".
@@ -13,12 +14,18 @@
 //! have acknowledged writes it had not yet flushed, and those may be gone with the old
 //! connection, so the failure has to reach whoever can decide what that means.
 //!
-//! One job per file: this file holds [`Client`] and its calls; `handshake` negotiates the export
+//! One job per file: this file holds [`Client`] and its calls; `ops` the data calls for both
+//! transports (local checks, splitting at the request limit); `handshake` negotiates the export
 //! and learns its size, flags and block sizes; `exchange` sends one request and reads its reply
-//! (and breaks the connection for good on any failure); `stream` is the socket underneath.
+//! (and breaks the connection for good on any failure); `pipe` is [`Pipe`]; `stream` is the
+//! socket underneath.
 
 mod exchange;
 mod handshake;
+mod ops;
+mod pipe;
+#[cfg(test)]
+mod pipe_tests;
 mod status;
 mod stream;
 #[cfg(test)]
@@ -30,12 +37,12 @@ use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use logcache_nbd::consts::CMD_FLAG_FUA;
 use logcache_nbd::request::{Command, Request};
 use logcache_nbd::uri::{NbdAddress, NbdUri};
 
-use self::handshake::handshake_with_tls;
 pub use self::handshake::ExportInfo;
+use self::handshake::{handshake_with_tls, HandshakeTimeouts};
+pub use self::pipe::{Pipe, MAX_IN_FLIGHT_PER_CONNECTION};
 use self::stream::{connect_tcp, Stream};
 
 /// Largest READ or WRITE payload sent in one request, whatever the server advertises: the spec's
@@ -98,21 +105,34 @@ impl Client {
     /// [`Client::connect`] with another limit on how long the server may take to answer a
     /// request; the handshake gets the shorter of this and its own 30 s.
     pub fn connect_with_timeout(uri: &NbdUri, request_timeout: Duration) -> io::Result<Client> {
-        Self::connect_inner(uri, request_timeout, false)
+        Self::connect_inner(uri, HandshakeTimeouts::for_requests(request_timeout), false)
+    }
+
+    /// [`Client::connect_with_timeout`], the server's greeting and the whole handshake limited
+    /// to `handshake_timeout` (and to the request timeout): for an extra connection a server
+    /// may leave waiting (one that takes fewer clients than it advertises multi-conn for).
+    pub fn connect_with_timeouts(
+        uri: &NbdUri,
+        request_timeout: Duration,
+        handshake_timeout: Duration,
+    ) -> io::Result<Client> {
+        let mut timeouts = HandshakeTimeouts::for_requests(request_timeout);
+        timeouts.handshake = timeouts.handshake.min(handshake_timeout);
+        Self::connect_inner(uri, timeouts, false)
     }
 
     /// A connection for [`Client::block_status`] only: it negotiates structured replies and
     /// `base:allocation` (when the server offers them), which the data calls do not expect.
     pub fn connect_for_block_status(uri: &NbdUri, request_timeout: Duration) -> io::Result<Client> {
-        Self::connect_inner(uri, request_timeout, true)
+        Self::connect_inner(uri, HandshakeTimeouts::for_requests(request_timeout), true)
     }
 
     fn connect_inner(
         uri: &NbdUri,
-        request_timeout: Duration,
+        timeouts: HandshakeTimeouts,
         block_status: bool,
     ) -> io::Result<Client> {
-        if request_timeout.is_zero() {
+        if timeouts.request.is_zero() || timeouts.handshake.is_zero() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("{uri}: a request timeout must be longer than zero"),
@@ -156,7 +176,7 @@ impl Client {
             stream,
             uri.as_str(),
             &uri.export_name,
-            request_timeout,
+            timeouts,
             tls,
             block_status,
         )
@@ -199,99 +219,34 @@ impl Client {
     /// Reads exactly `buf.len()` bytes at `offset_bytes`, in requests of at most
     /// `max_request_bytes`.
     pub fn read_at(&mut self, buf: &mut [u8], offset_bytes: u64) -> io::Result<()> {
-        self.check_usable()?;
-        self.check_range(offset_bytes, buf.len() as u64)?;
-        for (at, r) in pieces(offset_bytes, buf.len(), self.info.max_request_bytes) {
-            let length_bytes = r.len() as u32;
-            self.transact(Command::Read, 0, at, length_bytes, &[], &mut buf[r])?;
-        }
-        Ok(())
+        ops::read_at(self, buf, offset_bytes)
     }
 
     /// Writes all of `buf` at `offset_bytes`, split like reads. With `fua` the write is durable
     /// when this returns: each request carries `FUA` if the server supports it, otherwise a flush
     /// follows the write.
     pub fn write_at(&mut self, buf: &[u8], offset_bytes: u64, fua: bool) -> io::Result<()> {
-        self.check_usable()?;
-        self.check_writable()?;
-        self.check_range(offset_bytes, buf.len() as u64)?;
-        let native_fua = fua && self.info.can_fua();
-        let flags = if native_fua { CMD_FLAG_FUA } else { 0 };
-        for (at, r) in pieces(offset_bytes, buf.len(), self.info.max_request_bytes) {
-            let length_bytes = r.len() as u32;
-            self.transact(Command::Write, flags, at, length_bytes, &buf[r], &mut [])?;
-        }
-        if fua && !native_fua && !buf.is_empty() {
-            self.flush()?;
-        }
-        Ok(())
+        ops::write_at(self, buf, offset_bytes, fua)
     }
 
-    /// Makes every write acknowledged before this call durable (`NBD_CMD_FLUSH`).
-    ///
-    /// If the server does not advertise `FLAG_SEND_FLUSH` this sends nothing and succeeds: the
-    /// spec forbids sending the command then, and such a server is claiming that a write is
-    /// durable once it has replied to it.
+    /// Makes every write acknowledged before this call durable (`NBD_CMD_FLUSH`); sends
+    /// nothing if the server does not advertise flush (see [`ops::flush`]).
     pub fn flush(&mut self) -> io::Result<()> {
-        self.check_usable()?;
-        if !self.info.can_flush() {
-            return Ok(());
-        }
-        self.transact(Command::Flush, 0, 0, 0, &[], &mut [])
+        ops::flush(self)
     }
 
     /// Tells the server the range is no longer needed (`NBD_CMD_TRIM`), split like writes.
     /// Fails with `Unsupported` if the server does not advertise trim (the caller decides
     /// whether that matters; a trim is only a hint).
     pub fn trim(&mut self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
-        self.check_usable()?;
-        self.check_writable()?;
-        self.check_range(offset_bytes, len_bytes)?;
-        if !self.info.can_trim() {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("{}: the server does not support trim", self.uri),
-            ));
-        }
-        self.send_range(Command::Trim, offset_bytes, len_bytes)
+        ops::trim(self, offset_bytes, len_bytes)
     }
 
     /// Makes the range read as zeros (`NBD_CMD_WRITE_ZEROES`, holes allowed), split like
     /// writes. Fails with `Unsupported` if the server does not advertise it (the caller writes
     /// zero blocks instead).
     pub fn write_zeroes(&mut self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
-        self.check_usable()?;
-        self.check_writable()?;
-        self.check_range(offset_bytes, len_bytes)?;
-        if !self.info.can_write_zeroes() {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                format!("{}: the server does not support write zeroes", self.uri),
-            ));
-        }
-        self.send_range(Command::WriteZeroes, offset_bytes, len_bytes)
-    }
-
-    /// A payload-free command over a range, in pieces of at most `max_request_bytes` (servers
-    /// may refuse longer ones).
-    fn send_range(
-        &mut self,
-        command: Command,
-        offset_bytes: u64,
-        len_bytes: u64,
-    ) -> io::Result<()> {
-        let len = usize::try_from(len_bytes).expect("a range on this machine fits in usize");
-        for (piece_offset_bytes, piece) in pieces(offset_bytes, len, self.info.max_request_bytes) {
-            self.transact(
-                command,
-                0,
-                piece_offset_bytes,
-                piece.len() as u32,
-                &[],
-                &mut [],
-            )?;
-        }
-        Ok(())
+        ops::write_zeroes(self, offset_bytes, len_bytes)
     }
 
     /// Ends the session cleanly with `NBD_CMD_DISC` (which has no reply) and closes the socket.
@@ -332,40 +287,36 @@ impl Client {
                 format!("{}: the NBD connection was closed", self.uri),
             )),
             None => Ok(()),
-            Some(reason) => Err(io::Error::new(
-                io::ErrorKind::NotConnected,
-                format!(
-                    "{}: the NBD connection is unusable after an earlier failure ({reason}); \
-                     not reconnecting, because writes the server acknowledged but had not \
-                     flushed may have been lost",
-                    self.uri
-                ),
-            )),
+            Some(reason) => Err(unusable_error(&self.uri, reason)),
         }
     }
 
-    fn check_writable(&self) -> io::Result<()> {
-        if self.info.is_read_only() {
-            // Refused locally (the spec has the server fail them anyway); EROFS keeps the errno
-            // meaningful for callers that forward it, e.g. to their own NBD clients.
-            return Err(io::Error::from_raw_os_error(libc::EROFS));
-        }
-        Ok(())
+    /// The socket under this connection as three handles (the receiver's, the sender's, and
+    /// one to shut it down with), for a [`Pipe`]; the client is consumed without
+    /// `NBD_CMD_DISC`. A TLS stream cannot be read and written from two threads: `Unsupported`.
+    fn split(mut self) -> io::Result<[Stream; 3]> {
+        self.check_usable()?;
+        let halves = [
+            self.stream.try_clone()?,
+            self.stream.try_clone()?,
+            self.stream.try_clone()?,
+        ];
+        // The session goes on through the handles: dropping this one must not end it.
+        self.closed = true;
+        Ok(halves)
     }
+}
 
-    fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> io::Result<()> {
-        match offset_bytes.checked_add(len_bytes) {
-            Some(end) if end <= self.info.size_bytes => Ok(()),
-            _ => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "{}: request at offset {offset_bytes} of {len_bytes} bytes is past the end \
-                     of the {}-byte export",
-                    self.uri, self.info.size_bytes
-                ),
-            )),
-        }
-    }
+/// The error of a call on a connection an earlier failure made unusable.
+fn unusable_error(uri: &str, reason: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotConnected,
+        format!(
+            "{uri}: the NBD connection is unusable after an earlier failure ({reason}); not \
+             reconnecting, because writes the server acknowledged but had not flushed may have \
+             been lost"
+        ),
+    )
 }
 
 impl Drop for Client {
@@ -380,21 +331,4 @@ impl Drop for Client {
 /// Puts the URI in front of an error's text (the kind is kept).
 fn prefix_error(uri: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{uri}: {e}"))
-}
-
-/// Splits `len_bytes` at `offset_bytes` into requests of at most `max_request_bytes`: each as
-/// (its offset on the export, its range in the caller's buffer).
-fn pieces(
-    offset_bytes: u64,
-    len_bytes: usize,
-    max_request_bytes: u32,
-) -> impl Iterator<Item = (u64, std::ops::Range<usize>)> {
-    let step = max_request_bytes as usize;
-    assert!(step > 0, "a server's request limit is positive");
-    (0..len_bytes).step_by(step).map(move |start| {
-        (
-            offset_bytes + start as u64,
-            start..len_bytes.min(start + step),
-        )
-    })
 }

@@ -49,6 +49,36 @@ impl Stream {
         }
     }
 
+    /// Another handle on the same socket (TLS state cannot be shared: `Unsupported`).
+    pub(super) fn try_clone(&self) -> io::Result<Stream> {
+        match self {
+            Stream::Tcp(s) => Ok(Stream::Tcp(s.try_clone()?)),
+            Stream::Unix(s) => Ok(Stream::Unix(s.try_clone()?)),
+            Stream::Tls(_) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a TLS session cannot be split between threads",
+            )),
+        }
+    }
+
+    /// The socket's receive timeout (`None` if reading cannot tell).
+    pub(super) fn read_timeout(&self) -> Option<Duration> {
+        match self {
+            Stream::Tcp(s) => s.read_timeout().ok().flatten(),
+            Stream::Unix(s) => s.read_timeout().ok().flatten(),
+            Stream::Tls(s) => s.get_ref().read_timeout(),
+        }
+    }
+
+    /// The socket's receive timeout alone (the send timeout stays as it is).
+    pub(super) fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_read_timeout(timeout),
+            Stream::Unix(s) => s.set_read_timeout(timeout),
+            Stream::Tls(s) => s.get_ref().set_read_timeout(timeout),
+        }
+    }
+
     pub(super) fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.shutdown(how),

@@ -28,14 +28,14 @@ use logcache_nbd::option_reply::{
 use logcache_nbd::reply::{ChunkHeader, SimpleReply};
 use logcache_nbd::request::{Command, Request};
 
-const URI: &str = "nbd+unix:///disk?socket=/fake";
-const ALL_FLAGS: u16 =
+pub(super) const URI: &str = "nbd+unix:///disk?socket=/fake";
+pub(super) const ALL_FLAGS: u16 =
     FLAG_HAS_FLAGS | FLAG_SEND_FLUSH | FLAG_SEND_FUA | FLAG_SEND_TRIM | FLAG_CAN_MULTI_CONN;
 
-type Log = Vec<(Command, u16, u64, u32)>;
+pub(super) type Log = Vec<(Command, u16, u64, u32)>;
 
 /// Runs `server` on one end of a socket pair and the client handshake on the other.
-fn start<T: Send + 'static>(
+pub(super) fn start<T: Send + 'static>(
     server: impl FnOnce(UnixStream) -> T + Send + 'static,
 ) -> (io::Result<Client>, JoinHandle<T>) {
     let (client_end, server_end) = UnixStream::pair().unwrap();
@@ -63,7 +63,7 @@ fn read_option(s: &mut UnixStream) -> (u32, Vec<u8>) {
 }
 
 /// A well-behaved fixed-newstyle handshake ending in `NBD_OPT_GO` success.
-fn accept_go(
+pub(super) fn accept_go(
     s: &mut UnixStream,
     size_bytes: u64,
     transmission_flags: u16,
@@ -95,7 +95,7 @@ fn accept_go(
 }
 
 /// Reads one request and its write payload; `None` at end of stream.
-fn read_request(s: &mut UnixStream) -> Option<(Request, Vec<u8>)> {
+pub(super) fn read_request(s: &mut UnixStream) -> Option<(Request, Vec<u8>)> {
     let mut header = [0u8; REQUEST_HEADER_BYTES];
     s.read_exact(&mut header).ok()?;
     let request = Request::decode(&header).unwrap();
@@ -104,7 +104,7 @@ fn read_request(s: &mut UnixStream) -> Option<(Request, Vec<u8>)> {
     Some((request, payload))
 }
 
-fn reply(s: &mut UnixStream, cookie: u64, error: u32, data: &[u8]) {
+pub(super) fn reply(s: &mut UnixStream, cookie: u64, error: u32, data: &[u8]) {
     s.write_all(&SimpleReply { error, cookie }.encode())
         .unwrap();
     s.write_all(data).unwrap();
@@ -112,7 +112,7 @@ fn reply(s: &mut UnixStream, cookie: u64, error: u32, data: &[u8]) {
 
 /// Serves a RAM disk until `NBD_CMD_DISC` or end of stream, failing requests over
 /// `max_request_bytes` with EINVAL as a strict server would. Returns the request log.
-fn serve_disk(s: &mut UnixStream, disk: &mut [u8], max_request_bytes: u32) -> Log {
+pub(super) fn serve_disk(s: &mut UnixStream, disk: &mut [u8], max_request_bytes: u32) -> Log {
     let mut log = Vec::new();
     while let Some((request, payload)) = read_request(s) {
         let r = &request;
@@ -140,7 +140,7 @@ fn serve_disk(s: &mut UnixStream, disk: &mut [u8], max_request_bytes: u32) -> Lo
     log
 }
 
-fn pattern(len_bytes: usize, seed: u8) -> Vec<u8> {
+pub(super) fn pattern(len_bytes: usize, seed: u8) -> Vec<u8> {
     (0..len_bytes)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
