@@ -18,6 +18,8 @@
 #   logcache-hdd    logcache (write-back) in front of it; nothing is written, so every read
 #                   of the randread-miss job is a miss to the disk
 #   logcache-wt     logcache with --set cache_mode=write-through in front of it
+#   logcache-hdd-b, logcache-wt-b  the same with the binary LOGCACHE_BIN_B (an A/B of two
+#                   builds in one alternated run, e.g. the NBD backing client before a change)
 #
 # The data (DATA_MIB, written sequentially through each server) is in place first; logcache's
 # is then drained (clean, on the cache device: every read is a hit there; LOGCACHE_DIRTY=1
@@ -35,7 +37,7 @@
 # e.g. SERVERS="hdd logcache-hdd logcache-wt" scripts/bench-iopath.sh 3 8
 #
 # usage: scripts/bench-iopath.sh [ROUNDS=3] [RUNTIME_S=8] [DATA_MIB=1024] [DIR=/var/tmp]
-# (LOGCACHE_BIN picks the binary.)
+# (LOGCACHE_BIN picks the binary; LOGCACHE_BIN_B the -b servers'.)
 set -euo pipefail
 rounds=${1:-3}
 runtime=${2:-8}
@@ -81,15 +83,18 @@ start() { # $1 server name
         uri[$s]="nbd+unix:///?socket=$dir/$s-hdd.sock"
         return
         ;;
-    logcache-hdd | logcache-wt)
+    logcache-hdd | logcache-wt | logcache-hdd-b | logcache-wt-b)
         [ -x "$bench_bin" ] || (cd "$root" && cargo build --release -q -p logcache-bench)
-        local backing mode=write-back
-        [ "$s" = logcache-wt ] && mode=write-through
+        local backing mode=write-back run_bin=$bin
+        [[ $s == logcache-wt* ]] && mode=write-through
+        if [[ $s == *-b ]]; then
+            run_bin=${LOGCACHE_BIN_B:?"give LOGCACHE_BIN_B for the -b servers"}
+        fi
         start_hdd "$s" >/dev/null
         backing="nbd+unix:///?socket=$dir/$s-hdd.sock"
         truncate -s 4G "$dir/$s-cache.img"
-        "$bin" format --cache "$dir/$s-cache.img" --backing "$backing" >/dev/null
-        "$bin" serve --cache "$dir/$s-cache.img" --backing "$backing" --socket "$sock" \
+        "$run_bin" format --cache "$dir/$s-cache.img" --backing "$backing" >/dev/null
+        "$run_bin" serve --cache "$dir/$s-cache.img" --backing "$backing" --socket "$sock" \
             --set cache_mode="$mode" >"$dir/$s.log" 2>&1 &
         ;;
     logcache | logcache-sync)
@@ -126,7 +131,7 @@ fio_run() { # $1 uri, $2 name, rest: fio options; prints the fio JSON file's pat
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-is_hdd() { [[ $1 == hdd || $1 == logcache-hdd || $1 == logcache-wt ]]; }
+is_hdd() { [[ $1 == hdd || $1 == logcache-hdd* || $1 == logcache-wt* ]]; }
 # The data, sequentially, through each server (not the HDD ones: their jobs need none).
 for s in $servers; do
     is_hdd "$s" && continue
@@ -153,8 +158,8 @@ done
 hz=$(getconf CLK_TCK)
 runs_on() { # $1 server, $2 job: whether the job is measured on that server
     case $2 in
-    randread-miss-*) [[ $1 == hdd || $1 == logcache-hdd ]] ;;
-    randwrite-wt-*) [[ $1 == hdd || $1 == logcache-wt ]] ;;
+    randread-miss-*) [[ $1 == hdd || $1 == logcache-hdd* ]] ;;
+    randwrite-wt-*) [[ $1 == hdd || $1 == logcache-wt* ]] ;;
     *) ! is_hdd "$1" ;;
     esac
 }
