@@ -12,7 +12,7 @@ use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use logcache_io::{Allocation, BlockDevice, SECTOR_SIZE_BYTES};
 use logcache_nbd::consts::{STATE_HOLE, STATE_ZERO};
@@ -28,6 +28,17 @@ pub const DEFAULT_CONNECTIONS: usize = 4;
 /// advertises multi-conn but takes fewer clients (qemu-nbd `-e N`) leaves an extra connection
 /// waiting for its greeting forever; the device then keeps the connections it has.
 pub const EXTRA_CONNECTION_GREETING_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// After a block-status connection was not greeted in time, how long `allocation` answers
+/// "data" without asking.
+const STATUS_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// The block-status connection, and whether the server lacked room for it lately.
+#[derive(Default)]
+struct StatusLink {
+    client: Option<Client>,
+    no_room_until: Option<Instant>,
+}
 
 /// One connection of the pool.
 enum Link {
@@ -91,7 +102,7 @@ pub struct NbdDevice {
     request_timeout: Duration,
     /// A connection for block status only (it negotiates structured replies, which the data
     /// connections do not), opened on first use and again after it breaks.
-    status: Mutex<Option<Client>>,
+    status: Mutex<StatusLink>,
 }
 
 impl NbdDevice {
@@ -182,7 +193,7 @@ impl NbdDevice {
             next_connection: AtomicUsize::new(0),
             reconnects: AtomicU64::new(0),
             request_timeout,
-            status: Mutex::new(None),
+            status: Mutex::new(StatusLink::default()),
         })
     }
 
@@ -361,24 +372,49 @@ impl BlockDevice for NbdDevice {
     /// `CAN_MULTI_CONN`: then a write flushed on a data connection (as writeback does before a
     /// block stops being dirty) shows in the status connection's answer, so a range is never
     /// called a hole after data reached it. (A server without multi-conn may also refuse a
-    /// second connection.) A hole reads as zeros only with both `STATE_HOLE` and `STATE_ZERO`.
+    /// second connection; one that does not greet it within
+    /// [`EXTRA_CONNECTION_GREETING_TIMEOUT`] has no room for it: the answer is then "data" for
+    /// the next minute.) A hole reads as zeros only with both `STATE_HOLE` and `STATE_ZERO`.
     fn allocation(&self, offset: u64, len_bytes: u64) -> io::Result<(u64, Allocation)> {
         debug_assert!(len_bytes > 0);
         if !self.info.can_multi_conn() {
             return Ok((len_bytes, Allocation::Data));
         }
         let mut status = self.status.lock();
-        if status.as_ref().is_none_or(Client::is_broken) {
-            let client = Client::connect_for_block_status(&self.parsed, self.request_timeout)?;
+        if status.client.as_ref().is_none_or(Client::is_broken) {
+            if status.no_room_until.is_some_and(|t| Instant::now() < t) {
+                return Ok((len_bytes, Allocation::Data));
+            }
+            let client = match Client::connect_for_block_status(
+                &self.parsed,
+                self.request_timeout,
+                EXTRA_CONNECTION_GREETING_TIMEOUT,
+            ) {
+                Ok(client) => client,
+                // Not greeted in time: the server takes no more clients (qemu-nbd `-e N`, all
+                // taken by the data connections). "Data" is always a true answer; ask again
+                // later rather than make every block status wait for a greeting.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+                    ) =>
+                {
+                    status.no_room_until = Some(Instant::now() + STATUS_RETRY_AFTER);
+                    return Ok((len_bytes, Allocation::Data));
+                }
+                Err(e) => return Err(e),
+            };
             if client.size_bytes() != self.info.size_bytes {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("{}: the export changed size", self.uri),
                 ));
             }
-            *status = Some(client);
+            status.client = Some(client);
+            status.no_room_until = None;
         }
-        let client = status.as_mut().expect("connected above");
+        let client = status.client.as_mut().expect("connected above");
         Ok(match client.block_status(offset, len_bytes)? {
             Some((length_bytes, flags)) => {
                 let length_bytes = length_bytes.min(len_bytes);

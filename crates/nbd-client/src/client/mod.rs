@@ -122,9 +122,16 @@ impl Client {
     }
 
     /// A connection for [`Client::block_status`] only: it negotiates structured replies and
-    /// `base:allocation` (when the server offers them), which the data calls do not expect.
-    pub fn connect_for_block_status(uri: &NbdUri, request_timeout: Duration) -> io::Result<Client> {
-        Self::connect_inner(uri, HandshakeTimeouts::for_requests(request_timeout), true)
+    /// `base:allocation` (when the server offers them), which the data calls do not expect. The
+    /// handshake is limited like [`Client::connect_with_timeouts`]'.
+    pub fn connect_for_block_status(
+        uri: &NbdUri,
+        request_timeout: Duration,
+        handshake_timeout: Duration,
+    ) -> io::Result<Client> {
+        let mut timeouts = HandshakeTimeouts::for_requests(request_timeout);
+        timeouts.handshake = timeouts.handshake.min(handshake_timeout);
+        Self::connect_inner(uri, timeouts, true)
     }
 
     fn connect_inner(
