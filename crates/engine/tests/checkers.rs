@@ -33,6 +33,11 @@ impl Models {
         self.epochs.end(t.first, t.count, t.invoke, at);
     }
 
+    /// The operation failed: it may or may not have happened.
+    fn fail(&mut self, t: &Token) {
+        self.history.end(t, false);
+    }
+
     fn flush(&mut self) {
         let invoke = self.history.tick();
         self.history.flushed(invoke);
@@ -121,4 +126,59 @@ fn a_value_only_a_trim_allows_stays_trimmed_after_recovery() {
     m.history
         .end_read(ri, 0, &[Some(Val::Zeros)])
         .expect("zeros after a trim");
+}
+
+/// A TRIM of sector 0, acknowledged and flushed; recovery returns zeros (the sector stays
+/// trimmed). Then a write-zeroes of it that `zeroes_done` says how it ended (`None`: failed,
+/// `Some(false)`: acknowledged, not flushed, `Some(true)`: acknowledged and flushed), and a
+/// power cut whose recovery returns zeros again. Returns the effects recovered, and the
+/// verdict on a read sent afterwards that finds the backing device's original data.
+fn zeros_after_a_trim(zeroes_done: Option<bool>) -> (Vec<Effect>, Result<(), String>) {
+    let mut m = Models::new(1);
+    let trim = m.begin(0, 1, Effect::Trim);
+    m.end(&trim);
+    m.flush();
+    assert_eq!(m.recover(&[Val::Zeros]).expect("fits"), vec![Effect::Trim]);
+    let z = m.begin(0, 1, Effect::Zeros);
+    match zeroes_done {
+        None => m.fail(&z),
+        Some(flushed) => {
+            m.end(&z);
+            if flushed {
+                m.flush();
+            }
+        }
+    }
+    let effects = m.recover(&[Val::Zeros]).expect("zeros fit");
+    let ri = m.history.begin_read();
+    let read = m.history.end_read(ri, 0, &[Some(Val::Data(0))]);
+    (effects, read)
+}
+
+#[test]
+fn recovered_zeros_a_failed_write_zeroes_may_explain_stay_trimmed() {
+    // Crash seed 12593308766140456607: the TRIM's zeros (a clean copy promoted from the
+    // backing device's discard) were recovered twice, a write-zeroes of the sector failed on a
+    // dead engine in between, and an eviction two power cuts later left the original data.
+    // The checker took the zeros for the write-zeroes' and called the original data a
+    // violation; the write-zeroes may never have happened, so the TRIM still allows it.
+    let (effects, read) = zeros_after_a_trim(None);
+    assert_eq!(effects, vec![Effect::Trim]);
+    read.expect("the original data after a TRIM");
+}
+
+#[test]
+fn recovered_zeros_of_an_unflushed_write_zeroes_after_a_trim_stay_trimmed() {
+    let (effects, read) = zeros_after_a_trim(Some(false));
+    assert_eq!(effects, vec![Effect::Trim]);
+    read.expect("the write-zeroes may have been lost at the power cut");
+}
+
+#[test]
+fn a_durable_write_zeroes_after_a_trim_keeps_reading_zeros() {
+    // Strict: a flushed write-zeroes replaces the TRIM, so the original data is a violation.
+    let (effects, read) = zeros_after_a_trim(Some(true));
+    assert_eq!(effects, vec![Effect::Zeros]);
+    let msg = read.expect_err("the original data over a durable write-zeroes");
+    assert!(msg.contains("sector 0 reads Data(0)"), "{msg}");
 }

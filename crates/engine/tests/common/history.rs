@@ -381,11 +381,22 @@ impl History {
                 .iter()
                 .filter(|e| e.effect == effect && live(e))
                 .collect();
-            let effect = if direct.is_empty() || direct.iter().any(|d| trimmed_after(d)) {
-                Effect::Trim
-            } else {
-                effect
-            };
+            // Zeros are also what a live TRIM itself may leave (the backing device's discard,
+            // or a clean copy promoted from it), so recovered zeros stay trimmed whenever a
+            // TRIM not replaced by a durable operation is in the history, even if a write-zeroes
+            // explains them too: one that failed or was never made durable may not have
+            // happened (crash seed 12593308766140456607: a write-zeroes failed on a dead
+            // engine, the zeros were a clean copy read after an earlier TRIM, and an eviction
+            // two power cuts later left the backing device's original data, which the TRIM
+            // allows). A durable write-zeroes after the TRIM replaces it, so it stays zeros.
+            let trim_zeros = effect == Effect::Zeros
+                && entries.iter().any(|t| t.effect == Effect::Trim && live(t));
+            let effect =
+                if direct.is_empty() || trim_zeros || direct.iter().any(|d| trimmed_after(d)) {
+                    Effect::Trim
+                } else {
+                    effect
+                };
             self.sectors[s] = vec![Entry {
                 effect,
                 invoke: now,
