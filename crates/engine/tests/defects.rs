@@ -792,3 +792,83 @@ fn a_bypass_write_waits_for_an_older_zero_range_in_flush_epoch_order() {
         );
     }
 }
+
+/// Sim seed 5047: a power cut while serve marked the backing device detached (the cache device
+/// had failed with no dirty data) kept the label's `format_id` 0 but lost the record written
+/// just before it (no sync between them), and open then said the backing device "carries the
+/// label of another cache (backing uuid U); this cache expects U". Each cut of the mark's
+/// writes (every IO budget, every keep/lose/tear choice) must leave either no mark or one that
+/// open calls detached, with the record that says when.
+#[test]
+fn a_power_cut_while_marking_the_backing_device_detached_leaves_the_record_or_nothing() {
+    use logcache_engine::format::label::{write_detached, Label, WritebackRecord};
+    use logcache_testkit::rng::Rng;
+    for budget in 0..4u64 {
+        for seed in 0..32u64 {
+            let pair = SimPair::new(MIB + 16 * SEG_64K, 4 * MIB, SEG_64K);
+            let label_at = 4 * MIB - 4096;
+            let block = pair.backing.read_volatile(label_at, 4096);
+            let label = Label::decode(&block).unwrap().expect("formatted");
+            let record = WritebackRecord::detached_from(None, &label, 1_795_619_100_000);
+            pair.backing.fail_after_ops(budget);
+            let marked = write_detached(&pair.backing, label_at, &label, &record).is_ok();
+            pair.backing.crash(&mut Rng::new(seed));
+            pair.backing.heal();
+            let after = pair.backing.read_volatile(label_at, 4096);
+            let now = Label::decode(&after).unwrap().expect("a label stays");
+            let rec = WritebackRecord::decode_from_label(&after).filter(|r| r.detached());
+            if now.format_id == 0 {
+                assert!(
+                    rec.is_some(),
+                    "budget {budget} seed {seed}: the label says detached, its record is lost"
+                );
+            }
+            let opened = Engine::open(pair.cache(), pair.backing(), manual(4 * SEG_64K));
+            match (rec.is_some() || now.format_id == 0, opened) {
+                (false, Ok(e)) => {
+                    assert!(!marked, "budget {budget}: the mark returned Ok but is gone");
+                    e.crash();
+                }
+                (true, Err(err)) => {
+                    let msg = err.to_string();
+                    assert!(msg.contains("was detached"), "budget {budget}: {msg}");
+                }
+                (mark, r) => panic!(
+                    "budget {budget} seed {seed}: marked {mark}, open {:?}",
+                    r.map(|_| ())
+                ),
+            }
+        }
+    }
+}
+
+/// A backing device whose label says `format_id` 0 (the detached mark) with no record (lost, or
+/// written by a build that did not sync between them) is refused as detached, not as another
+/// cache's, and `format` takes it without `--force` like any detached device.
+#[test]
+fn a_detached_label_without_its_record_is_refused_as_detached() {
+    use logcache_engine::format::label::Label;
+    use logcache_engine::{format_cache, FormatOptions};
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 4 * MIB, SEG_64K);
+    let label_at = 4 * MIB - 4096;
+    let block = pair.backing.read_volatile(label_at, 4096);
+    let label = Label::decode(&block).unwrap().expect("formatted");
+    let unlabelled = Label {
+        format_id: 0,
+        ..label
+    };
+    pair.backing
+        .write_raw(label_at, &unlabelled.encode()[..512]);
+    let msg = Engine::open(pair.cache(), pair.backing(), manual(4 * SEG_64K))
+        .err()
+        .expect("the old cache is refused")
+        .to_string();
+    assert!(msg.contains("was detached from this cache"), "{msg}");
+    let fresh = SimDevice::new(MIB + 16 * SEG_64K);
+    let opts = FormatOptions {
+        segment_size_bytes: SEG_64K,
+        ..FormatOptions::default()
+    };
+    format_cache(&fresh, &pair.backing, &opts)
+        .expect("a detached backing device takes a new cache");
+}

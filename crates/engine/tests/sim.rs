@@ -22,7 +22,10 @@
 //! - the power fails at a random step or after the last request: held IOs fail, each unsynced
 //!   write of both devices is kept, lost or torn, the cache is reopened and every sector is
 //!   checked against the durable history (the rules of `crash.rs`, for overlapping requests).
-//!   Then the next cycle runs on the recovered cache;
+//!   Then the next cycle runs on the recovered cache. If an injected cache fault made the
+//!   engine give the cache up (no dirty data: it serves from the backing device alone), the
+//!   old cache may be refused as detached, and the backing device alone is checked instead;
+//!   the schedule ends there;
 //! - cache-loss schedules (a second set of seeds): the cache mode is fixed for the cycle (one
 //!   of the three), and at a random moment the cache device fails for good: from then on every
 //!   cache IO it receives fails with EIO, while requests and writeback go on. Then: no request
@@ -467,6 +470,9 @@ struct Totals {
     losses_failed_clean: u64,
     /// ... after which the engine served from the backing device alone, per mode.
     losses_alone: [u64; 3],
+    /// Schedules whose injected cache fault (no dirty data) detached the backing device, and
+    /// whose old cache the power cut's reopen then refused.
+    faults_detached: u64,
 }
 
 struct Case<'a> {
@@ -844,6 +850,15 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             }
         }
         let alone = loss && loss_check(&mut case, &e, &pair, mode);
+        // An injected cache IO error with no dirty data also gives the cache up (issue 25): the
+        // engine fails, marks the backing device detached and serves from it alone (or stays
+        // failed if the mark failed). A power cut from then on may leave the mark, whole or
+        // begun, so the old cache may be refused (sim seeds 5047, 5181, 5183); only then.
+        let gave_up = !loss && {
+            let s = e.stats();
+            s.cache_failed.is_some() || (s.failed.is_some() && s.writeback_lag_bytes == 0)
+        };
+        let must_refuse = !loss && e.stats().cache_failed.is_some();
         if !loss && seal_interval_ms > 0 && case.rng.chance(1, 2) {
             seal_check(&mut case, &e, &workers);
         }
@@ -893,7 +908,33 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             }
             break;
         }
-        let e = Engine::open(cache.clone(), backing.clone(), opts.clone())
+        let reopened = Engine::open(cache.clone(), backing.clone(), opts.clone());
+        if gave_up {
+            if let Err(err) = &reopened {
+                // Detached: the backing device alone holds everything made durable.
+                let msg = err.to_string();
+                assert!(
+                    msg.contains("was detached"),
+                    "cycle {cycle}: reopen after giving the cache up: {msg}"
+                );
+                let image = pair
+                    .backing
+                    .read_volatile(0, region_sectors * SECTOR as u64);
+                if let Err(msg) = shared.model.lock().check_recovered(&image) {
+                    panic!(
+                        "cycle {cycle}: after the power cut, the cache given up after a fault, \
+                         the backing device: {msg}"
+                    );
+                }
+                case.totals.faults_detached += 1;
+                break;
+            }
+        }
+        assert!(
+            !must_refuse || reopened.is_err(),
+            "cycle {cycle}: the old cache opened on a backing device served alone"
+        );
+        let e = reopened
             .unwrap_or_else(|err| panic!("cycle {cycle}: reopen after the power cut: {err}"));
         let mut image = vec![0u8; region_sectors as usize * SECTOR];
         e.read(0, &mut image).expect("read after recovery");
@@ -1191,7 +1232,8 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     eprintln!(
         "sim: {} schedules, {} cycles, {} requests, {} steps, {} injected faults, {} seal checks, \
          {} reads checked, {} sectors called zero checked, {} exports checked ({} blocks kept for them), \
-         {} cuts during a zeroing, {} ms waiting for timers, in {:.1} s",
+         {} cuts during a zeroing, {} detached after an injected cache fault, {} ms waiting for \
+         timers, in {:.1} s",
         seeds.len(),
         totals.cycles,
         totals.requests,
@@ -1203,6 +1245,7 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.exports_checked,
         totals.export_blocks_kept,
         totals.cuts_in_zeroing,
+        totals.faults_detached,
         totals.waits,
         started.elapsed().as_secs_f64()
     );

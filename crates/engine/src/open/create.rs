@@ -125,8 +125,10 @@ pub fn format_cache(
         .read_at(&mut raw, exported)
         .map_err(|e| Error::io(format!("reading the end of {}", backing.describe()), e))?;
     let old_label = Label::decode(&raw).ok().flatten();
-    // A backing device `detach --force` took from its lost cache belongs to no cache.
-    let detached = WritebackRecord::decode_from_label(&raw).is_some_and(|r| r.detached());
+    // A backing device `detach --force` took from its lost cache belongs to no cache: its
+    // record says so, or its label's `format_id` 0 (should the record be lost).
+    let detached = WritebackRecord::decode_from_label(&raw).is_some_and(|r| r.detached())
+        || old_label.is_some_and(|l| l.format_id == 0);
     if let Some(l) = old_label.filter(|_| !detached) {
         let ours = old
             .as_ref()

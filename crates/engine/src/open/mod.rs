@@ -48,9 +48,16 @@ pub(crate) fn check_backing(
         .read_at(&mut raw, off)
         .map_err(|e| Error::io(format!("reading the label of {}", backing.describe()), e))?;
     let record = label::WritebackRecord::decode_from_label(&raw);
-    if record.is_some_and(|r| r.detached() && r.format_id == sb.format_id) {
+    // The detached mark: the record (written first), or the label with `format_id` 0 for
+    // this backing device (a mark whose record was lost: written by a build that did not sync
+    // between the two, or damaged since).
+    let unlabelled = matches!(
+        label::Label::decode(&raw),
+        Ok(Some(l)) if l.format_id == 0 && l.backing_uuid == sb.backing_uuid
+    );
+    if unlabelled || record.is_some_and(|r| r.detached() && r.format_id == sb.format_id) {
         return Err(Error::WrongBacking(format!(
-            "{} was detached from this cache by `logcache detach --force` (its data not yet written back was given up) and may have been used alone since; give it a new cache with `logcache format`",
+            "{} was detached from this cache (by `logcache detach --force`, giving up its data not yet written back, or by serve when this cache device failed holding none) and may have been used alone since; give it a new cache with `logcache format`",
             backing.describe()
         )));
     }
