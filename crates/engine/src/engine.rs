@@ -493,8 +493,9 @@ impl Engine {
         drive::drain(&self.inner, progress)
     }
 
-    /// Manual mode (tests): one writeback batch of up to `max_blocks` durable dirty blocks,
-    /// regardless of policy. Returns how many blocks became clean.
+    /// Manual mode (tests): one writeback batch of up to `max_blocks` durable dirty blocks
+    /// (at most 8,192, `writeback_batch_blocks`' largest value), regardless of policy. Returns
+    /// how many blocks became clean.
     pub fn writeback_step(&self, max_blocks: usize) -> Result<u64> {
         self.check_usable()?;
         writeback::step(&self.inner, max_blocks)

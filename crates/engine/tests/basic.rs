@@ -222,3 +222,25 @@ fn request_counters() {
     assert_eq!((c.read_hits, c.read_misses), (3, 4));
     assert_eq!(&buf[4 * 4096 + 512..4 * 4096 + 1024], &[0u8; 512][..]);
 }
+
+#[test]
+fn a_writeback_step_of_any_size_writes_back_at_most_one_batch() {
+    // `usize::MAX` overflowed the batch buffer's byte size (a multiply panic) before the
+    // step was clamped to writeback_batch_blocks' largest value, 8,192.
+    let (cache, backing) = devices(8, 16);
+    format_cache(&*cache, &*backing, &small_format()).unwrap();
+    let e = Engine::open(cache.clone(), backing.clone(), manual()).unwrap();
+    let data = pattern(3, 40 * 4096);
+    e.write(0, &data, false).unwrap();
+    e.flush().unwrap();
+    assert_eq!(e.writeback_step(usize::MAX).unwrap(), 40);
+    assert_eq!(e.stats().writeback_lag_bytes, 0);
+    assert_eq!(e.writeback_step(usize::MAX).unwrap(), 0);
+    let mut back = vec![0u8; data.len()];
+    backing.read_at(&mut back, 0).unwrap();
+    assert!(
+        back == data,
+        "the backing device holds the written-back blocks"
+    );
+    e.close().unwrap();
+}

@@ -11,6 +11,7 @@ use super::policy::Pacer;
 use crate::error::Result;
 use crate::inner::{mark_failed, Inner};
 use crate::state::State;
+use crate::tunables;
 
 /// The writeback position is persisted at most this often (and at close).
 const PERSIST_EVERY: Duration = Duration::from_secs(1);
@@ -72,9 +73,12 @@ pub fn persist_position(inner: &Inner, st: &mut MutexGuard<'_, State>, pos: u64)
     }
 }
 
-/// Manual mode: one writeback batch of up to `max_blocks`, ignoring the policy. Returns the
-/// blocks written back.
+/// Manual mode: one writeback batch of up to `max_blocks`, ignoring the policy, and at most
+/// `writeback_batch_blocks`' largest value (the batch buffer is sized by it: `usize::MAX`
+/// overflowed its byte size). Returns the blocks written back.
 pub fn step(inner: &Inner, max_blocks: usize) -> Result<u64> {
+    let max_blocks =
+        max_blocks.min(tunables::SPECS[tunables::WRITEBACK_BATCH_BLOCKS].max_value() as usize);
     let mut bufs = WritebackBuffers::new(max_blocks);
     let st = inner.state.lock();
     let (mut st, res) = batch(inner, st, &mut bufs, max_blocks);
