@@ -23,7 +23,7 @@ REPO = os.path.dirname(BENCH_DIR)
 
 # Report order. Each module lives in bench/experiments/<name>.py.
 EXPERIMENTS = ["seed000", "peers", "writeback", "scaling", "matrix", "segments", "latency",
-               "engine"]
+               "engine", "iopath"]
 
 MODES = ("smoke", "quick", "full")
 

@@ -1,0 +1,191 @@
+"""Experiment 9 (issue 20): the IO path's ratios, each against its reference, with the server's
+CPU time per request.
+
+- Cached data: logcache (its cache file on /var/tmp, the data written sequentially through it
+  and drained, so every read is a clean hit on the cache device) against nbdkit's file plugin
+  (`cache=none`) on a file on the same file system: 1 MiB sequential reads iodepth 8, 4 KiB
+  random reads iodepth 32 and 1, 1 MiB sequential writes iodepth 8.
+- The slow device: 4 KiB random read misses iodepth 32 through logcache (write-back, nothing
+  written, so every read is a miss) and write-through 4 KiB random writes iodepth 16 through
+  logcache (`cache_mode=write-through`), each in front of its own emulated HDD, against the
+  emulated HDD alone.
+
+Server CPU is the server process's utime+stime over the measurement (/proc/PID/stat) divided by
+fio's IOs (the emulated HDD's includes its timing loop: not comparable).
+"""
+
+import os
+
+from harness.context import pick
+from harness.contenders import Contender, alternate, mean_by
+from harness.fio import run_fio
+from harness.report import commands_block, fmt, fmt_int, plt, table
+from harness.servers import GiB, MiB, Logcache, make_file, start_file, start_sim_hdd
+
+NAME = "iopath"
+TITLE = "The IO path (issue 20): each ratio against its reference, with server CPU per request"
+COLUMNS = {"round": int, "contender": str, "job": str, "iops": float, "mb_s": float,
+           "cpu_us_per_io": float}
+
+# job: (fio options, reference, contender measured against it, goal ratio, figure)
+JOBS = {
+    "seqread-1m-qd8": (dict(rw="read", bs="1M", iodepth=8), "nbdkit_file", "logcache", 0.90, "mb_s"),
+    "randread-4k-qd32": (dict(rw="randread", bs="4k", iodepth=32), "nbdkit_file", "logcache", 1.00, "iops"),
+    "randread-4k-qd1": (dict(rw="randread", bs="4k", iodepth=1), "nbdkit_file", "logcache", 0.90, "iops"),
+    "seqwrite-1m-qd8": (dict(rw="write", bs="1M", iodepth=8), "nbdkit_file", "logcache", 0.90, "mb_s"),
+    "randread-miss-4k-qd32": (dict(rw="randread", bs="4k", iodepth=32), "hdd", "logcache_hdd", 0.95, "iops"),
+    "randwrite-wt-4k-qd16": (dict(rw="randwrite", bs="4k", iodepth=16), "hdd", "logcache_wt", 0.90, "iops"),
+}
+
+LABELS = {"nbdkit_file": "nbdkit file, cache=none",
+          "logcache": "logcache (cached data)",
+          "hdd": "emulated HDD alone",
+          "logcache_hdd": "logcache in front of it (misses)",
+          "logcache_wt": "logcache write-through in front of it"}
+
+
+def params(ctx):
+    return pick(ctx, {
+        "smoke": {"data_size": 32 * MiB, "cache_size": 256 * MiB, "hdd_size": 1 * GiB,
+                  "runtime": 1, "rounds": 1},
+        "quick": {"data_size": 512 * MiB, "cache_size": 2 * GiB, "hdd_size": 8 * GiB,
+                  "runtime": 3, "rounds": 2},
+        "full": {"data_size": 1 * GiB, "cache_size": 4 * GiB, "hdd_size": 8 * GiB,
+                 "runtime": 8, "rounds": 3},
+    })
+
+
+def cpu_ticks(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+
+
+def run(ctx):
+    p = params(ctx)
+    hz = os.sysconf("SC_CLK_TCK")
+    data = p["data_size"]
+    fill = dict(rw="write", bs="1M", iodepth=8, size=data, runtime=600, time_based=False,
+                label="fill")
+
+    kit_file = os.path.join(ctx.tmp, "nbdkit-file.img")
+    make_file(kit_file, p["cache_size"])
+    kit = start_file(ctx, "nbdkit-file", kit_file)
+    run_fio(ctx, kit.uri, **fill)
+    backing = os.path.join(ctx.tmp, "lc-backing.img")
+    make_file(backing, 2 * p["cache_size"])
+    lc = Logcache(ctx, "lc", os.path.join(ctx.tmp, "lc-cache.img"), p["cache_size"], backing)
+    lc.start_fresh(recreate_file=True)
+    run_fio(ctx, lc.uri, **fill)
+    lc.drain()
+
+    hdd = start_sim_hdd(ctx, "hdd", p["hdd_size"])
+    hdd_lc = start_sim_hdd(ctx, "hdd-lc", p["hdd_size"])
+    hdd_wt = start_sim_hdd(ctx, "hdd-wt", p["hdd_size"])
+    lc_hdd = Logcache(ctx, "lc-hdd", os.path.join(ctx.tmp, "lc-hdd-cache.img"),
+                      p["cache_size"], hdd_lc.uri)
+    lc_hdd.start_fresh(recreate_file=True)
+    lc_wt = Logcache(ctx, "lc-wt", os.path.join(ctx.tmp, "lc-wt-cache.img"), p["cache_size"],
+                     hdd_wt.uri, sets=["cache_mode=write-through"])
+    lc_wt.start_fresh(recreate_file=True)
+
+    servers = {"nbdkit_file": (kit, lambda: kit.uri), "logcache": (lc.proc, lambda: lc.uri),
+               "hdd": (hdd, lambda: hdd.uri), "logcache_hdd": (lc_hdd.proc, lambda: lc_hdd.uri),
+               "logcache_wt": (lc_wt.proc, lambda: lc_wt.uri)}
+    ticks = {}
+
+    def contender(name, kw):
+        proc, uri = servers[name]
+
+        def prepare():
+            ticks[name] = cpu_ticks(proc.pid)
+            return uri()
+
+        def finish():
+            return {"cpu_s": (cpu_ticks(proc.pid) - ticks[name]) / hz}
+        return Contender(name, LABELS[name], prepare, kw, finish)
+
+    rows = []
+    for job, (opts, ref, other, _goal, _figure) in JOBS.items():
+        # The HDD jobs cover the whole disk (misses); the others the data written above.
+        size = p["hdd_size"] - MiB if ref == "hdd" else data
+        kw = dict(opts, size=size, runtime=p["runtime"])
+        ctx.log(f"   job {job}")
+        for r in alternate(ctx, [contender(ref, kw), contender(other, kw)], p["rounds"]):
+            r["job"] = job
+            r["cpu_us_per_io"] = r.pop("cpu_s") * 1e6 / max(r["ios"], 1)
+            rows.append(r)
+    for c in (lc, lc_hdd, lc_wt):
+        c.remove()
+    return {"rows": rows, "params": p}
+
+
+def ratios(rows, job):
+    """Per-round ratios of the job's contender to its reference, on the job's figure."""
+    _opts, ref, other, _goal, figure = JOBS[job]
+    by_round = {}
+    for r in rows:
+        if r["job"] == job:
+            by_round.setdefault(r["round"], {})[r["contender"]] = r[figure]
+    return [v[other] / v[ref] for v in by_round.values() if v.get(ref) and other in v]
+
+
+def summary(res):
+    lines = []
+    for job, (_opts, ref, other, goal, _figure) in JOBS.items():
+        rs = ratios(res["rows"], job)
+        if not rs:
+            continue
+        mean = sum(rs) / len(rs)
+        lines.append([f"issue 20: {job}, {LABELS[other]} ≥ {goal:.0%} of {LABELS[ref]}",
+                      f"{mean:.0%}", "met" if mean >= goal else "**not met**"])
+    return lines
+
+
+def render(res, charts):
+    rows = res["rows"]
+    p = res["params"]
+    out = [
+        "Cached rows: logcache's cache file and nbdkit's file on the same file system "
+        f"(/var/tmp), {p['data_size'] / MiB:g} MiB written sequentially through each first "
+        "(logcache's then drained: clean hits on the cache device). Slow-device rows: each "
+        "server in front of its own emulated HDD. nbdkit 1.32's `cache=none` reads through the "
+        "page cache (logcache's cache reads are O_DIRECT), so the cached reference is partly "
+        f"RAM speed. {p['runtime']} s per measurement, {p['rounds']} round(s), alternated; "
+        "means shown, ratios per round.",
+        "",
+    ]
+    tab = []
+    for job, (_opts, ref, other, goal, figure) in JOBS.items():
+        if not any(r["job"] == job for r in rows):
+            continue
+        val = mean_by(rows, "contender", figure, where=lambda r, j=job: r["job"] == j)
+        cpu = mean_by(rows, "contender", "cpu_us_per_io", where=lambda r, j=job: r["job"] == j)
+        rs = ratios(rows, job)
+        unit = "MB/s" if figure == "mb_s" else "IOPS"
+        mean = sum(rs) / len(rs) if rs else None
+        tab.append([job, LABELS[ref], f"{fmt(val.get(ref), 1)} {unit}", LABELS[other],
+                    f"{fmt(val.get(other), 1)} {unit}",
+                    f"**{mean:.2f}** ({min(rs):.2f}–{max(rs):.2f})" if rs else "–",
+                    f"≥ {goal:.2f}: " + ("met" if mean is not None and mean >= goal else "missed"),
+                    f"{fmt_int(cpu.get(ref))} / {fmt_int(cpu.get(other))}"])
+    out.append(table(["job", "reference", "", "contender", "", "ratio (range)", "goal",
+                      "server CPU µs/IO (ref / contender)"], tab,
+                     ["---", "---", "---:", "---", "---:", "---:", "---", "---:"]))
+    out.append("")
+    pl = plt()
+    fig, ax = pl.subplots(figsize=(8, 3.6))
+    jobs = [j for j in JOBS if any(r["job"] == j for r in rows)]
+    means = [sum(ratios(rows, j)) / max(len(ratios(rows, j)), 1) for j in jobs]
+    ax.bar(range(len(jobs)), means, 0.6, label="contender ÷ reference")
+    ax.scatter(range(len(jobs)), [JOBS[j][3] for j in jobs], marker="_", s=600, color="red",
+               label="goal", zorder=3)
+    ax.set_xticks(range(len(jobs)))
+    ax.set_xticklabels(jobs, rotation=20, fontsize=7)
+    ax.set_ylabel("ratio")
+    ax.set_title("Issue 20: logcache against each reference")
+    ax.legend(fontsize=8)
+    out.append(charts.save(fig, "iopath-ratios"))
+    out.append("")
+    out.append(commands_block(res["commands"]))
+    return "\n".join(out)
