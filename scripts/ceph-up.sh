@@ -102,6 +102,11 @@ bluestore block create = true
 bluestore block size = 21474836480
 bluestore fsck on mount = false
 EOF
+# Extra [global] lines, e.g. CEPH_UP_EXTRA_CONF=$'debug osd = 10\ndebug ms = 1', to look into a
+# failure (the logs are under DIR/log).
+if [ -n "${CEPH_UP_EXTRA_CONF:-}" ]; then
+    printf '%s\n' "$CEPH_UP_EXTRA_CONF" >>"$conf"
+fi
 
 # The monitor: a monmap with one monitor at our port, a keyring (mkfs wants one even with auth
 # none), then the daemon (it daemonizes and writes its pid file).

@@ -15,6 +15,9 @@ use logcache_nbd_client::NbdDevice;
 use logcache_rbd::{is_rbd_spec, RbdDevice};
 
 pub use logcache_nbd_client::DEFAULT_REQUEST_TIMEOUT;
+/// RBD sessions whose close was given up on a cluster that did not answer (their lock stays
+/// with this client until the cluster drops it).
+pub use logcache_rbd::closes_abandoned as rbd_closes_abandoned;
 
 /// Connections the NBD backing client opens when the server allows several.
 const NBD_BACKING_CONNECTIONS: usize = 4;

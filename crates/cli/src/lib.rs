@@ -17,4 +17,5 @@ pub mod owner;
 pub mod served;
 pub mod size;
 pub mod sockets;
+pub mod stop_deadline;
 pub mod tls;

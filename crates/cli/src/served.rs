@@ -2,6 +2,7 @@
 //! the NBD server, and their status as JSON and as Prometheus text.
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use logcache_engine::Engine;
@@ -16,6 +17,8 @@ pub struct Served {
     /// backing device's label lives).
     pub cache_name: String,
     pub backing_name: String,
+    /// Set when serve got SIGTERM/SIGINT: status then says "stopping" while the stop runs.
+    pub stopping: AtomicBool,
 }
 
 /// One metric: name, value, and whether it only grows (a Prometheus counter).
@@ -146,6 +149,7 @@ impl Served {
                 Value::String(match (&s.failed, &s.cache_failed) {
                     (Some(_), _) => "failed".into(),
                     (None, Some(_)) => "cache failed".into(),
+                    (None, None) if self.stopping.load(Ordering::Acquire) => "stopping".into(),
                     (None, None) => "serving".into(),
                 }),
             ),

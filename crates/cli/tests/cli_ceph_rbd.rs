@@ -30,6 +30,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{OnceLock, RwLock, RwLockReadGuard};
+use std::time::Duration;
 
 use common::attached::{preflight, Attached};
 use common::cache_loss::*;
@@ -56,8 +57,20 @@ fn scripts_dir() -> PathBuf {
 
 /// Removes the cluster when the test binary exits (libtest exits through `exit`, which runs
 /// `atexit` handlers, whether the tests passed or failed).
+/// With `LOGCACHE_CEPH_LOGS=DIR` the daemons' logs are copied to DIR/lc-ceph-PID first, to
+/// look into a failure after the cluster is gone.
 extern "C" fn tear_down_cluster() {
     if let Some(Some(c)) = CLUSTER.get() {
+        if let Some(keep) = std::env::var_os("LOGCACHE_CEPH_LOGS") {
+            let to = Path::new(&keep).join(format!("lc-ceph-{}", std::process::id()));
+            let _ = std::fs::create_dir_all(&to);
+            let _ = Command::new("cp")
+                .arg("-r")
+                .arg(c.dir.join("log"))
+                .arg(c.dir.join("ceph.conf"))
+                .arg(&to)
+                .status();
+        }
         let _ = Command::new(scripts_dir().join("ceph-down.sh"))
             .arg(&c.dir)
             .status();
@@ -74,16 +87,19 @@ fn osd_shared() -> RwLockReadGuard<'static, ()> {
     OSD_GATE.read().unwrap_or_else(|e| e.into_inner())
 }
 
+fn ceph_installed() -> bool {
+    ["ceph-mon", "ceph-osd", "rbd"].iter().all(|t| {
+        ["/usr/bin", "/usr/sbin", "/bin", "/sbin"]
+            .iter()
+            .any(|d| Path::new(d).join(t).exists())
+    })
+}
+
 /// The shared cluster, started on first use; `None` (after saying so) when Ceph is missing.
 fn cluster() -> Option<&'static Cluster> {
     CLUSTER
         .get_or_init(|| {
-            let installed = ["ceph-mon", "ceph-osd", "rbd"].iter().all(|t| {
-                ["/usr/bin", "/usr/sbin", "/bin", "/sbin"]
-                    .iter()
-                    .any(|d| Path::new(d).join(t).exists())
-            });
-            if !installed {
+            if !ceph_installed() {
                 eprintln!(
                     "SKIPPED: the Ceph packages are not installed (scripts/setup.sh installs \
                      ceph-mon ceph-osd ceph-common); the RBD backing is not tested"
@@ -138,6 +154,40 @@ impl Cluster {
         text.trim()
             .parse()
             .unwrap_or_else(|e| panic!("{file:?}: {text:?}: {e}"))
+    }
+
+    /// Whether `rbd info rbd/NAME` (which reads the image's header object) succeeds within
+    /// `limit`.
+    fn answers(&self, name: &str, limit: Duration) -> bool {
+        let mut child = tool("rbd")
+            .arg("-c")
+            .arg(&self.conf)
+            .args(["info", &format!("rbd/{name}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        match wait_timeout(&mut child, limit) {
+            Some(status) => status.success(),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                false
+            }
+        }
+    }
+
+    /// SIGKILLs the OSD and starts it again on its data (it daemonizes, writing its pid file).
+    fn restart_osd(&self) {
+        let pid = self.osd_pid();
+        // SAFETY: kill(2) on the pid from this cluster's pid file.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+        // Not our child: wait until it is gone (its data and port are then free).
+        while Path::new(&format!("/proc/{pid}")).exists() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = run(tool("ceph-osd").arg("-c").arg(&self.conf).args(["-i", "0"]));
+        assert_ok(&out, "ceph-osd (restart)");
     }
 
     /// The image's bytes, read by `rbd export` (bypassing logcache).
@@ -668,6 +718,21 @@ fn a_stopped_osd_fails_writeback_until_it_answers_then_a_new_session_finishes_it
     let stderr = text(&out.stderr);
     assert!(stderr.contains("rbd:rbd/osd"), "{stderr}");
     drop(resume);
+    // Ceph itself, not logcache, stalled once here: after a ~20 s stop every op on the image's
+    // header object stayed "delayed" in the resumed OSD for minutes (the monitor never marked
+    // the OSD down; the osdmap did not change), so `rbd` itself, this test's export and the
+    // next tests' `rbd create`/`rbd export` each waited 90 s. Seen 1 in 15 runs; the cause
+    // inside the OSD is not known. A plain `rbd info` (no logcache) tells that stall apart;
+    // it is cured by restarting the OSD, as an operator would, so that this test and the ones
+    // after it go on with a cluster that answers.
+    if !cluster.answers("osd", Duration::from_secs(30)) {
+        eprintln!("the OSD stalled after SIGCONT (rbd info did not answer in 30 s); restarting it");
+        cluster.restart_osd();
+        assert!(
+            cluster.answers("osd", Duration::from_secs(90)),
+            "the OSD does not answer after a restart"
+        );
+    }
     // Once the OSD answers, a new session (the lock taken again) finishes the drain. Each try
     // of drain gives up after a few seconds; the session is replaced within a few tries.
     let mut tries = 0;
@@ -690,6 +755,178 @@ fn a_stopped_osd_fails_writeback_until_it_answers_then_a_new_session_finishes_it
         &image[8 * MIB as usize..8 * MIB as usize + data.len()],
         &data,
         "the image after a drain",
+    );
+}
+
+/// A cluster of one test's own (one that test kills), removed by `scripts/ceph-down.sh` when
+/// dropped.
+struct OwnCluster {
+    dir: PathBuf,
+    conf: String,
+}
+
+impl OwnCluster {
+    fn start(dir: PathBuf, image: &str, size: &str) -> OwnCluster {
+        let out = run(Command::new(scripts_dir().join("ceph-up.sh"))
+            .arg(&dir)
+            .args([image, size]));
+        assert_ok(&out, "scripts/ceph-up.sh");
+        let conf = text(&out.stdout).lines().last().unwrap_or("").to_string();
+        assert!(conf.ends_with("ceph.conf"), "ceph-up.sh printed {conf:?}");
+        OwnCluster { dir, conf }
+    }
+
+    /// SIGKILLs the daemon whose pid file is run/NAME.pid.
+    fn kill(&self, name: &str) {
+        let file = self.dir.join(format!("run/{name}.pid"));
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{file:?}: {e}"));
+        let pid: libc::pid_t = text.trim().parse().unwrap();
+        // SAFETY: kill(2) on a pid from this cluster's own pid file.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "{name}");
+    }
+
+    /// Starts the monitor and the OSD again on their data (both daemonize).
+    fn restart(&self) {
+        for args in [["-i", "a"], ["-i", "0"]] {
+            let daemon = if args[1] == "a" {
+                "ceph-mon"
+            } else {
+                "ceph-osd"
+            };
+            let out = run(tool(daemon).arg("-c").arg(&self.conf).args(args));
+            assert_ok(&out, daemon);
+        }
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        let _ = Command::new(scripts_dir().join("ceph-down.sh"))
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+/// The whole cluster dies (OSD and monitor SIGKILLed) under a serve with dirty data: status
+/// keeps answering; SIGTERM stops serve (a hang fails the test: `stop` allows 30 s) with one
+/// line naming the backing device and the dirty data left;
+/// once the cluster is back, the next serve writes the dirty data back. Its own cluster: the
+/// others' tests must not see theirs die.
+#[test]
+fn a_dead_cluster_leaves_status_answering_and_sigterm_stops_serve_with_one_line() {
+    if !ceph_installed() {
+        return;
+    }
+    let dir = TestDir::new("rbd-dead");
+    let own = OwnCluster::start(dir.join("ceph"), "dead", "64M");
+    let backing = format!("rbd:rbd/dead?conf={}", own.conf);
+    let cache = format_cache_of(&dir, "cache.img", CACHE_BYTES, &backing, 64 * MIB);
+    // Each cluster operation may take this long. librbd's close of an image with writes in
+    // flight waits out several of them one after another (the write, the object map, the
+    // lock): before the fix a stop took about 5 of them (50 s at 10 s; at the default 60 s,
+    // over 200 s, i.e. a hang). serve now gives the stop TIMEOUT_S + 20 s at most.
+    const TIMEOUT_S: u64 = 12;
+    let timeout = TIMEOUT_S.to_string();
+    let args = [
+        "--cache",
+        &cache,
+        "--backing",
+        &backing,
+        "--backing-timeout",
+        &timeout,
+        "--set",
+        "writeback_idle_ms=0",
+    ];
+    let served = Served::start(&args);
+    let data = Rng::new(11).bytes(8 * MIB as usize);
+    let mut nbd = Client::connect_str(&served.unix_uri()).unwrap();
+    nbd.write_at(&data, 4 * MIB, false).unwrap();
+    nbd.flush().unwrap();
+    drop(nbd);
+    // Killed while writeback is writing: its writes are in flight on the image.
+    own.kill("ceph-osd.0");
+    own.kill("ceph-mon.a");
+    // Status answers with the cluster dead, and during the stop (state "stopping").
+    let s = served.status();
+    assert_eq!(s["state"], "serving", "{s}");
+    assert!(s["dirty_blocks"].as_u64().unwrap() > 0, "{s}");
+    let control = served.control();
+    let during = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        logcache(&[
+            "status".as_ref(),
+            "--json".as_ref(),
+            "--control".as_ref(),
+            control.as_os_str(),
+        ])
+    });
+    let stopped = served.stop_within(libc::SIGTERM, Duration::from_secs(TIMEOUT_S + 20 + 10));
+    let out = during.join().unwrap();
+    if out.status.success() {
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(s["state"], "stopping", "{s}");
+    } else {
+        // Already gone: status says so in one line.
+        assert!(
+            text(&out.stderr).contains("no logcache is serving"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let stderr = stopped.stderr.trim_end();
+    let after: Vec<&str> = stderr
+        .lines()
+        .skip_while(|l| !l.contains("SIGTERM"))
+        .skip(1)
+        .collect();
+    eprintln!("serve stopped ({}): {stderr}", stopped.status);
+    assert_eq!(after.len(), 1, "one line after SIGTERM:\n{stderr}");
+    let line = after[0];
+    for want in [
+        "rbd:rbd/dead",
+        "dirty data",
+        "does not answer",
+        "the next serve",
+    ] {
+        assert!(
+            line.contains(want),
+            "{want:?} missing from the last line:\n{stderr}"
+        );
+    }
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // The cluster back: the next serve writes the dirty data back (the dead serve's lock is
+    // broken once the OSD drops its watch), and the image alone holds it.
+    own.restart();
+    // Returns once the OSD has booted and serves the image.
+    let out = run(tool("rbd")
+        .arg("-c")
+        .arg(&own.conf)
+        .args(["info", "rbd/dead"]));
+    assert_ok(&out, "rbd info after the restart");
+    let served = Served::start(&args[..6]);
+    let ctl = served.control().to_string_lossy().into_owned();
+    let mut tries = 0;
+    while !logcache(&["drain", "--control", &ctl]).status.success() {
+        tries += 1;
+        assert!(
+            tries < 20,
+            "drain never succeeded once the cluster was back"
+        );
+    }
+    drop(served);
+    let file = dir.join("dead.export");
+    let out = run(tool("rbd").arg("-c").arg(&own.conf).args([
+        "export",
+        "--no-progress",
+        "rbd/dead",
+        &file.to_string_lossy(),
+    ]));
+    assert_ok(&out, "rbd export");
+    let image = std::fs::read(&file).unwrap();
+    assert_same(
+        &image[4 * MIB as usize..4 * MIB as usize + data.len()],
+        &data,
+        "the image after the cluster came back",
     );
 }
 

@@ -124,6 +124,7 @@ impl RbdDevice {
             Ok(v) => Ok(v),
             Err(e) => {
                 if e.is_connection_lost() {
+                    session.mark_lost();
                     let mut slot = self.session.write();
                     if slot.as_ref().is_some_and(|cur| Arc::ptr_eq(cur, &session)) {
                         *slot = None;

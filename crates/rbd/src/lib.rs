@@ -11,5 +11,5 @@ mod session;
 mod spec;
 
 pub use device::RbdDevice;
-pub use session::CallError;
+pub use session::{closes_abandoned, CallError};
 pub use spec::{is_rbd_spec, RbdSpec, SpecError, RBD_PREFIX};

@@ -6,6 +6,8 @@ use std::ffi::CString;
 use std::io;
 use std::os::raw::{c_char, c_int};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
 use std::time::Duration;
 
 use crate::ffi;
@@ -54,6 +56,11 @@ pub struct Session {
     image: ffi::RbdImageT,
     locked: bool,
     size_bytes: u64,
+    /// How long dropping the session waits for librbd to close it (the op timeout).
+    close_timeout: Duration,
+    /// Set when an operation found the connection gone: dropping then does not wait for the
+    /// close at all (it would only wait out more timeouts on a cluster that is not answering).
+    lost: AtomicBool,
 }
 
 // SAFETY: librados cluster handles, IO contexts and librbd image handles may be used from any
@@ -98,6 +105,8 @@ impl Session {
             image: ptr::null_mut(),
             locked: false,
             size_bytes: 0,
+            close_timeout: op_timeout,
+            lost: AtomicBool::new(false),
         };
         let id_ptr = id.as_ref().map_or(ptr::null(), |c| c.as_ptr());
         // SAFETY: `s.cluster` is a valid out-pointer; `id_ptr` is NUL-terminated or null
@@ -204,6 +213,11 @@ impl Session {
         self.size_bytes
     }
 
+    /// Records that the connection is gone (the caller drops this session for a new one).
+    pub fn mark_lost(&self) {
+        self.lost.store(true, Ordering::Release);
+    }
+
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), CallError> {
         let len = buf.len();
         let c = Completion::new()?;
@@ -294,11 +308,33 @@ impl Session {
     }
 }
 
-impl Drop for Session {
-    fn drop(&mut self) {
+/// Sessions whose close was given up (see `Drop for Session`) since the process started.
+static CLOSES_ABANDONED: AtomicU64 = AtomicU64::new(0);
+
+/// How many sessions were dropped without librbd finishing their close within the op timeout
+/// (a dead cluster): their exclusive lock stays with this client until the cluster times out
+/// its watch, and their handles are leaked.
+pub fn closes_abandoned() -> u64 {
+    CLOSES_ABANDONED.load(Ordering::Acquire)
+}
+
+/// The handles of a session being closed, moved to the thread that closes them.
+struct Handles {
+    cluster: ffi::RadosT,
+    ioctx: ffi::RadosIoctxT,
+    image: ffi::RbdImageT,
+    locked: bool,
+}
+
+// SAFETY: librados/librbd handles may be used from any thread; after `Session::drop` moves
+// them here, nothing else refers to them.
+unsafe impl Send for Handles {}
+
+impl Handles {
+    fn close(self) {
         // SAFETY: each handle is either null (never created) or created by `open` and not yet
         // freed; they are freed in reverse order of creation, exactly once. No IO is in flight:
-        // every IO method waits for its completions while borrowing `self`.
+        // every IO method waits for its completions while borrowing the session.
         unsafe {
             if self.locked {
                 // A failure (the lock was already taken from us) leaves nothing to release.
@@ -312,6 +348,48 @@ impl Drop for Session {
             }
             if !self.cluster.is_null() {
                 ffi::rados_shutdown(self.cluster);
+            }
+        }
+    }
+}
+
+impl Drop for Session {
+    /// Releases the lock and closes the image, waiting at most the op timeout. librbd's close
+    /// has no timeout of its own: it unwatches the image's header, an operation the op timeouts
+    /// do not cover, so on a dead cluster `rbd_close` waited forever (seen: `serve` hung on
+    /// SIGTERM). The close runs on its own thread; past the timeout it is left there and its
+    /// handles leak, which costs less than a thread (or the whole stop) that never returns.
+    fn drop(&mut self) {
+        let handles = Handles {
+            cluster: std::mem::replace(&mut self.cluster, ptr::null_mut()),
+            ioctx: std::mem::replace(&mut self.ioctx, ptr::null_mut()),
+            image: std::mem::replace(&mut self.image, ptr::null_mut()),
+            locked: std::mem::take(&mut self.locked),
+        };
+        let (done_tx, done_rx) = mpsc::sync_channel::<()>(1);
+        let spawned = std::thread::Builder::new()
+            .name("rbd-close".into())
+            .spawn(move || {
+                handles.close();
+                let _ = done_tx.send(());
+            });
+        match spawned {
+            // A lost session's close goes on alone; the caller is opening a new session (the
+            // writeback thread, a request), and the old lock is broken by the new one anyway.
+            Ok(_) if self.lost.load(Ordering::Acquire) => {}
+            Ok(_) => {
+                if let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(
+                    self.close_timeout
+                        .max(Duration::from_secs(1))
+                        .saturating_add(Duration::from_secs(1)),
+                ) {
+                    CLOSES_ABANDONED.fetch_add(1, Ordering::AcqRel);
+                }
+            }
+            // No thread to be had (the process is out of them): leak the handles rather than
+            // risk a close that never returns on this thread.
+            Err(_) => {
+                CLOSES_ABANDONED.fetch_add(1, Ordering::AcqRel);
             }
         }
     }

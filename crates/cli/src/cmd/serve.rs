@@ -25,6 +25,8 @@ use crate::metrics::MetricsServer;
 use crate::owner::{refuse_live_owner, Heartbeat};
 use crate::served::Served;
 use crate::size::human;
+use crate::stop_deadline::StopDeadline;
+use logcache_engine::format::BLOCK_SIZE_BYTES as BLOCK_BYTES;
 use logcache_nbd::uri::is_nbd_uri;
 
 #[derive(Args)]
@@ -146,6 +148,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     validate_assignments(&tunable_sets, "--set ")?;
     let mut plan = plan(args)?;
     let backing_timeout = backing_timeout(args.backing_timeout)?;
+    // Declared before every device and thread of the serve, so that it is dropped (the stop
+    // over) only after all of them: their closes run under its deadline.
+    let stop = StopDeadline::new(stop_limit(backing_timeout), &plan.backing);
     let remote_listen = match &plan.listen {
         Some(addr) => crate::sockets::is_remote(addr)?,
         None => false,
@@ -209,16 +214,63 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         started: Instant::now(),
         cache_name: plan.cache.display().to_string(),
         backing_name: plan.backing.clone(),
+        stopping: AtomicBool::new(false),
     });
-    let result = serve_until_signal(&plan, args, &server, &served, &signals);
-    // Whatever happened, stop serving and leave a clean checkpoint if the engine allows.
+    let mut result = serve_until_signal(&plan, args, &server, &served, &signals, &stop);
+    // Whatever happened, stop serving and leave a clean checkpoint if the engine allows; each
+    // step may wait for the backing device, so all of them run under the stop's deadline.
+    stop.arm(engine.stats().dirty_blocks * BLOCK_BYTES);
+    stop.step("finishing the NBD requests in flight");
     server.shutdown();
+    stop.step("recording the stop on the NBD backing device");
     drop(heartbeat);
+    stop.step("closing the cache: writing its log, stopping writeback");
     let closed = engine.close();
-    result?;
+    let after = engine.stats();
+    // Status answered during the stop (state "stopping"); no longer.
+    stop.step("stopping the control and metrics servers");
+    if let Ok(listeners) = result.as_mut() {
+        listeners.stop();
+    }
+    stop.step("closing the backing device");
+    let abandoned_before = logcache_backing::rbd_closes_abandoned();
+    drop((served, server, engine, backing));
+    let backing_closed = logcache_backing::rbd_closes_abandoned() == abandoned_before;
+    drop(result?);
     closed.context("closing the cache")?;
-    eprintln!("logcache: stopped cleanly; the cache is checkpointed");
+    eprintln!(
+        "logcache: {}",
+        stopped_line(&after, &plan.backing, backing_closed)
+    );
     Ok(())
+}
+
+/// How long a stop may take: the backing device's timeout (a request in flight, a reconnect)
+/// and room for the rest.
+fn stop_limit(backing_timeout: Duration) -> Duration {
+    backing_timeout.saturating_add(Duration::from_secs(20))
+}
+
+/// The last line of a serve that stopped with its cache checkpointed: clean, or what was left
+/// undone because the backing device did not answer.
+fn stopped_line(s: &logcache_engine::Stats, backing: &str, backing_closed: bool) -> String {
+    let why = match (&s.writeback_error, backing_closed) {
+        (_, false) => "closing it timed out".to_string(),
+        (Some(e), true) if s.dirty_blocks > 0 => e.clone(),
+        _ => return "stopped cleanly; the cache is checkpointed".to_string(),
+    };
+    let mut line = format!(
+        "stopped; the cache is checkpointed with {} of dirty data, but the backing device \
+         {backing} does not answer ({why}): the next serve writes the dirty data back once it does",
+        human(s.dirty_blocks * BLOCK_BYTES)
+    );
+    if !backing_closed {
+        line.push_str(
+            "; until the cluster drops this client (osd client watch timeout), the image's \
+             exclusive lock stays with it",
+        );
+    }
+    line
 }
 
 fn serve_until_signal(
@@ -227,7 +279,8 @@ fn serve_until_signal(
     server: &Server,
     served: &Arc<Served>,
     signals: &libc::sigset_t,
-) -> Result<()> {
+    stop: &StopDeadline,
+) -> Result<Listeners> {
     let mut endpoints = Vec::new();
     if let Some(sock) = &plan.socket {
         server
@@ -248,8 +301,8 @@ fn serve_until_signal(
             None => format!("nbd://{bound}"),
         });
     }
-    let mut control = ControlServer::start(&plan.control, served.clone())?;
-    let mut metrics = args
+    let control = ControlServer::start(&plan.control, served.clone())?;
+    let metrics = args
         .metrics
         .as_deref()
         .map(|addr| MetricsServer::start(addr, served.clone()))
@@ -283,12 +336,26 @@ fn serve_until_signal(
         print_how_to_connect(&endpoints[0], &status);
     }
     let sig = wait_for_signal(signals);
+    served.stopping.store(true, Ordering::Release);
+    stop.arm(served.engine.stats().dirty_blocks * BLOCK_BYTES);
     eprintln!("logcache: {sig}: finishing requests in flight and checkpointing");
-    control.stop();
-    if let Some(m) = metrics.as_mut() {
-        m.stop();
+    Ok(Listeners { control, metrics })
+}
+
+/// The control socket and metrics endpoint, kept answering until the engine is closed, so
+/// that status works during a stop that waits for the backing device.
+struct Listeners {
+    control: ControlServer,
+    metrics: Option<MetricsServer>,
+}
+
+impl Listeners {
+    fn stop(&mut self) {
+        self.control.stop();
+        if let Some(m) = self.metrics.as_mut() {
+            m.stop();
+        }
     }
-    Ok(())
 }
 
 /// `status` as a command that works from any directory: `logcache status` when `logcache` on

@@ -711,12 +711,17 @@ impl Served {
     }
 
     /// Sends `sig` (SIGTERM or SIGINT) and waits for the exit.
-    pub fn stop_with(mut self, sig: libc::c_int) -> Stopped {
+    pub fn stop_with(self, sig: libc::c_int) -> Stopped {
+        self.stop_within(sig, STOP_TIMEOUT)
+    }
+
+    /// Sends `sig` and waits for the exit; panics (a hang) if it takes longer than `limit`.
+    pub fn stop_within(mut self, sig: libc::c_int, limit: Duration) -> Stopped {
         self.signal(sig);
         let child = self.child.as_mut().unwrap();
-        if wait_timeout(child, STOP_TIMEOUT).is_none() {
+        if wait_timeout(child, limit).is_none() {
             panic!(
-                "logcache serve did not stop within {STOP_TIMEOUT:?} of signal {sig}\nstderr:\n{}",
+                "logcache serve did not stop within {limit:?} of signal {sig}\nstderr:\n{}",
                 self.stderr()
             );
         }
