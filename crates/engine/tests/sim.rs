@@ -853,12 +853,13 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         // An injected cache IO error with no dirty data also gives the cache up (issue 25): the
         // engine fails, marks the backing device detached and serves from it alone (or stays
         // failed if the mark failed). A power cut from then on may leave the mark, whole or
-        // begun, so the old cache may be refused (sim seeds 5047, 5181, 5183); only then.
-        let gave_up = !loss && {
-            let s = e.stats();
-            s.cache_failed.is_some() || (s.failed.is_some() && s.writeback_lag_bytes == 0)
-        };
-        let must_refuse = !loss && e.stats().cache_failed.is_some();
+        // begun, so the old cache may be refused (sim seeds 5047, 5181, 5183); only then. The
+        // same after a cache loss whose mark failed part way (cache-loss seed 4021: the
+        // record synced, a later write of the mark failed, the engine stayed failed).
+        let before_cut = e.stats();
+        let gave_up = before_cut.cache_failed.is_some()
+            || (before_cut.failed.is_some() && before_cut.writeback_lag_bytes == 0);
+        let must_refuse = !loss && before_cut.cache_failed.is_some();
         if !loss && seal_interval_ms > 0 && case.rng.chance(1, 2) {
             seal_check(&mut case, &e, &workers);
         }
@@ -934,8 +935,13 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             !must_refuse || reopened.is_err(),
             "cycle {cycle}: the old cache opened on a backing device served alone"
         );
-        let e = reopened
-            .unwrap_or_else(|err| panic!("cycle {cycle}: reopen after the power cut: {err}"));
+        let e = reopened.unwrap_or_else(|err| {
+            panic!(
+                "cycle {cycle}: reopen after the power cut: {err}; before the cut: failed {:?}, \
+                 cache failed {:?}, dirty bytes {}",
+                before_cut.failed, before_cut.cache_failed, before_cut.writeback_lag_bytes
+            )
+        });
         let mut image = vec![0u8; region_sectors as usize * SECTOR];
         e.read(0, &mut image).expect("read after recovery");
         {
