@@ -888,53 +888,33 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             panic!("cycle {cycle}: after the power cut, the backing device: {msg}")
         });
         sched.set_mode(GateMode::Open);
-        if alone {
-            // The backing device was marked detached when the engine went on without the
-            // cache: the old cache is refused, and the backing device alone holds everything
-            // made durable.
-            let refused = Engine::open(cache.clone(), backing.clone(), opts.clone())
-                .err()
-                .map(|err| err.to_string());
+        // Served alone (a cache loss, or a fault in an ordinary schedule): the backing device
+        // was marked detached, so the old cache must be refused. Given up otherwise (the mark
+        // may be whole or begun): it may be. Either way the backing device alone then holds
+        // everything made durable, and the schedule ends.
+        let reopened = Engine::open(cache.clone(), backing.clone(), opts.clone());
+        assert!(
+            !(alone || must_refuse) || reopened.is_err(),
+            "cycle {cycle}: the old cache opened on a backing device served alone"
+        );
+        if let (true, Err(err)) = (alone || gave_up, &reopened) {
+            let msg = err.to_string();
             assert!(
-                refused.as_deref().is_some_and(|m| m.contains("detached")),
-                "cycle {cycle}: the old cache opened on a backing device served alone: {refused:?}"
+                msg.contains("was detached"),
+                "cycle {cycle}: reopen after giving the cache up: {msg}"
             );
             let image = pair
                 .backing
                 .read_volatile(0, region_sectors * SECTOR as u64);
             if let Err(msg) = shared.model.lock().check_recovered(&image) {
                 panic!(
-                    "cycle {cycle}: after the power cut, served alone, the backing device: {msg}"
+                    "cycle {cycle}: after the power cut, the cache given up (served alone: \
+                     {alone}), the backing device: {msg}"
                 );
             }
+            case.totals.faults_detached += u64::from(!loss);
             break;
         }
-        let reopened = Engine::open(cache.clone(), backing.clone(), opts.clone());
-        if gave_up {
-            if let Err(err) = &reopened {
-                // Detached: the backing device alone holds everything made durable.
-                let msg = err.to_string();
-                assert!(
-                    msg.contains("was detached"),
-                    "cycle {cycle}: reopen after giving the cache up: {msg}"
-                );
-                let image = pair
-                    .backing
-                    .read_volatile(0, region_sectors * SECTOR as u64);
-                if let Err(msg) = shared.model.lock().check_recovered(&image) {
-                    panic!(
-                        "cycle {cycle}: after the power cut, the cache given up after a fault, \
-                         the backing device: {msg}"
-                    );
-                }
-                case.totals.faults_detached += 1;
-                break;
-            }
-        }
-        assert!(
-            !must_refuse || reopened.is_err(),
-            "cycle {cycle}: the old cache opened on a backing device served alone"
-        );
         let e = reopened.unwrap_or_else(|err| {
             panic!(
                 "cycle {cycle}: reopen after the power cut: {err}; before the cut: failed {:?}, \
