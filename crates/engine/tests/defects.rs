@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -237,11 +238,16 @@ fn power_cut_copy(dev: &SimDevice) -> SimDevice {
 
 /// Defect 1: a write-zeroes' zero range must not leave the log (the head must not pass it)
 /// before the zeros reach the backing device. (Found with TRIM, which then zeroed; TRIM is a
-/// hint now and write-zeroes keeps the zero range.) Write D to block L and flush; zero L while
-/// the backing device's zeroing is held; rewrite other blocks so dead segments are reclaimed; cut the
-/// power. The block must read as D (the write-zeroes never returned) or zeros, never the backing
-/// device's older data. Before the fix the head passed the segments holding D and the zero
-/// range, and recovery found neither.
+/// hint now and write-zeroes keeps the zero range.) Write D to block L; zero L (the zero range
+/// kills D's copy in the same flush epoch, so D is never written back) while the backing
+/// device's zeroing is held; flush (D is durable: L may read D or zeros, never older data);
+/// then rewrite a pool of other blocks round and round, with no flush (in flush-epoch order a
+/// rewrite in a later epoch would keep the older copy as a shadow, which writeback cannot take
+/// past the pending range, and the segments would never die), until the head passes the zero
+/// range's segment or writers wait for room; cut the power. Before the fix the head passed it
+/// and recovery found neither D nor the range. (With a flush between D and the zeroing, as
+/// this test did before 2026-11-26, flush-epoch order writes D back before the zeroing and the
+/// test passed with the fix removed.)
 #[test]
 fn a_zero_range_stays_in_the_log_until_the_backing_device_has_the_zeros() {
     let pair = SimPair::new(MIB + 32 * SEG_64K, 16 * MIB, SEG_64K);
@@ -254,36 +260,49 @@ fn a_zero_range_stays_in_the_log_until_the_backing_device_has_the_zeros() {
         ..OpenOptions::default()
     };
     let e = Engine::open(pair.cache(), backing.clone(), opts.clone()).unwrap();
-    // Writeback stays out of the way (it would take the order lock the TRIM holds).
-    e.set_tunable("writeback_threshold_percent", "100").unwrap();
     e.write(lba * 4096, &[0x33; 4096], false).unwrap();
-    e.flush().unwrap();
     backing.hold(OpKind::Discard);
     let trimmer = e.clone();
     let trim = std::thread::spawn(move || trimmer.write_zeroes(lba * 4096, 4096, false));
     assert!(
         backing.wait_held(OpKind::Discard, 1, HANG),
-        "the TRIM never zeroed the backing device"
+        "the write-zeroes never zeroed the backing device"
     );
     let s = e.stats();
     let zero_segment = s.head_segment_id + s.segments_in_use - 1;
-    // A few segments of rewrites of 8 other blocks, far less than the ring holds: every
-    // segment before the open one dies and is reclaimed.
-    let writer = e.clone();
-    bounded("rewrites while the zeroing is held", move || {
-        for i in 0..160u64 {
-            writer
-                .write((i % 8) * 4096, &[i as u8; 4096], false)
-                .unwrap();
-            if i % 4 == 3 {
-                writer.flush().unwrap();
+    e.flush().unwrap();
+    // Rewrites of a pool of 64 blocks, round and round: every copy is dead a round later.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (writer, stop2) = (e.clone(), stop.clone());
+    let rewrites = std::thread::spawn(move || {
+        for i in 0..100_000u64 {
+            if stop2.load(Ordering::SeqCst) {
+                return;
+            }
+            let b = 1000 + i % 64;
+            if writer.write(b * 4096, &[i as u8; 4096], false).is_err() {
+                return;
             }
         }
     });
+    let waits_before = s.counters.write_waits;
+    assert!(
+        eventually(|| {
+            let s = e.stats();
+            // The head passed the zero range, or the ring is full (writers wait for room; a
+            // write may also wait for a RAM buffer, so the count alone does not say that).
+            s.head_segment_id > zero_segment
+                || (s.segments_free <= 1 && s.counters.write_waits > waits_before)
+        }),
+        "the rewrites neither moved the head nor filled the ring: {:?}",
+        e.stats()
+    );
     let head = e.stats().head_segment_id;
     let (cache_cut, backing_cut) = (power_cut_copy(&pair.cache), power_cut_copy(&pair.backing));
+    stop.store(true, Ordering::SeqCst);
     backing.release(OpKind::Discard);
     trim.join().unwrap().unwrap();
+    rewrites.join().unwrap();
     e.close().unwrap();
     let e2 = Engine::open(Arc::new(cache_cut), Arc::new(backing_cut), opts).unwrap();
     let mut buf = [0u8; 4096];
@@ -291,7 +310,7 @@ fn a_zero_range_stays_in_the_log_until_the_backing_device_has_the_zeros() {
     assert!(
         buf == [0x33; 4096] || buf == [0u8; 4096],
         "block {lba} reads {:#x}.. after a power cut (head {head}, zero range in segment \
-         {zero_segment}): neither the flushed write nor zeros",
+         <= {zero_segment}): neither the flushed write nor zeros",
         buf[0]
     );
     e2.close().unwrap();

@@ -18,7 +18,10 @@
 //! - a request may fail only once a fault was injected (or the power is off), and no request
 //!   may wait forever: a request still running with no IO held for `HANG` is a hang;
 //! - with a periodic seal on, an idle phase checks that an acknowledged write is sealed and
-//!   synced within the interval even when the backing device stalls (writes held);
+//!   synced within the interval even when the backing device stalls (writes held), half the
+//!   time with the ring filled until it is under pressure first (issue 19's defect 4);
+//! - or a zero window (issue 19's defect 1): a write-zeroes' backing zeroing held after a flush
+//!   while rewrites could move the head past its zero range, then the power cut;
 //! - the power fails at a random step or after the last request: held IOs fail, each unsynced
 //!   write of both devices is kept, lost or torn, the cache is reopened and every sector is
 //!   checked against the durable history (the rules of `crash.rs`, for overlapping requests).
@@ -117,6 +120,12 @@ enum Req {
     /// while other requests run: every sector read must be the disk as of its moment.
     Export {
         since: &'static str,
+    },
+    /// Whole blocks past the checked region (no model): dirty data that fills the ring while
+    /// the backing device is stalled, so the seal check runs under ring pressure.
+    Ballast {
+        offset_bytes: u64,
+        len_bytes: u64,
     },
 }
 
@@ -290,6 +299,10 @@ fn run_req(e: &Engine, sh: &Shared, req: Req) {
             r
         }
         Req::Mode(mode) => e.set_tunable("cache_mode", mode),
+        Req::Ballast {
+            offset_bytes,
+            len_bytes,
+        } => e.write(offset_bytes, &vec![0xb5; len_bytes as usize], false),
         Req::Export { since } => export(e, sh, since),
         Req::Checkpoint { name, create } => {
             let r = if create {
@@ -456,6 +469,15 @@ struct Totals {
     export_blocks_kept: u64,
     /// Power cuts while a backing zeroing was held.
     cuts_in_zeroing: u64,
+    /// Seal checks that found the ring under pressure (free segments below the low mark).
+    seal_checks_under_pressure: u64,
+    /// Zero windows opened (`zero_window_check`): a write-zeroes' backing zeroing held after
+    /// a flush, while rewrites of other blocks go on, then a power cut.
+    zero_windows: u64,
+    /// ... in which the rewrites filled the ring (every segment after the zero range's in use).
+    zero_windows_filled: u64,
+    /// ... in which the head passed the zero range's segment (defect 1: never, with the fix).
+    zero_windows_passed: u64,
     /// Steps spent waiting for a timer (no IO held, requests running).
     waits: u64,
     /// Cache-loss cycles, per mode of `MODES`.
@@ -613,6 +635,8 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
     let mut rng = Rng::new(seed);
     // The cache loss draws from its own stream: the plain schedules stay as they were.
     let mut loss_rng = Rng::new(seed ^ 0x6c6f_7373_6361_6368);
+    // And the probes after a cycle's requests (the seal under pressure, the zero window).
+    let mut probe_rng = Rng::new(seed ^ 0x7072_6f62_6573);
     let segment = [32 * KIB, 64 * KIB][rng.below(2) as usize];
     let cache_bytes = (1 << 20) + segment * rng.range(8, 32);
     let cache_data_bytes = live_bytes_max(cache_bytes, segment);
@@ -860,8 +884,16 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         let gave_up = before_cut.cache_failed.is_some()
             || (before_cut.failed.is_some() && before_cut.writeback_lag_bytes == 0);
         let must_refuse = !loss && before_cut.cache_failed.is_some();
+        // The probes draw from a stream of their own: schedules without one stay as they were.
+        let probe_started = Instant::now();
         if !loss && seal_interval_ms > 0 && case.rng.chance(1, 2) {
-            seal_check(&mut case, &e, &workers);
+            let under_pressure = probe_rng.chance(1, 2);
+            seal_check(&mut case, &e, &workers, under_pressure);
+        } else if !loss && probe_rng.chance(1, 6) {
+            zero_window_check(&mut case, &e, &workers);
+        }
+        if std::env::var("LOGCACHE_SIM_VERBOSE").is_ok() {
+            eprintln!("sim: probe took {:?}", probe_started.elapsed());
         }
         // Power fails.
         shared.model.lock().power_off();
@@ -1057,7 +1089,13 @@ fn loss_check(case: &mut Case<'_>, e: &Engine, pair: &SimPair, mode: usize) -> b
 /// one more write is acknowledged, and within the seal interval (with a generous margin) it
 /// must be sealed and synced, so the model counts it durable and the power cut that follows
 /// checks it.
-fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
+///
+/// `under_pressure` (defect 4 of issue 19: the seal stopped while the ring was under pressure):
+/// first fill the ring with dirty blocks past the checked region until its free segments are
+/// below the low mark. With the backing device stalled writeback frees nothing, and in
+/// flush-epoch order the relocator does not move dirty blocks, so the ring stays under
+/// pressure while the seal interval passes.
+fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker], under_pressure: bool) {
     if e.mode() != "write-back" || e.stats().failed.is_some() {
         return;
     }
@@ -1068,6 +1106,34 @@ fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
     let stalled =
         |h: &HeldOp| h.device == "backing" && matches!(h.kind, OpKind::Write | OpKind::Discard);
     let n = case.region_sectors;
+    if under_pressure {
+        case.note("seal check under pressure");
+        let low = 2 + e.stats().segment_count / 32;
+        let disk_bytes = e.size_bytes();
+        let mut next = (n * 512).next_multiple_of(4096);
+        let filled = drive(case, &stalled, |c| {
+            if e.stats().segments_free < low {
+                return true;
+            }
+            if !workers[w].busy() && next < disk_bytes {
+                let len_bytes = (c.rng.range(1, 8) * 4096).min(disk_bytes - next);
+                workers[w].start(Req::Ballast {
+                    offset_bytes: next,
+                    len_bytes,
+                });
+                next += len_bytes;
+            }
+            false
+        });
+        // The last ballast write returns (or waits for room: then no probe fits).
+        if !filled || !drive(case, &stalled, |_| !workers[w].busy()) {
+            return;
+        }
+        if e.stats().segments_free >= low {
+            return;
+        }
+        case.totals.seal_checks_under_pressure += 1;
+    }
     let first = case.rng.below(n);
     let count = case.rng.range(1, (n - first).min(8));
     let id = case.shared.model.lock().next_write_id();
@@ -1131,6 +1197,191 @@ fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
         }
     }
     case.shared.model.lock().durable(&t);
+}
+
+/// Looks in a row with nothing but stalled IO held after which [`drive`] gives up.
+const QUIET_LOOKS: u32 = 200;
+/// Waits for room in the ring, with the head not moving, after which a zero window stops
+/// sending rewrites (`zero_window_check`).
+const ROOM_WAITS_MAX: u64 = 20;
+
+/// Lets held IOs through one at a time, chosen by the seed (never one `stalled` holds back,
+/// never failing one), until `done` says so; `done` may start requests. False if nothing but
+/// stalled IO was held for `QUIET_LOOKS` looks in a row (the requests wait for the stalled
+/// device, or for room only it would make).
+fn drive(
+    case: &mut Case<'_>,
+    stalled: &dyn Fn(&HeldOp) -> bool,
+    mut done: impl FnMut(&mut Case<'_>) -> bool,
+) -> bool {
+    let mut quiet = 0;
+    loop {
+        case.settle();
+        case.check_errors();
+        if done(case) {
+            return true;
+        }
+        case.settle();
+        let held: Vec<HeldOp> = case
+            .sched
+            .held()
+            .into_iter()
+            .filter(|h| !stalled(h))
+            .collect();
+        if held.is_empty() {
+            quiet += 1;
+            if quiet > QUIET_LOOKS {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        quiet = 0;
+        case.totals.steps += 1;
+        case.release_one(&held, &[], 0);
+    }
+}
+
+/// Defect 1's window (issue 19), opened on purpose: a zero range must stay in the log until the
+/// backing device has its zeros. Write D to block L; write-zeroes L (it kills D's copy, same
+/// flush epoch, so D is never written back) and hold its backing zeroing; flush (D is durable
+/// now: the sector may read D or zeros, never the older data); then rewrite other blocks of
+/// the region (and ballast past it) so their old segments die and the head could move past the zero range, until
+/// the ring is full or the head passed it; the power cut follows with the zeroing still held.
+/// The rewrites send no flush: in flush-epoch order a rewrite in a later epoch keeps the older
+/// copy as a shadow, which writeback cannot take past the pending range, so the segments would
+/// never die; within one epoch they do, once the flusher syncs under pressure. Had the head passed it, recovery would find neither D nor the range and L would
+/// read the backing device's older data, which the crash check rejects.
+fn zero_window_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
+    let blocks = case.region_sectors / 8;
+    if e.mode() != "write-back" || e.stats().failed.is_some() || blocks < 2 {
+        return;
+    }
+    // The requests still running finish first: one of them in the window (a flush between D
+    // and the zero range, a write in the zero range's segment) would close it.
+    if !drive(case, &|_| false, |_| workers.iter().all(|w| !w.busy())) {
+        return;
+    }
+    let zeroing = |h: &HeldOp| h.device == "backing" && h.kind == OpKind::Discard;
+    let (a, b) = (0, 1);
+    let l = case.rng.below(blocks);
+    case.note(&format!("zero window at block {l}"));
+    let id = case.shared.model.lock().next_write_id();
+    let t = case.shared.begin(l * 8, 8, Effect::Data(id));
+    workers[a].start(Req::Write { t, id, fua: false });
+    if !drive(case, &zeroing, |_| !workers[a].busy()) {
+        return;
+    }
+    let t = case.shared.begin(l * 8, 8, Effect::Zeros);
+    workers[a].start(Req::Zero {
+        t,
+        fua: false,
+        trim: false,
+    });
+    let offset = l * 4096;
+    let held_zeroing = |c: &Case<'_>| {
+        c.sched
+            .held()
+            .iter()
+            .any(|h| zeroing(h) && h.offset == offset)
+    };
+    if !drive(case, &zeroing, |c| !workers[a].busy() || held_zeroing(c)) || !held_zeroing(case) {
+        return;
+    }
+    let s = e.stats();
+    // The zero range is in the segment open now or an earlier one.
+    let zero_segment = s.head_segment_id + s.segments_in_use - 1;
+    workers[b].start(Req::Flush);
+    if !drive(case, &zeroing, |_| !workers[b].busy()) {
+        return;
+    }
+    case.totals.zero_windows += 1;
+    let writers: Vec<usize> = (0..workers.len()).filter(|&i| i != a).collect();
+    let epoch = s.epoch;
+    let ballast_at = (case.region_sectors * 512).next_multiple_of(4096);
+    // The rewrites go round and round one set of blocks, so every copy written before a round
+    // is dead by its end: up to a quarter of the ring's blocks of the region (L left alone),
+    // then as many blocks of ballast past the region (distinct blocks fill and seal chunks,
+    // where a few blocks rewritten would stay in the open chunk, overwritten in place).
+    let quarter = (s.cache_blocks / 4).max(2);
+    let round: Vec<(u8, u64)> = (0..blocks)
+        .filter(|&x| x != l)
+        .take(quarter as usize)
+        .map(|x| (0, x))
+        .chain((0..quarter).map(|x| (1, x)))
+        .collect();
+    let mut cursor = 0usize;
+    let mut passed = false;
+    // Writers that wait for room while the head cannot move spin with the flusher (each of
+    // its rounds wakes them, each wakes it again), so the process is rarely quiescent: stop
+    // once they have waited this often since the head last moved.
+    let mut head = (s.head_segment_id, s.counters.write_waits);
+    let low = 2 + s.segment_count / 32;
+    drive(case, &zeroing, |c| {
+        let s = e.stats();
+        if s.head_segment_id > zero_segment {
+            passed = true;
+            return true;
+        }
+        if s.head_segment_id != head.0 {
+            head = (s.head_segment_id, s.counters.write_waits);
+        }
+        // Under pressure with the head not moving: writers wait for room (a write may also
+        // wait for a RAM buffer, so the count alone does not say that).
+        if s.failed.is_some()
+            || (s.segments_free < low && s.counters.write_waits > head.1 + ROOM_WAITS_MAX)
+        {
+            return true;
+        }
+        for &w in &writers {
+            if workers[w].busy() {
+                continue;
+            }
+            // The next run of 1-4 blocks of the round (adjacent, of one kind).
+            let count = c.rng.range(1, 4);
+            let (kind, first) = round[cursor % round.len()];
+            let mut n = 1;
+            while n < count
+                && round.get(cursor % round.len() + n as usize) == Some(&(kind, first + n))
+            {
+                n += 1;
+            }
+            cursor += n as usize;
+            if kind == 1 {
+                workers[w].start(Req::Ballast {
+                    offset_bytes: ballast_at + first * 4096,
+                    len_bytes: n * 4096,
+                });
+                continue;
+            }
+            let id = c.shared.model.lock().next_write_id();
+            let t = c.shared.begin(first * 8, n * 8, Effect::Data(id));
+            workers[w].start(Req::Write { t, id, fua: false });
+            c.totals.requests += 1;
+        }
+        false
+    });
+    let s = e.stats();
+    if std::env::var("LOGCACHE_SIM_VERBOSE").is_ok() {
+        eprintln!(
+            "sim: zero window at block {l}: range in segment <= {zero_segment}, head {}, in use \
+             {}, free {}, dirty {}, cached {}, waits {}, epoch {epoch}..{}, passed {passed}",
+            s.head_segment_id,
+            s.segments_in_use,
+            s.segments_free,
+            s.dirty_blocks,
+            s.cached_blocks,
+            s.counters.write_waits,
+            s.epoch
+        );
+    }
+    if s.head_segment_id + s.segments_in_use > zero_segment + s.segment_count - 2 {
+        case.totals.zero_windows_filled += 1;
+    }
+    if passed {
+        case.note("the head passed a zero range still being applied");
+        case.totals.zero_windows_passed += 1;
+    }
 }
 
 fn env_u64(var: &str) -> Option<u64> {
@@ -1219,7 +1470,8 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         "sim: {} schedules, {} cycles, {} requests, {} steps, {} injected faults, {} seal checks, \
          {} reads checked, {} sectors called zero checked, {} exports checked ({} blocks kept for them), \
          {} cuts during a zeroing, {} detached after an injected cache fault, {} ms waiting for \
-         timers, in {:.1} s",
+         timers, {} seal checks under ring pressure, {} zero windows ({} filled the ring, the head \
+         passed {}), in {:.1} s",
         seeds.len(),
         totals.cycles,
         totals.requests,
@@ -1233,6 +1485,10 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.cuts_in_zeroing,
         totals.faults_detached,
         totals.waits,
+        totals.seal_checks_under_pressure,
+        totals.zero_windows,
+        totals.zero_windows_filled,
+        totals.zero_windows_passed,
         started.elapsed().as_secs_f64()
     );
     eprintln!(
@@ -1268,6 +1524,15 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     assert!(
         seeds.len() < CI_SCHEDULES as usize || totals.zero_claims_checked > 0,
         "block status called no sector zero in {} schedules",
+        seeds.len()
+    );
+    // The probes for issue 19's defects 1 and 4 open their windows, not only never fail.
+    assert!(
+        seeds.len() < CI_SCHEDULES as usize
+            || (totals.zero_windows > 0 && totals.seal_checks_under_pressure > 0),
+        "no zero window ({}) or no seal check under ring pressure ({}) in {} schedules",
+        totals.zero_windows,
+        totals.seal_checks_under_pressure,
         seeds.len()
     );
     assert!(
