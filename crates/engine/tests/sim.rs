@@ -1145,24 +1145,8 @@ fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker], under_pressur
         fua: false,
     });
     // Let the write finish (it may wait for room, which needs the stalled device: then skip).
-    let mut quiet = 0;
-    while workers[w].busy() {
-        case.settle();
-        let held: Vec<HeldOp> = case
-            .sched
-            .held()
-            .into_iter()
-            .filter(|h| !stalled(h))
-            .collect();
-        if held.is_empty() {
-            quiet += 1;
-            if quiet > 200 {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(1));
-            continue;
-        }
-        case.release_one(&held, &[], 0);
+    if !drive(case, &stalled, |_| !workers[w].busy()) {
+        return;
     }
     let before = e.stats();
     if before.failed.is_some() || e.mode() != "write-back" {
@@ -1184,12 +1168,7 @@ fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker], under_pressur
         {
             break;
         }
-        let held: Vec<HeldOp> = case
-            .sched
-            .held()
-            .into_iter()
-            .filter(|h| !stalled(h))
-            .collect();
+        let held = unstalled(case, &stalled);
         if held.is_empty() {
             std::thread::sleep(Duration::from_millis(1));
         } else {
@@ -1197,6 +1176,15 @@ fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker], under_pressur
         }
     }
     case.shared.model.lock().durable(&t);
+}
+
+/// The IOs held now that `stalled` does not hold back.
+fn unstalled(case: &Case<'_>, stalled: &dyn Fn(&HeldOp) -> bool) -> Vec<HeldOp> {
+    case.sched
+        .held()
+        .into_iter()
+        .filter(|h| !stalled(h))
+        .collect()
 }
 
 /// Looks in a row with nothing but stalled IO held after which [`drive`] gives up.
@@ -1222,12 +1210,7 @@ fn drive(
             return true;
         }
         case.settle();
-        let held: Vec<HeldOp> = case
-            .sched
-            .held()
-            .into_iter()
-            .filter(|h| !stalled(h))
-            .collect();
+        let held = unstalled(case, stalled);
         if held.is_empty() {
             quiet += 1;
             if quiet > QUIET_LOOKS {
