@@ -40,8 +40,11 @@ impl Served {
             })
         };
         gauge("exported_size_bytes", s.exported_size_bytes as f64);
-        // 1: the cache device failed with no dirty data; serving from the backing device alone.
+        // 1: the cache device failed (serving from the backing device alone unless `failed`).
         gauge("cache_failed", s.cache_failed.is_some() as u8 as f64);
+        // Bytes lost with the failed cache device and not written since (they read as EIO).
+        gauge("lost_bytes", s.lost_bytes as f64);
+        gauge("lost_at_failure_bytes", s.lost_at_failure_bytes as f64);
         // The label is the block right after the exported disk (docs/FORMAT.md).
         gauge("label_offset_bytes", s.exported_size_bytes as f64);
         gauge("segment_size_bytes", s.segment_size_bytes as f64);
@@ -146,11 +149,11 @@ impl Served {
             ),
             (
                 "state".to_string(),
-                Value::String(match (&s.failed, &s.cache_failed) {
+                Value::String(match (&s.failed, s.serving_alone) {
                     (Some(_), _) => "failed".into(),
-                    (None, Some(_)) => "cache failed".into(),
-                    (None, None) if self.stopping.load(Ordering::Acquire) => "stopping".into(),
-                    (None, None) => "serving".into(),
+                    (None, true) => "cache failed".into(),
+                    (None, false) if self.stopping.load(Ordering::Acquire) => "stopping".into(),
+                    (None, false) => "serving".into(),
                 }),
             ),
         ];

@@ -176,7 +176,9 @@ impl Engine {
         state.counters.superblock_writes += 1;
         state.changes.tracked = loaded.tracked;
         let pins = (0..geo.segment_count).map(|_| AtomicU32::new(0)).collect();
-        let inner = Arc::new(Inner {
+        let inner = Arc::new_cyclic(|me| Inner {
+            me: me.clone(),
+            lost: Default::default(),
             geo,
             cache,
             backing,
@@ -417,9 +419,10 @@ impl Engine {
             if let Err(e) = st.health.check_failed() {
                 drop(st);
                 self.stop_thread();
-                if self.alone() {
-                    // Nothing to write to the cache: the backing device holds the disk.
-                    return alone::flush(&self.inner);
+                if self.took_over() {
+                    // Nothing to write to the cache: the backing device holds the disk (but
+                    // for the lost sectors, which status and the label report).
+                    return alone::sync(&self.inner);
                 }
                 return Err(e);
             }
@@ -487,7 +490,7 @@ impl Engine {
     /// too, so under a steady write load this returns when writeback has caught up.
     pub fn drain(&self, progress: impl FnMut(DrainProgress)) -> Result<()> {
         if self.alone() {
-            return alone::flush(&self.inner); // nothing is dirty
+            return alone::drain(&self.inner); // nothing is dirty
         }
         self.check_usable()?;
         drive::drain(&self.inner, progress)
@@ -570,7 +573,7 @@ impl Engine {
         let persisted = self.inner.tunables.to_persisted();
         if let Err(e) = self.inner.superblock.set_tunables(persisted) {
             // As for every superblock writer: the copy on the device may be torn now.
-            return Err(inner::fail(&self.inner, self.inner.state.lock(), e));
+            return Err(inner::fail_cache(&self.inner, self.inner.state.lock(), e));
         }
         {
             let mut st = self.inner.state.lock();
@@ -600,6 +603,19 @@ impl Engine {
     fn check_usable(&self) -> Result<()> {
         let st = self.inner.state.lock();
         inner::check_usable(&st)
+    }
+
+    /// The sectors lost with the cache device, as (first sector, count) runs, while serving
+    /// from the backing device alone: reads touching them fail (tests check it).
+    #[doc(hidden)]
+    pub fn lost_runs(&self) -> Vec<(u64, u64)> {
+        self.inner.lost.runs()
+    }
+
+    /// The runs lost when the cache device failed (see [`lost_runs`](Self::lost_runs)).
+    #[doc(hidden)]
+    pub fn lost_at_failure_runs(&self) -> Vec<(u64, u64)> {
+        self.inner.lost.at_failure_runs()
     }
 
     /// Pins held on segments by reads and relocation under way (0 when nothing is in
@@ -652,12 +668,11 @@ impl Engine {
                 .health
                 .failed()
                 .filter(|_| !self.alone())
-                .map(str::to_string),
-            cache_failed: st
-                .health
-                .failed()
-                .filter(|_| self.alone())
-                .map(str::to_string),
+                .map(|f| st.health.cache_failure().unwrap_or_else(|| f.to_string())),
+            cache_failed: st.health.cache_failure(),
+            serving_alone: self.alone(),
+            lost_bytes: self.inner.lost.lost_bytes(),
+            lost_at_failure_bytes: self.inner.lost.at_failure_bytes(),
             mode: tunables::MODE_NAMES[self.inner.tunables.get(tunables::CACHE_MODE) as usize],
             read_cache: self.inner.tunables.get(tunables::READ_CACHE) != 0,
             segments_in_ram: st.ring.ram_segment_count(),

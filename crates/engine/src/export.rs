@@ -144,13 +144,7 @@ impl Hold {
     }
 }
 
-fn human(bytes: u64) -> String {
-    if bytes >= 1 << 20 {
-        format!("{} MiB", bytes >> 20)
-    } else {
-        format!("{} KiB", bytes >> 10)
-    }
-}
+use crate::format::human_bytes as human;
 
 /// An export under way: the moment's content of its blocks, read in order. Dropping it ends
 /// the hold (the checkpoint it created stays; the caller decides).

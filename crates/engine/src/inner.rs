@@ -63,6 +63,11 @@ pub(crate) struct Inner {
     /// Whether requests go to the backing device alone (`path::alone`: `NO`, `DECIDING`,
     /// `YES`, `REFUSED`); changed under the state lock, only away from `NO` and `DECIDING`.
     pub alone: std::sync::atomic::AtomicU8,
+    /// Sectors whose newest data was lost with the cache device (`path::lost`): taken when
+    /// the engine goes on from the backing device alone.
+    pub lost: crate::path::lost::Lost,
+    /// This `Inner`, for the thread that gives up a failed cache device (`path::alone`).
+    pub me: std::sync::Weak<Inner>,
 }
 
 impl Inner {
@@ -125,29 +130,31 @@ pub fn mark_failed(inner: &Inner, st: &mut State, msg: String) {
     inner.progress.notify_all();
 }
 
-/// As `mark_failed` for the error `e`, releasing the lock; hands `e` back.
-pub fn fail(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {
-    mark_failed(inner, &mut st, e.to_string());
+/// As `mark_failed`, for an error of the cache device itself (a log write or sync, a superblock,
+/// checkpoint or writeback-position write, a dirty block it cannot read back). If it is the
+/// first failure, the engine goes on from the backing device alone (`path::alone`; threads mode
+/// only, manual-mode tests keep the plain failure): every acknowledged write not dirty in this
+/// same lock hold is on the backing device, and no dirty data can come after (every write path
+/// checks for failure in the hold that adds it); the dirty sectors are the lost ones.
+pub fn fail_cache(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {
+    fail_cache_held(inner, &mut st, &e);
     drop(st);
     e
 }
 
-/// As `fail`, for an error of the cache device itself (a log write or sync). If no block is
-/// dirty in that same lock hold, every acknowledged write is on the backing device and no
-/// dirty data can come after (every write path checks for failure in the hold that adds it):
-/// the engine then goes on from the backing device alone (`path::alone::take_over`; threads
-/// mode only, manual-mode tests keep the plain failure).
-pub fn fail_cache(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {
-    let clean = !st.health.is_failed() && st.blocks.dirty_blocks() == 0 && inner.drive.threads();
-    if clean {
+/// As `fail_cache`, keeping the lock.
+pub fn fail_cache_held(inner: &Inner, st: &mut State, e: &Error) {
+    let first = st.health.fail_cache(e.to_string());
+    let alone = first && inner.drive.threads();
+    if alone {
         crate::path::alone::deciding(inner);
     }
-    mark_failed(inner, &mut st, e.to_string());
-    drop(st);
-    if clean {
-        crate::path::alone::take_over(inner, &e);
+    st.counters.io_errors += 1;
+    inner.progress.notify_all();
+    if alone {
+        // On a thread of its own: this one may hold `backing_order`, which the switch waits for.
+        crate::path::alone::start_take_over(inner, st);
     }
-    e
 }
 
 /// Condition variables for queued writers, by ticket modulo this: passing the turn wakes the

@@ -11,7 +11,7 @@ use parking_lot::MutexGuard;
 
 use crate::error::{Error, Result};
 use crate::format::{chunk, BLOCK_SIZE_BYTES};
-use crate::inner::{fail, fail_cache, Inner};
+use crate::inner::{fail_cache, Inner};
 use crate::state::{Location, State, RESERVE_SEGMENTS};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
@@ -158,7 +158,7 @@ pub fn relocate_head<'a>(
                     "dirty block {} fails its checksum on the cache device (cache block {}): its newest data is lost, and the log cannot reclaim the segment holding it, so new writes cannot get room; give the cache up (the backing device holds every other block as last written back)",
                     l.lba, l.cache_block
                 ));
-                return Err(fail(inner, st, e));
+                return Err(fail_cache(inner, st, e));
             }
             // A damaged clean block stays where it is; reads of it go to the backing device.
             continue;

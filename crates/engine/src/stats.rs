@@ -239,10 +239,18 @@ pub struct Stats {
     /// status, and zeroed blocks forgotten for want of room (reported as data, which is safe).
     pub zero_ranges: u64,
     pub zero_blocks_forgotten: u64,
+    /// The engine failed and refuses IO: why (for a cache-device failure, the same line as
+    /// `cache_failed`). `None` while serving from the backing device alone.
     pub failed: Option<String>,
-    /// The cache device failed with no dirty data and the engine serves from the backing
-    /// device alone (`failed` is then `None`): why, and what to do.
+    /// The cache device failed: `cache failed: <reason>`, and when serving from the backing
+    /// device alone, what that means and what to do.
     pub cache_failed: Option<String>,
+    /// Requests go to the backing device alone (the cache device failed).
+    pub serving_alone: bool,
+    /// Bytes whose newest data was lost with the cache device and not written since (reads of
+    /// them fail with EIO), and how many were lost when it failed.
+    pub lost_bytes: u64,
+    pub lost_at_failure_bytes: u64,
     /// `cache_mode`: "write-back", "write-through" or "write-around".
     pub mode: &'static str,
     pub read_cache: bool,

@@ -391,6 +391,77 @@ fn a_cache_device_error_stops_the_engine_and_loses_nothing_flushed() {
     e.close().unwrap();
 }
 
+/// The same failure with threads (serve), issue 25: the engine goes on from the backing device
+/// alone. The write acknowledged from RAM and never flushed is lost: the flush covering it
+/// fails, and keeps failing until it is written again; reads of it fail, never older data;
+/// the flushed-then-lost blocks read as EIO too but do not fail flushes; everything written
+/// back reads exactly; new writes work.
+#[test]
+fn a_cache_device_error_with_dirty_data_serves_the_rest_from_the_backing_device() {
+    let mem = Arc::new(MemDevice::new(MIB + 16 * SEG_64K));
+    let fault = Arc::new(FaultDevice::new(mem.clone()));
+    let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(16 * MIB));
+    let fopts = FormatOptions {
+        segment_size_bytes: SEG_64K,
+        ..FormatOptions::default()
+    };
+    format_cache(&*fault, &*backing, &fopts).unwrap();
+    let opts = OpenOptions {
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(fault.clone(), backing.clone(), opts).unwrap();
+    e.set_tunable("writeback_threshold_percent", "100").unwrap();
+    e.write(0, &[1; 8192], false).unwrap();
+    e.drain(|_| {}).unwrap();
+    e.write(8192, &[2; 8192], false).unwrap();
+    e.flush().unwrap(); // durable in the cache only
+    fault.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    fault.fail_next(OpKind::Flush, u64::MAX, FaultKind::Io);
+    e.write(16384, &[3; 4096], false).unwrap(); // acknowledged from RAM
+    let err = e.flush().expect_err("a write the flush covers is lost");
+    assert!(
+        err.to_string().contains("lost before it was ever durable"),
+        "{err}"
+    );
+    let s = e.stats();
+    assert!(s.serving_alone && s.failed.is_none(), "{s:?}");
+    assert_eq!(s.lost_at_failure_bytes, 3 * 4096, "{s:?}");
+    let mut b = vec![0u8; 8192];
+    e.read(0, &mut b).unwrap();
+    assert_eq!(b, vec![1u8; 8192]);
+    for lost in [8192u64, 12288, 16384] {
+        let err = e.read(lost, &mut b[..4096]).expect_err("lost");
+        assert_eq!(err.errno(), libc::EIO, "{err}");
+    }
+    // Half of the unflushed block written again: still lost, flushes still fail.
+    e.write(16384, &[4; 2048], false).unwrap();
+    assert!(e.read(16384, &mut b[..4096]).is_err());
+    e.read(16384, &mut b[..2048]).unwrap();
+    assert_eq!(&b[..2048], &[4u8; 2048][..]);
+    assert!(e.flush().is_err());
+    e.write(16384 + 2048, &[4; 2048], false).unwrap();
+    e.flush().unwrap();
+    e.read(16384, &mut b[..4096]).unwrap();
+    assert_eq!(&b[..4096], &[4u8; 4096][..]);
+    assert_eq!(e.stats().lost_bytes, 2 * 4096);
+    assert!(
+        e.drain(|_| {}).is_err(),
+        "the backing device does not hold the disk"
+    );
+    e.close().unwrap();
+    fault.heal();
+    let refused = Engine::open(fault.clone(), backing, OpenOptions::default())
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|m| m.contains("detached") && m.contains("12288 bytes")),
+        "{refused:?}"
+    );
+}
+
 /// A block whose bytes on the cache device changed is reported as an error, never returned.
 #[test]
 fn a_corrupted_cache_block_is_an_error_not_wrong_data() {
@@ -432,9 +503,11 @@ fn a_corrupted_cache_block_is_an_error_not_wrong_data() {
 }
 
 /// A dirty block whose copy fails its checksum in `writeback_order = consistent`: its epoch can
-/// never be written back whole, and nothing newer may pass it. The engine fails, saying what
-/// is lost and what to do, rather than letting the log fill while writers wait forever (the
-/// hang this replaces); in `sorted` order everything else is written back.
+/// never be written back whole, and nothing newer may pass it. It is a cache-device failure,
+/// rather than a log filling while writers wait forever (the hang this replaces): with threads
+/// (serve) the engine goes on from the backing device alone, every dirty block lost (EIO until
+/// written again) and the old cache refused; in manual mode it fails, saying so, and in
+/// `sorted` order everything else is written back.
 #[test]
 fn a_dirty_block_failing_its_checksum_fails_the_engine_in_epoch_order_not_a_hang() {
     for threaded in [false, true] {
@@ -477,13 +550,48 @@ fn a_dirty_block_failing_its_checksum_fails_the_engine_in_epoch_order_not_a_hang
             .unwrap_or_else(|_| {
                 panic!("writers hang behind the corrupt block (threaded: {threaded})")
             });
+        if threaded {
+            // A cache-device failure (issue 25): serve goes on from the backing device alone;
+            // every block dirty then is lost (reads fail, never older data) until written.
+            res.expect("writes go on from the backing device alone");
+            let s = e.stats();
+            assert!(s.serving_alone && s.failed.is_none(), "{s:?}");
+            let why = s
+                .cache_failed
+                .clone()
+                .expect("status says the cache failed");
+            assert!(
+                why.starts_with("cache failed: ") && why.contains("could not be read back"),
+                "{why}"
+            );
+            assert!(s.lost_bytes >= 20 * 4096, "{s:?}");
+            let mut buf = [0u8; 4096];
+            let lost = e
+                .read(5 * 4096, &mut buf)
+                .expect_err("a lost block reads as EIO");
+            assert_eq!(lost.errno(), libc::EIO, "{lost}");
+            e.write(5 * 4096, &[9; 4096], false).unwrap();
+            e.read(5 * 4096, &mut buf).unwrap();
+            assert_eq!(buf, [9u8; 4096]);
+            e.close().unwrap();
+            let refused = Engine::open(pair.cache(), pair.backing(), manual(2 * SEG_64K))
+                .err()
+                .map(|e| e.to_string());
+            assert!(
+                refused
+                    .as_deref()
+                    .is_some_and(|m| m.contains("detached") && m.contains("lost")),
+                "{refused:?}"
+            );
+            continue;
+        }
         let err = res.expect_err("more blocks than the cache holds were written");
         let failed = e.stats().failed.expect("the engine failed");
         assert!(
-            failed.contains("failed their checksum") && failed.contains("writeback_order=sorted"),
+            failed.starts_with("cache failed: ") && failed.contains("could not be read back"),
             "{failed}"
         );
-        assert!(err.to_string().contains("checksum"), "{err}");
+        assert!(err.to_string().contains("could not be read back"), "{err}");
         assert!(e.close().is_err(), "a failed engine does not close cleanly");
         // In sorted order everything but the corrupt block is written back.
         let e = Engine::open(pair.cache(), pair.backing(), manual(2 * SEG_64K)).unwrap();

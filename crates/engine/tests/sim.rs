@@ -495,6 +495,13 @@ struct Totals {
     /// Schedules whose injected cache fault (no dirty data) detached the backing device, and
     /// whose old cache the power cut's reopen then refused.
     faults_detached: u64,
+    /// ... with data lost (dirty when the cache device failed), per mode.
+    losses_lost: [u64; 3],
+    /// Runs read after such a loss, lost (must fail) or not (must be the newest data).
+    lost_reads_checked: u64,
+    /// Why the engine failed after a loss instead of going on alone (digits dropped), and how
+    /// often: the summary prints them.
+    loss_failures: std::collections::BTreeMap<String, u64>,
 }
 
 struct Case<'a> {
@@ -847,7 +854,10 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
                 // At a random moment, the backing device alone (every write it received kept:
                 // one of the states a power cut now could leave).
                 case.note("backing check");
-                if let Err(msg) = check_backing(&pair, &shared, region_sectors) {
+                // Sectors lost with a failed cache device hold older data there, which reads
+                // never return (they fail): skipped.
+                let lost = lost_mask(&e.lost_runs(), region_sectors);
+                if let Err(msg) = check_backing(&pair, &shared, region_sectors, &lost) {
                     panic!("cycle {cycle}: during the run, the backing device: {msg}");
                 }
             }
@@ -874,6 +884,9 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             }
         }
         let alone = loss && loss_check(&mut case, &e, &pair, mode);
+        // Once written again, a lost sector may still hold older data after the power cut if
+        // that write was not flushed: every sector lost at the failure is skipped after it.
+        let lost_at_failure = lost_mask(&e.lost_at_failure_runs(), region_sectors);
         // An injected cache IO error with no dirty data also gives the cache up (issue 25): the
         // engine fails, marks the backing device detached and serves from it alone (or stays
         // failed if the mark failed). A power cut from then on may leave the mark, whole or
@@ -883,7 +896,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         let before_cut = e.stats();
         let gave_up = before_cut.cache_failed.is_some()
             || (before_cut.failed.is_some() && before_cut.writeback_lag_bytes == 0);
-        let must_refuse = !loss && before_cut.cache_failed.is_some();
+        let must_refuse = !loss && before_cut.serving_alone;
         // The probes draw from a stream of their own: schedules without one stay as they were.
         let probe_started = Instant::now();
         if !loss && seal_interval_ms > 0 && case.rng.chance(1, 2) {
@@ -916,7 +929,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         pair.cache.crash(&mut case.rng);
         pair.backing.crash(&mut case.rng);
         // The backing device alone, as the cut left it, is a past state of the disk.
-        check_backing(&pair, &shared, region_sectors).unwrap_or_else(|msg| {
+        check_backing(&pair, &shared, region_sectors, &lost_at_failure).unwrap_or_else(|msg| {
             panic!("cycle {cycle}: after the power cut, the backing device: {msg}")
         });
         sched.set_mode(GateMode::Open);
@@ -938,7 +951,11 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             let image = pair
                 .backing
                 .read_volatile(0, region_sectors * SECTOR as u64);
-            if let Err(msg) = shared.model.lock().check_recovered(&image) {
+            if let Err(msg) = shared
+                .model
+                .lock()
+                .check_recovered_except(&image, &lost_at_failure)
+            {
                 panic!(
                     "cycle {cycle}: after the power cut, the cache given up (served alone: \
                      {alone}), the backing device: {msg}"
@@ -1013,10 +1030,28 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
 /// Checks the backing device's region (its current contents, unsynced writes included) against
 /// the flush epochs of the run (`EpochLog::check`): issue 25's guarantee in the default
 /// `writeback_order = consistent`.
-fn check_backing(pair: &SimPair, shared: &Shared, region_sectors: u64) -> Result<(), String> {
+fn check_backing(
+    pair: &SimPair,
+    shared: &Shared,
+    region_sectors: u64,
+    skip: &[bool],
+) -> Result<(), String> {
     let vals = backing_image(pair, region_sectors);
     let _m = shared.model.lock();
-    shared.epochs.lock().check(&vals).map(|_| ())
+    shared.epochs.lock().check_except(&vals, skip).map(|_| ())
+}
+
+/// Per sector of the region, whether `runs` (first sector, count) cover it.
+fn lost_mask(runs: &[(u64, u64)], region_sectors: u64) -> Vec<bool> {
+    let mut mask = vec![false; region_sectors as usize];
+    for &(first, count) in runs {
+        assert!(
+            first + count <= region_sectors,
+            "lost sectors outside the region"
+        );
+        mask[first as usize..(first + count) as usize].fill(true);
+    }
+    mask
 }
 
 /// The backing device's region as it is now (unsynced writes included), decoded.
@@ -1032,20 +1067,28 @@ fn backing_image(pair: &SimPair, region_sectors: u64) -> Vec<Option<Val>> {
 }
 
 /// After the cache device died (every request returned, the flush sent after the death too):
-/// the engine serves on (its reads were checked as they returned) or failed with a reason and
-/// refuses IO; the backing device alone is a past state of the disk; with no dirty data left it
-/// holds every acknowledged write, as a read sent now must return.
+/// the engine serves on from the backing device alone (its reads were checked as they
+/// returned) or failed with a reason and refuses IO; the backing device alone is a past state
+/// of the disk but for the sectors lost with the cache (the epoch check skips them); with no
+/// dirty data left it holds every acknowledged write, as a read sent now must return. Served
+/// alone with data lost: a read touching a lost sector fails (never older data), every other
+/// run reads its newest data, and writes succeed and make what they cover current again (a
+/// partial overwrite of a lost run leaves the rest of it lost).
 /// Returns whether the engine serves from the backing device alone.
 fn loss_check(case: &mut Case<'_>, e: &Engine, pair: &SimPair, mode: usize) -> bool {
     let n = case.region_sectors;
     let stats = e.stats();
     let clean = stats.writeback_lag_bytes == 0;
     case.totals.losses[mode] += 1;
-    let alone = stats.cache_failed.is_some();
+    let alone = stats.serving_alone;
     if alone {
         assert!(
-            clean && stats.failed.is_none(),
-            "serving from the backing device alone with dirty data or failed: {stats:?}"
+            stats.failed.is_none() && stats.cache_failed.is_some(),
+            "serving from the backing device alone but failed, or with no reason: {stats:?}"
+        );
+        assert!(
+            stats.lost_at_failure_bytes == 0 || !clean,
+            "data lost with no dirty data: {stats:?}"
         );
         case.totals.losses_alone[mode] += 1;
     }
@@ -1056,14 +1099,21 @@ fn loss_check(case: &mut Case<'_>, e: &Engine, pair: &SimPair, mode: usize) -> b
         );
         case.totals.losses_failed[mode] += 1;
         case.totals.losses_failed_clean += clean as u64;
+        let kind: String = reason
+            .chars()
+            .filter(|c| !c.is_ascii_digit())
+            .take(160)
+            .collect();
+        *case.totals.loss_failures.entry(kind).or_default() += 1;
         let mut sector = vec![0u8; SECTOR];
         assert!(
-            e.read(0, &mut sector).is_err(),
+            gated(case, || e.read(0, &mut sector)).is_err(),
             "the engine failed ({reason}) but still served a read"
         );
     }
     case.note(&format!("loss check {} clean {clean}", MODES[mode]));
-    check_backing(pair, &case.shared, n).unwrap_or_else(|msg| {
+    let lost = lost_mask(&e.lost_runs(), n);
+    check_backing(pair, &case.shared, n, &lost).unwrap_or_else(|msg| {
         panic!(
             "after the cache device died ({} mode), the backing device: {msg}",
             MODES[mode]
@@ -1082,7 +1132,99 @@ fn loss_check(case: &mut Case<'_>, e: &Engine, pair: &SimPair, mode: usize) -> b
         });
         case.totals.losses_exact[mode] += 1;
     }
-    alone
+    if alone && !e.lost_runs().is_empty() {
+        case.totals.losses_lost[mode] += 1;
+        served_with_lost_data(case, e);
+    }
+    // The switch may have been decided meanwhile (a background IO met the dead device).
+    e.stats().serving_alone
+}
+
+/// Runs `f` (engine calls) on a thread of its own while this one lets held IOs through (the
+/// dead cache device's failing), as the run loop does.
+fn gated<T: Send>(case: &mut Case<'_>, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|sc| {
+        let h = sc.spawn(f);
+        while !h.is_finished() {
+            case.settle();
+            let held = case.sched.held();
+            if held.is_empty() {
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            }
+            case.release_one(&held, &[], 0);
+        }
+        h.join().expect("an engine call panicked")
+    })
+}
+
+/// Served alone after data was lost: every lost run fails to read, every other run reads its
+/// newest data; then writes over the first lost run (one sector, then the rest) succeed, the
+/// rest stays lost until written, and what was written reads back.
+fn served_with_lost_data(case: &mut Case<'_>, e: &Engine) {
+    let n = case.region_sectors;
+    let check_runs = |case: &mut Case<'_>| {
+        let lost = lost_mask(&e.lost_runs(), n);
+        let mut s = 0;
+        while s < n {
+            let is_lost = lost[s as usize];
+            let mut end = s + 1;
+            while end < n && lost[end as usize] == is_lost {
+                end += 1;
+            }
+            let ri = case.shared.model.lock().begin_read();
+            let mut buf = vec![0u8; ((end - s) as usize) * SECTOR];
+            let r = gated(case, || e.read(s * 512, &mut buf));
+            if is_lost {
+                assert!(
+                    r.is_err(),
+                    "a read of sectors {s}..{end}, lost with the cache device, returned data"
+                );
+                case.shared.model.lock().end_read(ri, s as usize, &[]).ok();
+            } else {
+                r.unwrap_or_else(|err| {
+                    panic!("a read of sectors {s}..{end}, not lost, failed: {err}")
+                });
+                let vals: Vec<_> = buf
+                    .chunks(SECTOR)
+                    .enumerate()
+                    .map(|(i, b)| decode(s + i as u64, b))
+                    .collect();
+                case.shared
+                    .model
+                    .lock()
+                    .end_read(ri, s as usize, &vals)
+                    .unwrap_or_else(|msg| {
+                        panic!("served alone, a read of sectors {s}..{end}: {msg}")
+                    });
+            }
+            case.totals.lost_reads_checked += 1;
+            s = end;
+        }
+    };
+    check_runs(case);
+    let write = |case: &mut Case<'_>, first: u64, count: u64| {
+        let id = case.shared.model.lock().next_write_id();
+        let t = case.shared.begin(first, count, Effect::Data(id));
+        let mut data = vec![0u8; count as usize * SECTOR];
+        fill_pattern(id, first, &mut data);
+        let r = gated(case, || e.write(first * 512, &data, false));
+        case.shared.ended(&t, r.is_ok(), false);
+        r.unwrap_or_else(|err| {
+            panic!("served alone, a write of {count} sectors at {first}: {err}")
+        });
+    };
+    let (first, count) = e.lost_runs()[0];
+    write(case, first, 1);
+    if count > 1 {
+        let mut buf = vec![0u8; count as usize * SECTOR];
+        assert!(
+            gated(case, || e.read(first * 512, &mut buf)).is_err(),
+            "a lost run written over in part read as data"
+        );
+        write(case, first + 1, count - 1);
+    }
+    check_runs(case);
 }
 
 /// The periodic seal, checked: with the backing device stalled (its writes and zeroings held),
@@ -1477,13 +1619,19 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     eprintln!(
         "sim: cache losses per mode {MODES:?}: {:?}, the engine failed after {:?}, served from \
          the backing device alone after {:?}, the backing device alone checked exact (no dirty \
-         data left) {:?}; failed with no dirty data left: {}",
+         data left) {:?}, with data lost {:?} ({} runs read after, lost ones failing); failed \
+         with no dirty data left: {}",
         totals.losses,
         totals.losses_failed,
         totals.losses_alone,
         totals.losses_exact,
+        totals.losses_lost,
+        totals.lost_reads_checked,
         totals.losses_failed_clean
     );
+    for (why, n) in &totals.loss_failures {
+        eprintln!("sim: the engine failed after a loss {n} time(s): {why}");
+    }
     assert!(
         failures.is_empty(),
         "{} schedules failed: {failures:?}",
@@ -1501,6 +1649,10 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         assert!(
             totals.losses_alone[1] > 0 && totals.losses_alone[2] > 0,
             "the engine never went on from the backing device alone after a loss"
+        );
+        assert!(
+            totals.losses_lost[0] > 0,
+            "the engine never went on from the backing device alone with data lost"
         );
     }
     // Zero tracking is exercised, not only never wrong: a run of CI's size sees claims.

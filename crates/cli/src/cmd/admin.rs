@@ -90,11 +90,20 @@ fn render_status(s: &Value) -> String {
         human(n("exported_size_bytes")),
         s["uptime_s"].as_f64().unwrap_or(0.0)
     ));
-    if let Some(f) = s["failure"].as_str() {
-        line(format!("  FAILED: {f}"));
+    // A cache-device failure reads `cache failed: <reason>` (issue 25), whether the engine
+    // serves from the backing device alone or failed as a whole.
+    match (s["cache_failure"].as_str(), s["failure"].as_str()) {
+        (Some(f), _) => line(format!("  {f}")),
+        (None, Some(f)) => line(format!("  FAILED: {f}")),
+        (None, None) => {}
     }
-    if let Some(f) = s["cache_failure"].as_str() {
-        line(format!("  {f}"));
+    if n("lost_at_failure_bytes") > 0 {
+        line(format!(
+            "  lost with the cache device: {} when it failed, {} ({} bytes) still lost (reads of it fail with EIO until written again)",
+            human(n("lost_at_failure_bytes")),
+            human(n("lost_bytes")),
+            n("lost_bytes")
+        ));
     }
     line(format!(
         "  devices: cache {}, backing {} (its 4 KiB label at byte {}, after the exported disk)",

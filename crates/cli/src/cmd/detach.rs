@@ -87,6 +87,21 @@ pub fn run(args: &DetachArgs) -> Result<()> {
 
 /// What the backing device alone holds, by its writeback record.
 fn holds(record: Option<WritebackRecord>) -> String {
+    if let Some(r) = record.filter(|r| r.served_alone()) {
+        return if r.lost_bytes == 0 {
+            format!(
+                "every write: its cache device failed while serving at {} with no dirty data, and serve went on from it alone",
+                when(r.detached_unix_ms)
+            )
+        } else {
+            format!(
+                "the disk as served, but for {} bytes ({}) whose newest data was lost with the cache device that failed at {}: they hold older data; check its filesystem before use",
+                r.lost_bytes,
+                human(r.lost_bytes),
+                when(r.detached_unix_ms)
+            )
+        };
+    }
     let Some(r) = record else {
         return "the disk as of an unknown time: its label has no writeback record (its cache was last served by a logcache before format version 3); check its filesystem before use".to_string();
     };

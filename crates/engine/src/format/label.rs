@@ -61,8 +61,11 @@ impl Label {
     }
 }
 
-/// "LCWBREC" and the record's version, 1.
-pub const RECORD_MAGIC: u64 = u64::from_le_bytes(*b"LCWBREC\x01");
+/// "LCWBREC" and the record's version, 2 (adds `lost_bytes`); version 1 records (no
+/// `lost_bytes`, read as 0) are still read.
+pub const RECORD_MAGIC: u64 = u64::from_le_bytes(*b"LCWBREC\x02");
+/// The version 1 record: the same fields but `lost_bytes`.
+pub const RECORD_MAGIC_V1: u64 = u64::from_le_bytes(*b"LCWBREC\x01");
 /// Where the writeback record lives in the label block: its third 512-byte sector (the label
 /// uses the first, the owner record the second), written alone so that a torn write can never
 /// damage the label itself.
@@ -74,6 +77,11 @@ pub const RECORD_DETACHED: u32 = 1;
 /// `WritebackRecord::flags`: the cache wrote back in `sorted` order; the backing device alone
 /// may hold a mixture no disk ever held.
 pub const RECORD_SORTED: u32 = 2;
+/// `WritebackRecord::flags` (version 2): serve gave up its failed cache device and went on from
+/// the backing device alone, which then received every later write: the backing device is the
+/// served disk, but for `lost_bytes` whose newest data was only in the failed cache (they hold
+/// older data, and read as EIO while that serve ran). Set with `RECORD_DETACHED`.
+pub const RECORD_SERVED_ALONE: u32 = 4;
 
 /// What the backing device alone holds, written by the engine whenever it persists its
 /// writeback position (at each flush epoch's start and when writeback catches up), after the
@@ -90,8 +98,12 @@ pub struct WritebackRecord {
     pub recorded_unix_ms: u64,
     /// Dirty bytes not yet on the backing device when the record was written.
     pub lag_bytes: u64,
-    /// When `detach --force` marked the backing device (0: not detached).
+    /// When `detach --force` (or serve, on giving up a failed cache device) marked the backing
+    /// device (0: not detached).
     pub detached_unix_ms: u64,
+    /// Bytes whose newest data was lost with the cache device, counted exactly when serve gave
+    /// up a failed cache device holding dirty data (0: none known; version 1 records).
+    pub lost_bytes: u64,
 }
 
 impl WritebackRecord {
@@ -104,6 +116,7 @@ impl WritebackRecord {
         put_u64(&mut b, 32, self.recorded_unix_ms);
         put_u64(&mut b, 40, self.lag_bytes);
         put_u64(&mut b, 48, self.detached_unix_ms);
+        put_u64(&mut b, 56, self.lost_bytes);
         let crc = crc32c::crc32c(&b[..RECORD_SIZE_BYTES - 4]);
         put_u32(&mut b, RECORD_SIZE_BYTES - 4, crc);
         b
@@ -114,7 +127,8 @@ impl WritebackRecord {
     pub fn decode_from_label(block: &[u8]) -> Option<WritebackRecord> {
         let at = RECORD_OFFSET_IN_LABEL_BYTES as usize;
         let b = &block[at..at + RECORD_SIZE_BYTES];
-        if get_u64(b, 0) != RECORD_MAGIC
+        let magic = get_u64(b, 0);
+        if (magic != RECORD_MAGIC && magic != RECORD_MAGIC_V1)
             || get_u32(b, RECORD_SIZE_BYTES - 4) != crc32c::crc32c(&b[..RECORD_SIZE_BYTES - 4])
         {
             return None;
@@ -126,11 +140,20 @@ impl WritebackRecord {
             recorded_unix_ms: get_u64(b, 32),
             lag_bytes: get_u64(b, 40),
             detached_unix_ms: get_u64(b, 48),
+            lost_bytes: if magic == RECORD_MAGIC {
+                get_u64(b, 56)
+            } else {
+                0
+            },
         })
     }
 
     pub fn detached(&self) -> bool {
         self.flags & RECORD_DETACHED != 0
+    }
+
+    pub fn served_alone(&self) -> bool {
+        self.flags & RECORD_SERVED_ALONE != 0
     }
 
     /// `record` (the label's own, if any) marked detached at `now_unix_ms`: what it said the
@@ -150,6 +173,7 @@ impl WritebackRecord {
                 recorded_unix_ms: 0,
                 lag_bytes: 0,
                 detached_unix_ms: 0,
+                lost_bytes: 0,
             })
         }
     }
@@ -191,6 +215,7 @@ mod tests {
             recorded_unix_ms: 1_795_619_028_000,
             lag_bytes: 230 << 20,
             detached_unix_ms: 1_795_619_100_000,
+            lost_bytes: 12 << 20,
         };
         let mut block = vec![0u8; 4096];
         assert_eq!(WritebackRecord::decode_from_label(&block), None);
@@ -199,6 +224,17 @@ mod tests {
         assert!(r.detached());
         block[1024 + 30] ^= 1;
         assert_eq!(WritebackRecord::decode_from_label(&block), None);
+        // A version 1 record (before `lost_bytes`) still reads, with nothing lost known.
+        let mut v1 = r.encode();
+        v1[..8].copy_from_slice(&RECORD_MAGIC_V1.to_le_bytes());
+        v1[56..64].fill(0);
+        let crc = crc32c::crc32c(&v1[..RECORD_SIZE_BYTES - 4]);
+        v1[RECORD_SIZE_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
+        block[1024..1536].copy_from_slice(&v1);
+        assert_eq!(
+            WritebackRecord::decode_from_label(&block),
+            Some(WritebackRecord { lost_bytes: 0, ..r })
+        );
     }
 
     #[test]

@@ -119,6 +119,17 @@ pub fn uuid_to_string(u: &[u8; 16]) -> String {
     )
 }
 
+/// A size for messages: whole MiB, else whole KiB, else bytes.
+pub fn human_bytes(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{} MiB", bytes >> 20)
+    } else if bytes >= 1 << 10 {
+        format!("{} KiB", bytes >> 10)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

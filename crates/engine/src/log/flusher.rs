@@ -182,7 +182,7 @@ fn step<'a>(
         if let Err(e) = res {
             // A failed sync may have lost any unsynced write: stop, and let recovery sort it out.
             let e = Error::io(
-                format!("cache device failed: syncing {}", inner.cache.describe()),
+                format!("syncing the cache device {}", inner.cache.describe()),
                 e,
             );
             return Err(fail_cache(inner, st, e));
@@ -273,7 +273,7 @@ fn write_chunks(inner: &Inner, batch: &[SealedChunk], synced_seq: u64) -> Result
             // Status shows this line: it names the device that failed.
             Error::io(
                 format!(
-                    "cache device failed: writing chunks {}..={} to {} at offset {off}",
+                    "writing chunks {}..={} to the cache device {} at offset {off}",
                     batch[i].seq,
                     batch[j - 1].seq,
                     inner.cache.describe()

@@ -48,6 +48,23 @@ pub(crate) fn check_backing(
         .read_at(&mut raw, off)
         .map_err(|e| Error::io(format!("reading the label of {}", backing.describe()), e))?;
     let record = label::WritebackRecord::decode_from_label(&raw);
+    if let Some(r) =
+        record.filter(|r| r.detached() && r.served_alone() && r.format_id == sb.format_id)
+    {
+        let lost = if r.lost_bytes == 0 {
+            "no data was lost".to_string()
+        } else {
+            format!(
+                "{} bytes ({}) written before the failure were lost with it: the backing device holds older data there, check its filesystem",
+                r.lost_bytes,
+                crate::format::human_bytes(r.lost_bytes)
+            )
+        };
+        return Err(Error::WrongBacking(format!(
+            "{} was detached from this cache when the cache device failed while serving, and was served alone since ({lost}); give it a new cache with `logcache format`",
+            backing.describe()
+        )));
+    }
     // The detached mark: the record (written first), or the label with `format_id` 0 for
     // this backing device (a mark whose record was lost: written by a build that did not sync
     // between the two, or damaged since).
@@ -57,7 +74,7 @@ pub(crate) fn check_backing(
     );
     if unlabelled || record.is_some_and(|r| r.detached() && r.format_id == sb.format_id) {
         return Err(Error::WrongBacking(format!(
-            "{} was detached from this cache (by `logcache detach --force`, giving up its data not yet written back, or by serve when this cache device failed holding none) and may have been used alone since; give it a new cache with `logcache format`",
+            "{} was detached from this cache (by `logcache detach --force`, giving up its data not yet written back, or by serve when this cache device failed) and may have been used alone since; give it a new cache with `logcache format`",
             backing.describe()
         )));
     }

@@ -1,19 +1,27 @@
-//! Serving from the backing device alone once the cache device failed while it held no dirty
-//! data (issue 25; bcache does the same): every acknowledged write is then on the backing
-//! device, so requests go straight there and the cache is never touched again.
+//! Serving from the backing device alone once the cache device failed (issue 25; bcache does
+//! the same without dirty data): requests go straight to the backing device and the cache is
+//! never touched again. With no dirty data every acknowledged write is on the backing device;
+//! with dirty data, the sectors whose newest data was only in the cache are lost
+//! (`path::lost`, taken from the RAM index, which outlives the device): reads touching one fail
+//! with EIO, never with the older bytes the backing device holds, until it is written again.
 //!
-//! The switch (`take_over`, after `inner::fail_cache` failed the engine with no dirty block in
-//! the same lock hold, so no dirty data can be added after it): the backing device's label is
-//! marked detached first, exactly as `logcache detach --force` does, so the old cache is
-//! refused if it comes back (its clean copies would be stale once writes go past it); only
-//! then does `Inner::alone` turn on. A request that failed in the cached path meanwhile is
-//! tried again here (`Engine`'s entry points): it had not been acknowledged.
+//! The switch (`take_over`, on a thread of its own started by `inner::fail_cache`, which failed
+//! the engine in the same lock hold as it decided: no dirty data can be added after it, since
+//! every write path checks for failure in the hold that adds it): it first waits for
+//! `backing_order`, so no writeback batch or zero range is still writing to the backing device
+//! (a stale writeback write landing after a new write would undo it), and takes the lost set;
+//! then the backing device's label is marked detached, exactly as `logcache detach --force`
+//! does, with `RECORD_SERVED_ALONE` and the lost bytes, so the old cache is refused if it
+//! comes back (its copies would be stale once writes go past it) and the loss is on record;
+//! only then does `Inner::alone` turn on. A request that failed in the cached path meanwhile
+//! is tried again here (`Engine`'s entry points): it had not been acknowledged.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// `Inner::alone`: the cache is in use.
 pub const NO: u8 = 0;
-/// The cache device failed with no dirty data; the backing device is being marked detached.
+/// The cache device failed; the backing device is being marked detached.
 pub const DECIDING: u8 = 1;
 /// Requests go to the backing device alone.
 pub const YES: u8 = 2;
@@ -22,8 +30,10 @@ pub const REFUSED: u8 = 3;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
-use crate::format::label::{write_detached, Label, WritebackRecord};
+use crate::format::label::{write_detached, Label, WritebackRecord, RECORD_SERVED_ALONE};
+use crate::format::SECTOR_SIZE_BYTES;
 use crate::inner::Inner;
+use crate::state::State;
 use crate::status::{Extent, ExtentKind};
 
 /// Whether requests go to the backing device alone.
@@ -51,12 +61,47 @@ pub fn took_over(inner: &Inner) -> bool {
     active(inner)
 }
 
-/// After the engine failed for a cache-device error with no dirty data: marks the backing
-/// device detached and, if that worked, serves from it alone (status says so). If it did not,
-/// the engine stays failed.
-pub fn take_over(inner: &Inner, cause: &Error) {
-    // A writeback record write under way finishes first; none starts after `deciding`.
+/// Starts `take_over` on a thread of its own (the caller holds the state lock): the thread
+/// that met the error may hold `backing_order` (a writeback batch persisting its position),
+/// which the switch waits for. If it cannot start, the engine stays failed.
+pub fn start_take_over(inner: &Inner, st: &mut State) {
+    let spawned = match inner.me.upgrade() {
+        Some(me) => std::thread::Builder::new()
+            .name("cache-failed".into())
+            .spawn(move || take_over(&me))
+            .map(drop)
+            .map_err(|e| e.to_string()),
+        None => Err("the engine is going away".into()),
+    };
+    if let Err(why) = spawned {
+        refuse(inner, st, format!("starting the switch failed: {why}"));
+    }
+}
+
+/// The engine stays failed: says why it could not go on from the backing device alone.
+fn refuse(inner: &Inner, st: &mut State, why: String) {
+    st.health.note(format!(
+        " (going on from the backing device alone failed: {why})"
+    ));
+    inner.alone.store(REFUSED, Ordering::Release);
+    inner.progress.notify_all();
+}
+
+/// After the engine failed for a cache-device error: takes the lost set, marks the backing
+/// device detached and, if that worked, serves from it alone (status says so, with what was
+/// lost). If it did not, the engine stays failed.
+fn take_over(inner: &Arc<Inner>) {
+    // No writeback batch or zero range is writing to the backing device after this (the
+    // engine failed: none starts); a writeback record write under way finishes first, and
+    // none starts after `deciding`.
+    let order = inner.backing_order.lock();
     let record_guard = inner.last_record.lock();
+    let lost = crate::path::lost::collect(&inner.geo, &inner.state.lock());
+    let lost_sectors: u64 = lost.values().map(|s| s.lost.count_ones() as u64).sum();
+    let lost_bytes = lost_sectors * SECTOR_SIZE_BYTES;
+    // Installed before the label is marked (nothing reads it before `YES`): tests that cut
+    // the power while the mark is half written know what was lost.
+    inner.lost.install(lost);
     let label_at = inner.geo.exported_size_bytes;
     let mut block = vec![0u8; 4096];
     let marked = inner
@@ -73,42 +118,83 @@ pub fn take_over(inner: &Inner, cause: &Error) {
             let now_ms = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(1, |d| d.as_millis() as u64);
-            let detached = WritebackRecord::detached_from(record, &label, now_ms);
+            let mut detached = WritebackRecord::detached_from(record, &label, now_ms);
+            detached.flags |= RECORD_SERVED_ALONE;
+            detached.lost_bytes = lost_bytes;
             write_detached(&*inner.backing, label_at, &label, &detached).map_err(|e| e.to_string())
         });
     drop(record_guard);
-    let mut st = inner.state.lock();
     match marked {
         Ok(()) => {
-            st.health.serve_alone(format!(
-                "cache failed: {cause}; serving from the backing device alone (the cache held \
-                 no dirty data; the backing device is detached from it: give it a new cache \
-                 with `logcache format` after stopping serve)"
-            ));
+            let note = if lost_bytes == 0 {
+                "serving from the backing device alone (the cache held no dirty data; the \
+                 backing device is detached from it: give it a new cache with `logcache format` \
+                 after stopping serve)"
+                    .to_string()
+            } else {
+                format!(
+                    "serving from the backing device alone; {lost_bytes} bytes ({}) written before the failure \
+                     was only in the cache and is lost: reads of it fail with EIO until it is \
+                     written again (status lost_bytes), and flushes fail while any of it was \
+                     never flushed; the backing device is detached and marked as having lost \
+                     data: copy off what you need, stop serve, check the filesystem, then give \
+                     it a new cache with `logcache format`",
+                    crate::format::human_bytes(lost_bytes)
+                )
+            };
+            let mut st = inner.state.lock();
+            st.health.serve_alone(note);
             inner.alone.store(YES, Ordering::Release);
+            drop(st);
+            drop(order);
+            inner.progress.notify_all();
         }
         Err(e) => {
-            st.health.note(format!(
-                " (the cache held no dirty data, but marking the backing device detached \
-                 failed: {e})"
-            ));
-            inner.alone.store(REFUSED, Ordering::Release);
+            let mut st = inner.state.lock();
+            refuse(
+                inner,
+                &mut st,
+                format!("marking the backing device detached failed: {e}"),
+            );
+            drop(st);
+            drop(order);
         }
     }
-    drop(st);
-    inner.progress.notify_all();
 }
 
 fn backing_err(what: String, e: std::io::Error) -> Error {
     Error::io(format!("{what} (serving from the backing device alone)"), e)
 }
 
+/// EIO naming the first lost sector of a request (`path::lost`).
+fn lost_err(inner: &Inner, what: &str, sector: u64) -> Error {
+    Error::io(
+        format!(
+            "{what}: sector {sector} was lost with the failed cache device ({} still lost; \
+             it reads again once written)",
+            crate::format::human_bytes(inner.lost.lost_bytes())
+        ),
+        std::io::Error::from_raw_os_error(libc::EIO),
+    )
+}
+
 pub fn read(inner: &Inner, offset_bytes: u64, buf: &mut [u8]) -> Result<()> {
     let len = buf.len();
+    let (first, count) = sectors(offset_bytes, len as u64);
+    if let Some(s) = inner.lost.first_in(first, count) {
+        return Err(lost_err(
+            inner,
+            &format!("reading {len} bytes at {offset_bytes}"),
+            s,
+        ));
+    }
     inner
         .backing
         .read_at(buf, offset_bytes)
-        .map_err(|e| backing_err(format!("reading {len} bytes at {offset_bytes}"), e))
+        .map_err(|e| backing_err(format!("reading {len} bytes at {offset_bytes}"), e))?;
+    // A sector lost while the read ran (it cannot be: sectors are only ever found again).
+    debug_assert!(inner.lost.first_in(first, count).is_none());
+    Ok(())
 }
 
 pub fn write(inner: &Inner, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
@@ -116,14 +202,51 @@ pub fn write(inner: &Inner, offset_bytes: u64, data: &[u8], fua: bool) -> Result
         .backing
         .write_at(data, offset_bytes)
         .map_err(|e| backing_err(format!("writing {} bytes at {offset_bytes}", data.len()), e))?;
+    // Written over: current again (before the reply, so a read sent after it finds the data).
+    let (first, count) = sectors(offset_bytes, data.len() as u64);
+    inner.lost.overwritten(first, count);
     durable_if(inner, fua)
 }
 
+/// A FLUSH: the backing device synced; an error while any write acknowledged before the
+/// failure was lost before it was ever durable (the flush covers it, and it never will be).
 pub fn flush(inner: &Inner) -> Result<()> {
+    sync(inner)?;
+    let unflushed = inner.lost.unflushed_bytes();
+    if unflushed > 0 {
+        return Err(Error::io(
+            format!(
+                "flush: {} acknowledged before the cache device failed was lost before it was \
+                 ever durable (flushes fail until it is written again)",
+                crate::format::human_bytes(unflushed)
+            ),
+            std::io::Error::from_raw_os_error(libc::EIO),
+        ));
+    }
+    Ok(())
+}
+
+/// Syncs the backing device (FUA, close).
+pub fn sync(inner: &Inner) -> Result<()> {
     inner
         .backing
         .flush()
         .map_err(|e| backing_err("syncing the backing device".into(), e))
+}
+
+/// A drain: nothing is dirty, but the backing device does not hold the disk while sectors are
+/// lost.
+pub fn drain(inner: &Inner) -> Result<()> {
+    sync(inner)?;
+    let lost = inner.lost.lost_bytes();
+    if lost > 0 {
+        return Err(Error::Failed(format!(
+            "{} written before the cache device failed was lost with it; the backing device \
+             holds older data there (it reads as EIO until written again)",
+            crate::format::human_bytes(lost)
+        )));
+    }
+    Ok(())
 }
 
 pub fn write_zeroes(inner: &Inner, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
@@ -131,10 +254,13 @@ pub fn write_zeroes(inner: &Inner, offset_bytes: u64, len_bytes: u64, fua: bool)
         .backing
         .write_zeroes(offset_bytes, len_bytes)
         .map_err(|e| backing_err(format!("zeroing {len_bytes} bytes at {offset_bytes}"), e))?;
+    let (first, count) = sectors(offset_bytes, len_bytes);
+    inner.lost.overwritten(first, count);
     durable_if(inner, fua)
 }
 
-/// TRIM is a hint: passed on to the backing device.
+/// TRIM is a hint: passed on to the backing device. A lost sector stays lost (a TRIM promises
+/// no data, and the bytes the backing device holds are not the newest written there).
 pub fn discard(inner: &Inner, offset_bytes: u64, len_bytes: u64, fua: bool) -> Result<()> {
     inner
         .backing
@@ -152,9 +278,19 @@ pub fn block_status(len_bytes: u64, out: &mut Vec<Extent>) {
     });
 }
 
+/// The sectors of a request (requests are sector-aligned).
+fn sectors(offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
+    debug_assert!(offset_bytes % SECTOR_SIZE_BYTES == 0 && len_bytes % SECTOR_SIZE_BYTES == 0);
+    (
+        offset_bytes / SECTOR_SIZE_BYTES,
+        len_bytes / SECTOR_SIZE_BYTES,
+    )
+}
+
+/// FUA makes this write durable, not the earlier lost ones: the backing device's sync only.
 fn durable_if(inner: &Inner, fua: bool) -> Result<()> {
     if fua {
-        flush(inner)?;
+        sync(inner)?;
     }
     Ok(())
 }

@@ -5,5 +5,6 @@
 pub mod admission;
 pub mod alone;
 pub mod bypass;
+pub mod lost;
 pub mod read;
 pub mod write;

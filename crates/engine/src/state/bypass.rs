@@ -147,6 +147,12 @@ impl Bypass {
     }
 
     /// Whether a zero range being applied covers a block of `[first, end)`.
+    /// Block ranges (first, end) being zeroed: logged or about to be, not yet on the backing
+    /// device.
+    pub fn zeroing_ranges(&self) -> &[(u64, u64)] {
+        &self.zeroing
+    }
+
     pub fn zeroing_any(&self, first: u64, end: u64) -> bool {
         self.zeroing.iter().any(|&(f, e)| f < end && first < e)
     }

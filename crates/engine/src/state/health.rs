@@ -7,6 +7,12 @@ use crate::error::{Error, Result};
 pub struct Health {
     /// Set after an unrecoverable device error: no more IO is accepted.
     failed: Option<String>,
+    /// The failure is the cache device's own (`inner::fail_cache`): status says `cache
+    /// failed: <reason>`.
+    cache: bool,
+    /// Serving from the backing device alone after the cache device failed (`path::alone`):
+    /// what that means for the user, after the reason.
+    alone: Option<String>,
     closing: bool,
 }
 
@@ -19,11 +25,22 @@ impl Health {
         debug_assert!(self.failed.is_some());
     }
 
-    /// The cache device failed with no dirty data and the engine serves from the backing
-    /// device alone (`path::alone`): `msg` replaces the failure's cause (status shows it).
-    pub fn serve_alone(&mut self, msg: String) {
-        debug_assert!(self.failed.is_some());
+    /// As `fail`, for an error of the cache device itself; returns whether this was the first
+    /// failure (the engine may then go on from the backing device alone).
+    pub fn fail_cache(&mut self, msg: String) -> bool {
+        if self.failed.is_some() {
+            return false;
+        }
         self.failed = Some(msg);
+        self.cache = true;
+        true
+    }
+
+    /// The engine serves from the backing device alone (`path::alone`): `note` says what that
+    /// means (status shows it after the reason).
+    pub fn serve_alone(&mut self, note: String) {
+        debug_assert!(self.failed.is_some() && self.cache);
+        self.alone = Some(note);
     }
 
     /// Adds `more` to the failure's cause.
@@ -36,10 +53,22 @@ impl Health {
     /// A simulated crash (tests): stops everything, whatever happened before.
     pub fn crash(&mut self) {
         self.failed = Some("crashed".into());
+        self.cache = false;
+        self.alone = None;
     }
 
     pub fn failed(&self) -> Option<&str> {
         self.failed.as_deref()
+    }
+
+    /// The cache device failed: `cache failed: <reason>` (and, when serving from the backing
+    /// device alone, what that means), the one line status shows for it.
+    pub fn cache_failure(&self) -> Option<String> {
+        let reason = self.failed.as_deref().filter(|_| self.cache)?;
+        Some(match &self.alone {
+            Some(note) => format!("cache failed: {reason}; {note}"),
+            None => format!("cache failed: {reason}"),
+        })
     }
 
     pub fn is_failed(&self) -> bool {

@@ -18,7 +18,7 @@ use parking_lot::MutexGuard;
 use super::inflight;
 use crate::error::{Error, Result};
 use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
-use crate::inner::{mark_failed, Inner};
+use crate::inner::{fail_cache_held, Inner};
 use crate::io::aligned::AlignedBuf;
 use crate::state::State;
 
@@ -144,6 +144,12 @@ pub fn batch<'a>(
     let max_blocks = max_blocks.min(bufs.data.len() / BLOCK);
     // A zero range must not be overtaken by stale data (see `Inner::backing_order`).
     let order = MutexGuard::unlocked(&mut st, || inner.backing_order.lock());
+    if let Err(e) = st.health.check_failed() {
+        // The cache device failed meanwhile: the backing device may be serving alone now
+        // (`path::alone`), and a stale dirty copy must not land on what it wrote.
+        drop(order);
+        return (st, Err(e));
+    }
     collect(inner, &st, bufs, max_blocks);
     if bufs.blocks.is_empty() {
         return (st, Ok(0));
@@ -214,11 +220,13 @@ pub fn batch<'a>(
             // Their newest data is gone, and in flush-epoch order nothing newer may reach the
             // backing device before them: writeback could never go on, the log would fill and
             // writers would wait forever. Fail, saying what is lost and what to do.
-            let msg = format!(
-                "{} dirty block(s) failed their checksum on the cache device (first: block {lba}): their newest data is lost, and writeback in flush-epoch order cannot pass them; serve again with --set writeback_order=sorted to write back everything else, or give the cache up with `logcache detach --force`",
+            // A cache-device failure: the engine goes on from the backing device alone, these
+            // blocks (and every other dirty one) lost (`path::alone`).
+            let e = Error::Corruption(format!(
+                "{} dirty block(s) could not be read back from the cache device (first: block {lba}): their newest data is lost, and writeback in flush-epoch order cannot pass them",
                 bad.len()
-            );
-            mark_failed(inner, &mut st, msg);
+            ));
+            fail_cache_held(inner, &mut st, &e);
         } else {
             st.writeback.set_error(Some(format!(
                 "{} dirty block(s) failed their checksum on the cache device (first: block {lba}); they stay dirty and are not written back",

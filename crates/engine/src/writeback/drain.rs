@@ -9,7 +9,7 @@ use parking_lot::MutexGuard;
 use super::batch::{batch, WritebackBuffers};
 use super::policy::Pacer;
 use crate::error::Result;
-use crate::inner::{mark_failed, Inner};
+use crate::inner::{fail_cache_held, Inner};
 use crate::state::State;
 use crate::tunables;
 
@@ -67,7 +67,8 @@ pub fn persist_position(inner: &Inner, st: &mut MutexGuard<'_, State>, pos: u64)
             Ok(())
         }
         Err(e) => {
-            mark_failed(inner, st, e.to_string());
+            // The superblock copy being written may be torn: a cache-device failure.
+            fail_cache_held(inner, st, &e);
             Err(e)
         }
     }

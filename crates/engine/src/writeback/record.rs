@@ -49,6 +49,7 @@ pub fn write(inner: &Inner, st: &mut MutexGuard<'_, State>) {
         recorded_unix_ms: unix_ms(now),
         lag_bytes,
         detached_unix_ms: 0,
+        lost_bytes: 0,
     };
     // The label is the exported disk's end: `exported_size_bytes` is its offset.
     let offset = inner.geo.exported_size_bytes + RECORD_OFFSET_IN_LABEL_BYTES;

@@ -143,14 +143,28 @@ impl EpochLog {
     /// write put there) is a crash state for some moment: returns the index of the newest
     /// flush point that fits, or why none does (the candidate with the fewest misfits).
     pub fn check(&self, image: &[Option<Val>]) -> Result<usize, String> {
+        self.check_except(image, &[])
+    }
+
+    /// As `check`, skipping the sectors `skip` marks (lost with a failed cache device: the
+    /// backing device holds older data there, which reads never return).
+    pub fn check_except(&self, image: &[Option<Val>], skip: &[bool]) -> Result<usize, String> {
         assert_eq!(image.len(), self.sectors.len());
+        let skipped = |s: usize| skip.get(s).copied().unwrap_or(false);
+        let image: Vec<Option<Val>> = image
+            .iter()
+            .enumerate()
+            .map(|(s, v)| if skipped(s) { Some(Val::Zeros) } else { *v })
+            .collect();
+        let image = &image[..];
         if let Some(s) = image.iter().position(Option::is_none) {
             return Err(format!("sector {s} holds bytes no write put there"));
         }
         let mut closest: (usize, String) = (usize::MAX, String::new());
         for k in (0..self.barriers.len()).rev() {
             let until = self.barriers.get(k + 1).map_or(NEVER, |b| b.at);
-            let bad = self.misfits(k, until, image);
+            let mut bad = self.misfits(k, until, image);
+            bad.retain(|&s| !skipped(s));
             if bad.is_empty() {
                 return Ok(k);
             }

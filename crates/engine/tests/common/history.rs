@@ -344,13 +344,28 @@ impl History {
     /// Checks a recovered image of the whole region against the durable history, then makes
     /// what it holds each sector's one durable entry (recovery synced it).
     pub fn check_recovered(&mut self, image: &[u8]) -> Result<(), String> {
+        self.check_recovered_except(image, &[])
+    }
+
+    /// As `check_recovered`, skipping the sectors `skip` marks (lost with a failed cache
+    /// device); they are taken as trimmed (unknown) from then on.
+    pub fn check_recovered_except(&mut self, image: &[u8], skip: &[bool]) -> Result<(), String> {
         let n = self.sectors.len();
         assert_eq!(image.len(), n * SECTOR);
+        let skipped = |s: usize| skip.get(s).copied().unwrap_or(false);
         let vals: Vec<Option<Val>> = (0..n)
-            .map(|s| decode(s as u64, &image[s * SECTOR..(s + 1) * SECTOR]))
+            .map(|s| {
+                if skipped(s) {
+                    Some(Val::Zeros)
+                } else {
+                    decode(s as u64, &image[s * SECTOR..(s + 1) * SECTOR])
+                }
+            })
             .collect();
         for (s, v) in vals.iter().enumerate() {
-            self.check(s, *v, |d| d.durable, NEVER)?;
+            if !skipped(s) {
+                self.check(s, *v, |d| d.durable, NEVER)?;
+            }
         }
         let now = self.tick();
         for (s, v) in vals.into_iter().enumerate() {
@@ -391,12 +406,15 @@ impl History {
             // allows). A durable write-zeroes after the TRIM replaces it, so it stays zeros.
             let trim_zeros = effect == Effect::Zeros
                 && entries.iter().any(|t| t.effect == Effect::Trim && live(t));
-            let effect =
-                if direct.is_empty() || trim_zeros || direct.iter().any(|d| trimmed_after(d)) {
-                    Effect::Trim
-                } else {
-                    effect
-                };
+            let effect = if skipped(s)
+                || direct.is_empty()
+                || trim_zeros
+                || direct.iter().any(|d| trimmed_after(d))
+            {
+                Effect::Trim
+            } else {
+                effect
+            };
             self.sectors[s] = vec![Entry {
                 effect,
                 invoke: now,
