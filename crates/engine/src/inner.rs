@@ -133,7 +133,8 @@ pub fn mark_failed(inner: &Inner, st: &mut State, msg: String) {
 /// As `mark_failed`, for an error of the cache device itself (a log write or sync, a superblock,
 /// checkpoint or writeback-position write, a dirty block it cannot read back). If it is the
 /// first failure, the engine goes on from the backing device alone (`path::alone`; threads mode
-/// only, manual-mode tests keep the plain failure): every acknowledged write not dirty in this
+/// only, manual-mode tests keep the plain failure; a device out of room with dirty data just
+/// fails, its data intact): every acknowledged write not dirty in this
 /// same lock hold is on the backing device, and no dirty data can come after (every write path
 /// checks for failure in the hold that adds it); the dirty sectors are the lost ones.
 pub fn fail_cache(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Error {
@@ -145,7 +146,13 @@ pub fn fail_cache(inner: &Inner, mut st: MutexGuard<'_, State>, e: Error) -> Err
 /// As `fail_cache`, keeping the lock.
 pub fn fail_cache_held(inner: &Inner, st: &mut State, e: &Error) {
     let first = st.health.fail_cache(e.to_string());
-    let alone = first && inner.drive.threads();
+    // A cache device out of room (a full file system under a cache file) still holds every
+    // dirty block, readable: the operator can copy it somewhere with room and serve the copy
+    // (README), so the engine just fails rather than give that data up.
+    let full = matches!(e, Error::Io { source, .. }
+        if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG)));
+    let gives_up = st.blocks.dirty_blocks() == 0 || !full;
+    let alone = first && gives_up && inner.drive.threads();
     if alone {
         crate::path::alone::deciding(inner);
     }
