@@ -1238,7 +1238,7 @@ fn served_with_lost_data(case: &mut Case<'_>, e: &Engine) {
 /// flush-epoch order the relocator does not move dirty blocks, so the ring stays under
 /// pressure while the seal interval passes.
 fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker], under_pressure: bool) {
-    if e.mode() != "write-back" || e.stats().failed.is_some() {
+    if e.mode() != "write-back" || e.stats().failed.is_some() || e.stats().cache_failed.is_some() {
         return;
     }
     let Some(w) = workers.iter().position(|w| !w.busy()) else {
@@ -1379,7 +1379,8 @@ fn drive(
 /// read the backing device's older data, which the crash check rejects.
 fn zero_window_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
     let blocks = case.region_sectors / 8;
-    if e.mode() != "write-back" || e.stats().failed.is_some() || blocks < 2 {
+    let gone = |s: &logcache_engine::Stats| s.failed.is_some() || s.cache_failed.is_some();
+    if e.mode() != "write-back" || gone(&e.stats()) || blocks < 2 {
         return;
     }
     // The requests still running finish first: one of them in the window (a flush between D
@@ -1442,6 +1443,7 @@ fn zero_window_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
     // once they have waited this often since the head last moved.
     let mut head = (s.head_segment_id, s.counters.write_waits);
     let low = 2 + s.segment_count / 32;
+    let mut sent = 0u64;
     drive(case, &zeroing, |c| {
         let s = e.stats();
         if s.head_segment_id > zero_segment {
@@ -1453,7 +1455,10 @@ fn zero_window_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
         }
         // Under pressure with the head not moving: writers wait for room (a write may also
         // wait for a RAM buffer, so the count alone does not say that).
-        if s.failed.is_some()
+        // A bound of its own too: an engine serving from the backing device alone (its cache
+        // given up) never moves the head, and its writes never wait for room.
+        if gone(&s)
+            || sent > 4 * s.cache_blocks
             || (s.segments_free < low && s.counters.write_waits > head.1 + ROOM_WAITS_MAX)
         {
             return true;
@@ -1472,6 +1477,7 @@ fn zero_window_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
                 n += 1;
             }
             cursor += n as usize;
+            sent += n;
             if kind == 1 {
                 workers[w].start(Req::Ballast {
                     offset_bytes: ballast_at + first * 4096,
