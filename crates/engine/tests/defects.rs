@@ -908,3 +908,52 @@ fn a_detached_label_without_its_record_is_refused_as_detached() {
     format_cache(&fresh, &pair.backing, &opts)
         .expect("a detached backing device takes a new cache");
 }
+
+/// Cache-loss sim seed 1201 (a hang): the cache device's reads fail (it died) while a
+/// write-zeroes waits, in flush-epoch order, for the dirty blocks logged before it to reach the
+/// backing device. Writeback could not read them back and retried every second for ever, the
+/// engine never failed, and the write-zeroes (holding the export gate, so an export-diff
+/// waited too) never returned. A writeback read error is now the cache device failing, as a
+/// checksum failure already was: the engine goes on from the backing device alone with those
+/// blocks lost, and the write-zeroes is answered there.
+#[test]
+fn a_cache_device_failing_reads_does_not_leave_a_write_zeroes_waiting_for_writeback() {
+    let pair = SimPair::new(MIB + 32 * SEG_64K, 16 * MIB, SEG_64K);
+    let cache = Arc::new(FaultDevice::new(pair.cache()));
+    let opts = OpenOptions {
+        ram_buffer_bytes: 4 * SEG_64K,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(cache.clone(), pair.backing(), opts).unwrap();
+    // Writeback waits until asked: the dirty block stays in the log.
+    e.set_tunable("writeback_idle_ms", "0").unwrap();
+    e.set_tunable("writeback_threshold_percent", "100").unwrap();
+    let (d, z) = (10u64, 300u64);
+    e.write(d * 4096, &[0x5a; 4096], false).unwrap();
+    e.flush().unwrap();
+    assert_eq!(e.stats().dirty_blocks, 1, "the write is still dirty");
+    cache.fail_next(OpKind::Read, u64::MAX, FaultKind::Io);
+    let zeroer = e.clone();
+    bounded(
+        "a write-zeroes after the cache device's reads failed",
+        move || zeroer.write_zeroes(z * 4096, 4096, false),
+    )
+    .expect("the write-zeroes is answered from the backing device alone");
+    assert!(
+        cache.injected(OpKind::Read) > 0,
+        "writeback never read the cache"
+    );
+    let why = e
+        .stats()
+        .cache_failed
+        .expect("status says the cache device failed");
+    assert!(why.contains("writeback reading the cache"), "{why}");
+    let mut buf = [0xffu8; 4096];
+    e.read(z * 4096, &mut buf).unwrap();
+    assert_eq!(buf, [0; 4096], "the zeroed block");
+    let err = e
+        .read(d * 4096, &mut buf)
+        .expect_err("the dirty block's only copy was on the failed cache device");
+    assert!(!err.to_string().is_empty());
+}

@@ -180,7 +180,15 @@ pub fn batch<'a>(
     st.writeback.set_busy(false);
     let (bad, bytes) = match res {
         Ok(v) => v,
-        Err(e) => {
+        Err(CopyError::CacheRead(e)) if st.ordered() => {
+            // The only copy of these dirty blocks cannot be read, and in flush-epoch order
+            // nothing newer may pass them: retrying would leave a write-zeroes waiting for
+            // them for ever (cache-loss sim seed 1201). As a checksum failure below: the
+            // cache device failed, and the engine goes on from the backing device alone.
+            fail_cache_held(inner, &mut st, &e);
+            return (st, Err(e));
+        }
+        Err(CopyError::CacheRead(e) | CopyError::Backing(e)) => {
             st.counters.io_errors += 1;
             return (st, Err(e));
         }
@@ -247,7 +255,10 @@ pub fn batch<'a>(
 /// Reads the batch from the cache device, verifies it and writes it to the backing device,
 /// then syncs that. Returns the indexes of blocks that failed their checksum (not written)
 /// and the bytes written.
-fn copy_out(inner: &Inner, bufs: &mut WritebackBuffers) -> Result<(Vec<usize>, u64)> {
+fn copy_out(
+    inner: &Inner,
+    bufs: &mut WritebackBuffers,
+) -> std::result::Result<(Vec<usize>, u64), CopyError> {
     let geo = &inner.geo;
     // Read in cache order: the log is sequential, so blocks of a segment are close together.
     bufs.blocks.sort_unstable_by_key(|b| b.cache_block);
@@ -278,7 +289,12 @@ fn copy_out(inner: &Inner, bufs: &mut WritebackBuffers) -> Result<(Vec<usize>, u
         }
         let span_blocks = (bufs.blocks[j - 1].cache_block - first + 1) as usize;
         let off = geo.block_offset(first);
-        let read_err = |e| Error::io(format!("writeback reading the cache at offset {off}"), e);
+        let read_err = |e| {
+            CopyError::CacheRead(Error::io(
+                format!("writeback reading the cache at offset {off}"),
+                e,
+            ))
+        };
         let to = bufs.blocks[i].buf_index;
         let in_place = span_blocks == j - i
             && bufs.blocks[i..j]
@@ -313,22 +329,31 @@ fn copy_out(inner: &Inner, bufs: &mut WritebackBuffers) -> Result<(Vec<usize>, u
     plan_ios(inner, bufs, &bad);
     let depth = inner.drive.writeback_io_depth(&inner.tunables);
     let reconnects = inner.backing.reconnects();
-    let bytes = write_ios(inner, &bufs.data, &bufs.ios, depth)?;
-    inner
-        .backing
-        .flush()
-        .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))?;
+    let bytes = write_ios(inner, &bufs.data, &bufs.ios, depth).map_err(CopyError::Backing)?;
+    inner.backing.flush().map_err(|e| {
+        CopyError::Backing(Error::io(
+            format!("syncing {}", inner.backing.describe()),
+            e,
+        ))
+    })?;
     if inner.backing.reconnects() != reconnects {
         // Some of this batch went over a connection that broke: the server may have lost
         // them even though the flush succeeded. The blocks stay dirty; the batch runs again.
-        return Err(Error::io(
+        return Err(CopyError::Backing(Error::io(
             format!("writeback to {}", inner.backing.describe()),
             std::io::Error::other(
                 "the backing device reconnected during the batch; writing it again",
             ),
-        ));
+        )));
     }
     Ok((bad, bytes))
+}
+
+/// Which device a batch's copy failed on: a read of the cache device is that device failing;
+/// the rest is the backing device's, which writeback retries.
+enum CopyError {
+    CacheRead(Error),
+    Backing(Error),
 }
 
 /// One write to the backing device: `len` bytes of the batch buffer from `start`.
