@@ -16,7 +16,9 @@
 //! - every read is checked when it returns: no sector older than the newest write acknowledged
 //!   before the read was sent, nor newer than anything sent (`common::history`);
 //! - a request may fail only once a fault was injected (or the power is off), and no request
-//!   may wait forever: a request still running with no IO held for `HANG` is a hang;
+//!   may wait forever: requests running with none completing while the harness waited `HANG`
+//!   for timers (a background thread's timed retry, writeback's once a second, does not reset
+//!   it), or through `HANG_IOS` IOs, is a hang (`common::stall` prints what is stuck);
 //! - with a periodic seal on, an idle phase checks that an acknowledged write is sealed and
 //!   synced within the interval even when the backing device stalls (writes held), half the
 //!   time with the ring filled until it is under pressure first (issue 19's defect 4);
@@ -64,6 +66,7 @@ use std::time::{Duration, Instant};
 
 use common::epoch_log::EpochLog;
 use common::history::{decode, fill_pattern, Effect, History, Token, Val};
+use common::stall::{self, Stall};
 use common::*;
 use logcache_engine::{Engine, Extent, ExtentKind, OpenOptions};
 use logcache_testkit::fault::OpKind;
@@ -80,8 +83,11 @@ const CI_LOSS_SCHEDULES: u64 = 45;
 const DEAD_STEPS_MAX: u64 = 20_000;
 /// The cache modes a cache-loss schedule fixes (`Case::fixed_mode`).
 const MODES: [&str; 3] = ["write-back", "write-through", "write-around"];
-/// A request running with no IO held this long is a hang.
+/// Requests running with none completing while the harness waited this long for timers (no IO
+/// held, nothing to start) is a hang (`common::stall`) ...
 const HANG: Duration = Duration::from_secs(20);
+/// ... and through this many IOs.
+const HANG_IOS: u64 = 10_000;
 /// Longer than any quiescence wait can take on a loaded machine.
 const SETTLE_MAX: Duration = Duration::from_secs(60);
 /// How long the idle phase waits for the periodic seal.
@@ -152,6 +158,8 @@ struct Worker {
     tx: mpsc::Sender<Option<Req>>,
     busy: Arc<AtomicBool>,
     current: Arc<Mutex<Option<Req>>>,
+    /// Requests this thread completed: the hang detector's only measure of progress.
+    completed: Arc<AtomicU64>,
     handle: JoinHandle<()>,
 }
 
@@ -160,12 +168,14 @@ impl Worker {
         let (tx, rx) = mpsc::channel::<Option<Req>>();
         let busy = Arc::new(AtomicBool::new(false));
         let current = Arc::new(Mutex::new(None));
-        let (b, c) = (busy.clone(), current.clone());
+        let completed = Arc::new(AtomicU64::new(0));
+        let (b, c, n) = (busy.clone(), current.clone(), completed.clone());
         let handle = std::thread::Builder::new()
             .name(format!("sim-worker-{i}"))
             .spawn(move || {
                 while let Ok(Some(req)) = rx.recv() {
                     run_req(&e, &shared, req);
+                    n.fetch_add(1, Ordering::SeqCst);
                     *c.lock() = None;
                     b.store(false, Ordering::SeqCst);
                     sched.touch();
@@ -176,6 +186,7 @@ impl Worker {
             tx,
             busy,
             current,
+            completed,
             handle,
         }
     }
@@ -480,6 +491,9 @@ struct Totals {
     zero_windows_passed: u64,
     /// Steps spent waiting for a timer (no IO held, requests running).
     waits: u64,
+    /// The longest time requests waited for timers with none completing (`HANG`'s margin),
+    /// and the most IOs through the gate meanwhile (`HANG_IOS`').
+    longest_wait: (Duration, u64),
     /// Cache-loss cycles, per mode of `MODES`.
     losses: [u64; 3],
     /// ... after which the engine had failed (with a reason), per mode.
@@ -546,7 +560,9 @@ impl Case<'_> {
     fn settle(&self) {
         assert!(
             self.sched.settle(SETTLE_MAX),
-            "the process never became quiescent (a thread kept running for {SETTLE_MAX:?})"
+            "the process never became quiescent (a thread kept running for {SETTLE_MAX:?}; \
+             running now: {:?})",
+            stall::running_threads()
         );
     }
 
@@ -757,7 +773,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             }
         }
         let mut slow_held_since: Option<u64> = None;
-        let mut stuck_since: Option<Instant> = None;
+        let mut stall = Stall::new(HANG, HANG_IOS);
         // Cache loss: the device dies once this many requests started (at a random step after
         // that), or when the last one is done; a flush follows once every request returned.
         let die_after = loss_rng.range(0, requests_left);
@@ -783,6 +799,22 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             let held = sched.held();
             let idle: Vec<usize> = (0..workers.len()).filter(|&i| !workers[i].busy()).collect();
             let can_start = requests_left > 0 && !idle.is_empty();
+            let completed = workers
+                .iter()
+                .map(|w| w.completed.load(Ordering::SeqCst))
+                .sum();
+            let timers = held.is_empty() && !can_start && idle.len() < workers.len();
+            if let Err(msg) = stall.look(completed, workers.len() - idle.len(), &held, timers) {
+                let waiting: Vec<String> = (workers.iter().enumerate())
+                    .filter_map(|(i, w)| w.current.lock().as_ref().map(|r| format!("{i}: {r:?}")))
+                    .collect();
+                panic!(
+                    "cycle {cycle}: hang: {msg}; requests waiting: {waiting:?}; engine failed: \
+                     {:?}, cache failed: {:?}",
+                    e.stats().failed,
+                    e.stats().cache_failed
+                );
+            }
             if loss
                 && !case.cache_dead
                 && started >= die_after
@@ -831,24 +863,11 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
                     break;
                 }
                 // Requests are running and no IO is held: they wait for a timer (the periodic
-                // seal, writeback's poll) or for each other. Past `HANG` it is a hang.
-                let since = *stuck_since.get_or_insert_with(Instant::now);
-                if since.elapsed() > HANG {
-                    let running: Vec<String> = workers
-                        .iter()
-                        .filter_map(|w| w.current.lock().as_ref().map(|r| format!("{r:?}")))
-                        .collect();
-                    panic!(
-                        "cycle {cycle}: requests hang with no IO held for {HANG:?}: {running:?}; \
-                         engine: {:?}",
-                        e.stats().failed
-                    );
-                }
+                // seal, writeback's poll) or for each other; `stall` tells a hang.
                 std::thread::sleep(Duration::from_millis(1));
                 case.totals.waits += 1;
                 continue;
             }
-            stuck_since = None;
             // Chosen by the trace so far, not the seed's stream: schedules stay as they were.
             if case.trace % 16 == 0 {
                 // At a random moment, the backing device alone (every write it received kept:
@@ -883,6 +902,9 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
                 case.release_one(&held, &slow, fault_odds);
             }
         }
+        let (idle, ios) = stall.longest();
+        let longest = &mut case.totals.longest_wait;
+        *longest = (longest.0.max(idle), longest.1.max(ios));
         let alone = loss && loss_check(&mut case, &e, &pair, mode);
         // Once written again, a lost sector may still hold older data after the power cut if
         // that write was not flushed: every sector lost at the failure is skipped after it.
@@ -1634,6 +1656,11 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.losses_lost,
         totals.lost_reads_checked,
         totals.losses_failed_clean
+    );
+    eprintln!(
+        "sim: with requests running and none completing, the longest wait for timers: {:.1?} \
+         (a hang at {HANG:?}), the most IOs through the gate: {} (a hang at {HANG_IOS})",
+        totals.longest_wait.0, totals.longest_wait.1
     );
     for (why, n) in &totals.loss_failures {
         eprintln!("sim: the engine failed after a loss {n} time(s): {why}");

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 pub mod epoch_log;
 pub mod epochs;
+pub mod stall;
 
 use logcache_engine::io::BlockDevice;
 use logcache_engine::{format_cache, FormatOptions, OpenOptions};
