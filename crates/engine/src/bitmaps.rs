@@ -10,7 +10,7 @@
 //! Every IO here is done holding `Bitmaps::table` (never the state lock): table and page
 //! writes are serialised, so page generations reach the device in order.
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::format::checkpoints::*;

@@ -81,7 +81,7 @@ pub fn load(
     Ok(Loaded {
         bitmaps: Some(Bitmaps {
             geo,
-            table: parking_lot::Mutex::new(table),
+            table: crate::sync::Mutex::new(table),
         }),
         tracked,
     })

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::MutexGuard;
+use crate::sync::MutexGuard;
 
 use crate::error::{Error, Result};
 use crate::inner::{self, check_usable, Inner};
@@ -151,7 +151,7 @@ pub fn writeback_step_here(
     if !inner.drive.inline() {
         return None;
     }
-    Some(MutexGuard::unlocked(st, || {
+    Some(crate::sync::unlocked(st, || {
         writeback::step(inner, batch_blocks)
     }))
 }
@@ -198,7 +198,7 @@ pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<(
             // while, so a transient backing error (a network blip) does not fail the drain.
             match st.writeback.error() {
                 Some(e) => {
-                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    let since = *failing_since.get_or_insert_with(crate::sync::now);
                     if bufs.is_some() || since.elapsed() >= DRAIN_ERROR_PATIENCE {
                         return Err(Error::Io {
                             what: "drain stopped: writeback failed".into(),

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use crate::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use crate::checkpoints::{self, CheckpointInfo};
 use crate::error::{Error, Result};

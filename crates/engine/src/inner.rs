@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use crate::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
 use crate::geometry::Geometry;
@@ -103,7 +103,7 @@ impl Drive {
 
     /// The current time, or `None` in manual mode.
     pub fn clock(&self) -> Option<Instant> {
-        (!self.manual).then(Instant::now)
+        (!self.manual).then(crate::sync::now)
     }
 
     /// Backing writes a writeback batch keeps in flight: one in manual mode, so a seeded run

@@ -3,8 +3,6 @@
 //! sequential stream, the log is not congested and nothing could have made them stale.
 //! Runs on the reader's thread after its backing read; it never waits for room.
 
-use std::time::Instant;
-
 use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK};
 use crate::inner::{check_usable, Inner};
 use crate::state::{Location, State};
@@ -58,7 +56,7 @@ pub fn promote(inner: &Inner, guard: u64, offset_bytes: u64, data: &[u8]) {
         if st.blocks.lookup(lba).is_some() {
             continue; // written since it was read: the cache has newer data
         }
-        let Some(c) = st.reserve_block(&inner.buffers, Instant::now(), false) else {
+        let Some(c) = st.reserve_block(&inner.buffers, crate::sync::now(), false) else {
             st.counters.promotions_raced += end - lba;
             break;
         };

@@ -5,9 +5,8 @@
 //! dirty blocks keeps the log from jamming on a few long-lived blocks while writeback catches up.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
-use parking_lot::MutexGuard;
+use crate::sync::MutexGuard;
 
 use crate::error::{Error, Result};
 use crate::format::{chunk, BLOCK_SIZE_BYTES};
@@ -143,7 +142,7 @@ pub fn relocate_head<'a>(
         return Err(fail_cache(inner, st, e));
     }
     let mut moved = 0u64;
-    let now = Instant::now();
+    let now = crate::sync::now();
     for (l, ok) in live.iter().zip(verified) {
         let seg_buf = &*seg_buf;
         if !ok {

@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 
-use parking_lot::MutexGuard;
+use crate::sync::MutexGuard;
 
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE_BYTES;

@@ -28,14 +28,14 @@ pub fn read(cache: &dyn BlockDevice) -> Result<Option<Superblock>> {
 /// generation to the other copy, then synced.
 pub struct SuperblockWriter {
     cache: Arc<dyn BlockDevice>,
-    current: parking_lot::Mutex<Superblock>,
+    current: crate::sync::Mutex<Superblock>,
 }
 
 impl SuperblockWriter {
     pub fn new(cache: Arc<dyn BlockDevice>, sb: Superblock) -> SuperblockWriter {
         SuperblockWriter {
             cache,
-            current: parking_lot::Mutex::new(sb),
+            current: crate::sync::Mutex::new(sb),
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use parking_lot::MutexGuard;
+use crate::sync::MutexGuard;
 
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE_BYTES;
@@ -34,7 +34,7 @@ pub fn run(inner: &Inner) {
         // Before the work check, not only when idle: under ring pressure there is always
         // "work" (the relocator's), and acknowledged writes must still be sealed and synced
         // within the seal interval.
-        seal_if_due(inner, &mut st, Instant::now());
+        seal_if_due(inner, &mut st, crate::sync::now());
         if !has_work(&st) {
             crate::failpoint::flusher_pass_done(inner);
             if st.health.closing() {
@@ -84,7 +84,7 @@ fn next_wake(inner: &Inner, st: &State) -> Duration {
     match (inner.seal_interval_ms(), st.ring.open().first_write_at) {
         (ms, Some(t)) if ms > 0 => {
             let due = t + Duration::from_millis(ms);
-            due.saturating_duration_since(Instant::now())
+            due.saturating_duration_since(crate::sync::now())
                 .clamp(Duration::from_millis(1), IDLE_WAKE)
         }
         _ => IDLE_WAKE,

@@ -9,7 +9,7 @@
 //! first-come first-served by request. Writers that find no queue and room to spare never
 //! touch a ticket (the hot path stays one comparison).
 
-use parking_lot::MutexGuard;
+use crate::sync::MutexGuard;
 
 use crate::inner::Inner;
 use crate::state::State;

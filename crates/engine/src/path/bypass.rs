@@ -13,7 +13,7 @@
 //! race it there. Outside write-back mode writeback runs at full speed, so such blocks do not
 //! stay dirty for long.
 
-use parking_lot::MutexGuard;
+use crate::sync::MutexGuard;
 
 use super::write;
 use crate::drive::wait_durable;
@@ -83,7 +83,7 @@ fn log_range_some(
         if !st.add_range(
             &inner.buffers,
             Entry::range(kind, lba, count),
-            std::time::Instant::now(),
+            crate::sync::now(),
         ) {
             break;
         }

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use crate::format::{SECTORS_PER_BLOCK, SECTOR_SIZE_BYTES};
 use crate::state::State;

@@ -1,9 +1,7 @@
 //! The write path: copy into the open chunk and return. No device IO happens here except the
 //! read of an older on-disk copy that a partial-block write must merge with.
 
-use std::time::Instant;
-
-use parking_lot::MutexGuard;
+use crate::sync::MutexGuard;
 
 use super::admission::Turn;
 use crate::error::Result;
@@ -118,7 +116,7 @@ fn write_block(
             continue;
         }
         let sealed_before = st.counters.chunks_sealed;
-        let Some(nc) = st.reserve_block(&inner.buffers, Instant::now(), false) else {
+        let Some(nc) = st.reserve_block(&inner.buffers, crate::sync::now(), false) else {
             turn.hold(&mut st);
             st = crate::drive::wait_for_room(inner, st)?;
             continue;

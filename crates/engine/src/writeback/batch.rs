@@ -13,7 +13,7 @@
 
 use std::sync::atomic::Ordering;
 
-use parking_lot::MutexGuard;
+use crate::sync::MutexGuard;
 
 use super::inflight;
 use crate::error::{Error, Result};
@@ -143,7 +143,7 @@ pub fn batch<'a>(
 ) -> (MutexGuard<'a, State>, Result<u64>) {
     let max_blocks = max_blocks.min(bufs.data.len() / BLOCK);
     // A zero range must not be overtaken by stale data (see `Inner::backing_order`).
-    let order = MutexGuard::unlocked(&mut st, || inner.backing_order.lock());
+    let order = crate::sync::unlocked(&mut st, || inner.backing_order.lock());
     if let Err(e) = st.health.check_failed() {
         // The cache device failed meanwhile: the backing device may be serving alone now
         // (`path::alone`), and a stale dirty copy must not land on what it wrote.

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use parking_lot::MutexGuard;
+use crate::sync::MutexGuard;
 
 use super::batch::{batch, WritebackBuffers};
 use super::policy::Pacer;
@@ -58,7 +58,7 @@ pub fn writeback_position(st: &State) -> u64 {
 }
 
 pub fn persist_position(inner: &Inner, st: &mut MutexGuard<'_, State>, pos: u64) -> Result<()> {
-    let res = MutexGuard::unlocked(st, || inner.superblock.advance_writeback(pos));
+    let res = crate::sync::unlocked(st, || inner.superblock.advance_writeback(pos));
     match res {
         Ok(()) => {
             st.writeback.note_persisted(pos);

@@ -15,7 +15,7 @@ pub mod inflight;
 mod policy;
 mod record;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use self::batch::{batch, WritebackBuffers};
 use self::policy::{next_batch_plan, Pacer, Plan};
@@ -37,13 +37,13 @@ const POLL: Duration = Duration::from_millis(100);
 pub fn run(inner: &Inner) {
     let batch_max = tunables::SPECS[tunables::WRITEBACK_BATCH_BLOCKS].max_value() as usize;
     let mut bufs = WritebackBuffers::new(batch_max);
-    let mut pacer = Pacer::new(Instant::now());
+    let mut pacer = Pacer::new(crate::sync::now());
     let mut st = inner.state.lock();
     loop {
         if st.health.is_failed() || st.health.closing() {
             break;
         }
-        let now = Instant::now();
+        let now = crate::sync::now();
         let plan = next_batch_plan(inner, &st, &mut pacer, now);
         let rate = match plan {
             Plan::Wait => 0,
@@ -62,7 +62,7 @@ pub fn run(inner: &Inner) {
             inner.writeback_wake.wait_for(&mut st, POLL);
             continue;
         };
-        let started = Instant::now();
+        let started = crate::sync::now();
         let (guard, res) = batch(inner, st, &mut bufs, blocks);
         st = guard;
         let done = match res {
@@ -77,7 +77,7 @@ pub fn run(inner: &Inner) {
                 continue;
             }
         };
-        drain::maybe_persist(inner, &mut st, &mut pacer, Instant::now());
+        drain::maybe_persist(inner, &mut st, &mut pacer, crate::sync::now());
         if done == 0 {
             // Dirty blocks exist but none is durable in the log yet: ask for a sync.
             if st.blocks.dirty_blocks() > 0 {
@@ -91,7 +91,8 @@ pub fn run(inner: &Inner) {
         if let Some(rate) = rate_blocks_per_s {
             let budget = Duration::from_secs_f64(done as f64 / rate as f64);
             let deadline = started + budget;
-            while Instant::now() < deadline && !st.health.closing() && !st.writeback.draining() {
+            while crate::sync::now() < deadline && !st.health.closing() && !st.writeback.draining()
+            {
                 inner.writeback_wake.wait_until(&mut st, deadline);
             }
         }

@@ -10,7 +10,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use parking_lot::MutexGuard;
+use crate::sync::MutexGuard;
 
 use crate::format::label::{WritebackRecord, RECORD_OFFSET_IN_LABEL_BYTES, RECORD_SORTED};
 use crate::format::BLOCK_SIZE_BYTES;
@@ -55,7 +55,7 @@ pub fn write(inner: &Inner, st: &mut MutexGuard<'_, State>) {
     let offset = inner.geo.exported_size_bytes + RECORD_OFFSET_IN_LABEL_BYTES;
     let raw = record.encode();
     let clock = inner.drive.clock();
-    let res = MutexGuard::unlocked(st, || {
+    let res = crate::sync::unlocked(st, || {
         // One record write at a time (the writeback thread, a drain, close): two writes of
         // one range must not be in flight together. Taken without the state lock.
         let mut last = inner.last_record.lock();
