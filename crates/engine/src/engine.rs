@@ -45,6 +45,8 @@ pub const PROMOTE_PAUSE_AFTER_RELOCATION: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod close_race_tests;
+#[cfg(test)]
+mod room_wake_tests;
 
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
