@@ -18,7 +18,8 @@
 //! - a request may fail only once a fault was injected (or the power is off), and no request
 //!   may wait forever: requests running with none completing while the harness waited `HANG`
 //!   for timers (a background thread's timed retry, writeback's once a second, does not reset
-//!   it), or through `HANG_IOS` IOs, is a hang (`common::stall` prints what is stuck);
+//!   it), or through `HANG_IOS` IOs, or for `HANG_WALL`, is a hang (`common::stall` prints
+//!   what is stuck);
 //! - with a periodic seal on, an idle phase checks that an acknowledged write is sealed and
 //!   synced within the interval even when the backing device stalls (writes held), half the
 //!   time with the ring filled until it is under pressure first (issue 19's defect 4);
@@ -86,8 +87,11 @@ const MODES: [&str; 3] = ["write-back", "write-through", "write-around"];
 /// Requests running with none completing while the harness waited this long for timers (no IO
 /// held, nothing to start) is a hang (`common::stall`) ...
 const HANG: Duration = Duration::from_secs(20);
-/// ... and through this many IOs.
+/// ... and through this many IOs ...
 const HANG_IOS: u64 = 10_000;
+/// ... and, whatever happened meanwhile, after this long (threads waking each other in a loop
+/// make every step slow, so neither count grows).
+const HANG_WALL: Duration = Duration::from_secs(120);
 /// Longer than any quiescence wait can take on a loaded machine.
 const SETTLE_MAX: Duration = Duration::from_secs(60);
 /// How long the idle phase waits for the periodic seal.
@@ -492,8 +496,9 @@ struct Totals {
     /// Steps spent waiting for a timer (no IO held, requests running).
     waits: u64,
     /// The longest time requests waited for timers with none completing (`HANG`'s margin),
-    /// and the most IOs through the gate meanwhile (`HANG_IOS`').
-    longest_wait: (Duration, u64),
+    /// the most IOs through the gate meanwhile (`HANG_IOS`') and the longest wall time
+    /// (`HANG_WALL`'s).
+    longest_wait: (Duration, u64, Duration),
     /// Cache-loss cycles, per mode of `MODES`.
     losses: [u64; 3],
     /// ... after which the engine had failed (with a reason), per mode.
@@ -773,7 +778,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             }
         }
         let mut slow_held_since: Option<u64> = None;
-        let mut stall = Stall::new(HANG, HANG_IOS);
+        let mut stall = Stall::new(HANG, HANG_IOS, HANG_WALL);
         // Cache loss: the device dies once this many requests started (at a random step after
         // that), or when the last one is done; a flush follows once every request returned.
         let die_after = loss_rng.range(0, requests_left);
@@ -902,9 +907,9 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
                 case.release_one(&held, &slow, fault_odds);
             }
         }
-        let (idle, ios) = stall.longest();
+        let (idle, ios, wall) = stall.longest();
         let longest = &mut case.totals.longest_wait;
-        *longest = (longest.0.max(idle), longest.1.max(ios));
+        *longest = (longest.0.max(idle), longest.1.max(ios), longest.2.max(wall));
         let alone = loss && loss_check(&mut case, &e, &pair, mode);
         // Once written again, a lost sector may still hold older data after the power cut if
         // that write was not flushed: every sector lost at the failure is skipped after it.
@@ -1460,9 +1465,10 @@ fn zero_window_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
         .collect();
     let mut cursor = 0usize;
     let mut passed = false;
-    // Writers that wait for room while the head cannot move spin with the flusher (each of
-    // its rounds wakes them, each wakes it again), so the process is rarely quiescent: stop
-    // once they have waited this often since the head last moved.
+    // Writers that wait for room while the head cannot move sleep until a flusher round
+    // changes something (they used to spin with the flusher), and `drive` ends once
+    // only the zeroing is held; stop also once they have waited this often since the head
+    // last moved.
     let mut head = (s.head_segment_id, s.counters.write_waits);
     let low = 2 + s.segment_count / 32;
     let mut sent = 0u64;
@@ -1659,8 +1665,9 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     );
     eprintln!(
         "sim: with requests running and none completing, the longest wait for timers: {:.1?} \
-         (a hang at {HANG:?}), the most IOs through the gate: {} (a hang at {HANG_IOS})",
-        totals.longest_wait.0, totals.longest_wait.1
+         (a hang at {HANG:?}), the most IOs through the gate: {} (a hang at {HANG_IOS}), the \
+         longest wait: {:.1?} (a hang at {HANG_WALL:?})",
+        totals.longest_wait.0, totals.longest_wait.1, totals.longest_wait.2
     );
     for (why, n) in &totals.loss_failures {
         eprintln!("sim: the engine failed after a loss {n} time(s): {why}");

@@ -4,12 +4,14 @@
 //! older detector reset while a write-zeroes waited for ever behind it (cache-loss seed 1201),
 //! and the run became a CI timeout instead of a failing seed.
 //!
-//! Two limits, neither on wall time alone (on a loaded machine a legitimate wait through many
-//! IOs took 19.9 s): requests waiting with none completing hang once the harness has spent
-//! `idle_limit` waiting for timers meanwhile (nothing held, nothing to start: only timed
-//! retries and polls can move anything), or once `ios_limit` IOs went through the gate
-//! meanwhile (a retry loop with no timer). A thread spinning without IO is the quiescence
-//! check's to find. The summary prints the largest of both seen.
+//! Requests waiting with none completing hang once the harness has spent `idle_limit` waiting
+//! for timers meanwhile (nothing held, nothing to start: only timed retries and polls can move
+//! anything), or once `ios_limit` IOs went through the gate meanwhile (a retry loop with no
+//! timer), or, as a backstop, after `wall_limit`: threads that wake each other in a loop are
+//! rarely all asleep, so each step waits long for quiescence and the run crawls without
+//! either count growing (the writer/flusher livelock did that: sweeps ran past their time
+//! limit with nothing printed). The wall limit is far above the longest legitimate wait seen
+//! (19.9 s, at load 23); the summary prints the largest of each seen.
 //!
 //! A stall names what is stuck: the IO let through meanwhile, per thread, device and kind;
 //! the IO held now; each thread's state and the CPU it burnt meanwhile (a thread that spins
@@ -27,6 +29,8 @@ pub struct Stall {
     idle_limit: Duration,
     /// IOs through the gate with none completing that is a hang.
     ios_limit: u64,
+    /// Wall time with none completing that is a hang.
+    wall_limit: Duration,
     /// Requests completed at the last progress.
     completed: u64,
     since: Instant,
@@ -42,15 +46,16 @@ pub struct Stall {
     ios: BTreeMap<String, u64>,
     /// Each thread's CPU time (clock ticks) at the last progress, by thread id.
     cpu_at: BTreeMap<i32, u64>,
-    /// The largest idle time and IO count of one wait so far (the limits' margins).
-    longest: (Duration, u64),
+    /// The largest idle time, IO count and wall time of one wait so far (the limits' margins).
+    longest: (Duration, u64, Duration),
 }
 
 impl Stall {
-    pub fn new(idle_limit: Duration, ios_limit: u64) -> Stall {
+    pub fn new(idle_limit: Duration, ios_limit: u64, wall_limit: Duration) -> Stall {
         Stall {
             idle_limit,
             ios_limit,
+            wall_limit,
             completed: 0,
             since: Instant::now(),
             idle: Duration::ZERO,
@@ -59,13 +64,13 @@ impl Stall {
             seen: BTreeSet::new(),
             ios: BTreeMap::new(),
             cpu_at: cpu_by_thread(),
-            longest: (Duration::ZERO, 0),
+            longest: (Duration::ZERO, 0, Duration::ZERO),
         }
     }
 
-    /// The largest time spent waiting for timers in one wait, and the most IOs through the
-    /// gate in one, so far.
-    pub fn longest(&self) -> (Duration, u64) {
+    /// The largest time spent waiting for timers in one wait, the most IOs through the gate in
+    /// one, and the longest one, so far.
+    pub fn longest(&self) -> (Duration, u64, Duration) {
         self.longest
     }
 
@@ -95,7 +100,10 @@ impl Stall {
                 *self.ios.entry(what).or_insert(0) += 1;
             }
         }
-        if self.idle <= self.idle_limit && (self.seen.len() as u64) < self.ios_limit {
+        if self.idle <= self.idle_limit
+            && (self.seen.len() as u64) < self.ios_limit
+            && self.since.elapsed() <= self.wall_limit
+        {
             return Ok(());
         }
         Err(self.report(waiting, held))
@@ -105,6 +113,7 @@ impl Stall {
         self.longest = (
             self.longest.0.max(self.idle),
             self.longest.1.max(self.seen.len() as u64),
+            self.longest.2.max(self.since.elapsed()),
         );
         self.completed = completed;
         self.since = Instant::now();
