@@ -50,6 +50,7 @@ extern "C" {
         c: *mut RbdCompletionT,
     ) -> c_int;
     pub fn rbd_aio_wait_for_complete(c: RbdCompletionT) -> c_int;
+    pub fn rbd_aio_is_complete(c: RbdCompletionT) -> c_int;
     pub fn rbd_aio_get_return_value(c: RbdCompletionT) -> isize;
     pub fn rbd_aio_release(c: RbdCompletionT);
 

@@ -2,11 +2,12 @@
 //!
 //! Modules: `spec` parses the backing SPEC; `ffi` declares the librados/librbd C calls;
 //! `session` owns one connection (cluster, pool, open image with its exclusive lock) and its
-//! asynchronous IO; `device` is the [`logcache_io::BlockDevice`] that replaces a lost
-//! session. Links librbd and librados (Debian: librbd1, librados2; to build: librbd-dev).
+//! asynchronous IO; `readahead` decides what a session reads ahead for sequential reads;
+//! `device` is the [`logcache_io::BlockDevice`] that replaces a lost session. Links librbd and librados (Debian: librbd1, librados2; to build: librbd-dev).
 
 mod device;
 mod ffi;
+mod readahead;
 mod session;
 mod spec;
 

@@ -10,7 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
+
 use crate::ffi;
+use crate::readahead::{Lookup, Readahead, PREFETCH_BYTES, SLOTS};
 use crate::spec::RbdSpec;
 
 /// A failed librados/librbd call: which call, and the errno it returned (positive).
@@ -61,6 +64,65 @@ pub struct Session {
     /// Set when an operation found the connection gone: dropping then does not wait for the
     /// close at all (it would only wait out more timeouts on a cluster that is not answering).
     lost: AtomicBool,
+    /// Read-ahead of sequential reads (`readahead.rs`) into `ra_buf`, `SLOTS` buffers of
+    /// `PREFETCH_BYTES` each, allocated at open and freed only after every read-ahead into
+    /// them finished (see `Drop`).
+    ra: Mutex<Readahead<RaIo>>,
+    ra_buf: *mut [u8],
+}
+
+/// A read-ahead in flight: its completion and the bytes it must return.
+#[derive(Clone, Copy, Debug)]
+struct RaIo {
+    c: ffi::RbdCompletionT,
+    len: usize,
+}
+
+impl RaIo {
+    /// Whether it finished, and then whether it read all its bytes.
+    fn poll(&self) -> Option<bool> {
+        // SAFETY: a submitted completion not yet released (the read-ahead state releases it
+        // only after this, once).
+        if unsafe { ffi::rbd_aio_is_complete(self.c) } == 0 {
+            return None;
+        }
+        Some(self.succeeded())
+    }
+
+    /// After it finished: whether it read all its bytes.
+    fn succeeded(&self) -> bool {
+        // SAFETY: as in `poll`; the IO finished.
+        let rc = unsafe { ffi::rbd_aio_get_return_value(self.c) };
+        usize::try_from(rc).is_ok_and(|n| n == self.len)
+    }
+
+    fn wait(&self) {
+        // SAFETY: as in `poll`; a reader waiting is counted (`waiters`), so nobody releases
+        // the completion under it.
+        unsafe { ffi::rbd_aio_wait_for_complete(self.c) };
+    }
+
+    fn release(self) {
+        // SAFETY: finished (or waited for), released once: the read-ahead state hands each
+        // handle out for release exactly once.
+        unsafe { ffi::rbd_aio_release(self.c) };
+    }
+}
+
+/// Marks a write in flight for the read-ahead (`write_begin`) until dropped.
+struct WriteInFlight<'a>(&'a Mutex<Readahead<RaIo>>);
+
+impl<'a> WriteInFlight<'a> {
+    fn new(ra: &'a Mutex<Readahead<RaIo>>, offset: u64, len_bytes: u64) -> WriteInFlight<'a> {
+        ra.lock().write_begin(offset, len_bytes);
+        WriteInFlight(ra)
+    }
+}
+
+impl Drop for WriteInFlight<'_> {
+    fn drop(&mut self) {
+        self.0.lock().write_end();
+    }
 }
 
 // SAFETY: librados cluster handles, IO contexts and librbd image handles may be used from any
@@ -107,6 +169,8 @@ impl Session {
             size_bytes: 0,
             close_timeout: op_timeout,
             lost: AtomicBool::new(false),
+            ra: Mutex::new(Readahead::new(0)),
+            ra_buf: Box::into_raw(vec![0u8; SLOTS * PREFETCH_BYTES].into_boxed_slice()),
         };
         let id_ptr = id.as_ref().map_or(ptr::null(), |c| c.as_ptr());
         // SAFETY: `s.cluster` is a valid out-pointer; `id_ptr` is NUL-terminated or null
@@ -206,6 +270,7 @@ impl Session {
         // SAFETY: an open image; `s.size_bytes` a valid out-pointer.
         let rc = unsafe { ffi::rbd_get_size(s.image, &mut s.size_bytes) };
         CallError::check("rbd_get_size", rc as isize)?;
+        *s.ra.get_mut() = Readahead::new(s.size_bytes);
         Ok(s)
     }
 
@@ -218,7 +283,94 @@ impl Session {
         self.lost.store(true, Ordering::Release);
     }
 
+    /// Reads `buf.len()` bytes at `offset`: from a read-ahead buffer when one holds them,
+    /// else from the image; then starts the read-aheads a sequential stream calls for.
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), CallError> {
+        if !self.read_ahead_hit(buf, offset) {
+            self.read_image(buf, offset)?;
+        }
+        self.read_ahead(offset, buf.len());
+        Ok(())
+    }
+
+    /// Copies `[offset, offset + buf.len())` from a read-ahead buffer if one holds it (waiting
+    /// for its read if in flight); `false` if none does (or its read failed or went stale).
+    fn read_ahead_hit(&self, buf: &mut [u8], offset: u64) -> bool {
+        let lookup = {
+            let mut ra = self.ra.lock();
+            ra.reap(RaIo::poll, RaIo::release);
+            ra.lookup(offset, buf.len())
+        };
+        let Lookup::Hit { slot, at, wait } = lookup else {
+            return false;
+        };
+        let servable = match wait {
+            None => true,
+            Some(io) => {
+                io.wait();
+                let ok = io.succeeded();
+                let mut ra = self.ra.lock();
+                if let Some(done) = ra.waited(slot, ok) {
+                    done.release();
+                }
+                ra.servable(slot)
+            }
+        };
+        if servable {
+            let src = self.ra_slot(slot);
+            // SAFETY: the slot is Ready and counts us as a user, so it is neither reused nor
+            // read into until `release` below; `at + len` is inside it (`lookup` checked).
+            unsafe { std::ptr::copy_nonoverlapping(src.add(at), buf.as_mut_ptr(), buf.len()) };
+        }
+        self.ra.lock().release(slot);
+        servable
+    }
+
+    /// Counts the read and submits the read-aheads it calls for (under the lock, so that a
+    /// planned slot is in flight before anyone can look it up). A read-ahead that cannot be
+    /// submitted is dropped: reads go to the image as before.
+    fn read_ahead(&self, offset: u64, len: usize) {
+        let mut ra = self.ra.lock();
+        for plan in ra.observe(offset, len).into_iter().flatten() {
+            let Ok(c) = Completion::new() else {
+                ra.failed(plan.slot);
+                continue;
+            };
+            // SAFETY: the slot's buffer is ours alone while its read is in flight (nobody
+            // copies from a Pending slot, and `Drop` waits for it before freeing the buffer).
+            let rc = unsafe {
+                ffi::rbd_aio_read(
+                    self.image,
+                    plan.start,
+                    plan.len,
+                    self.ra_slot(plan.slot).cast(),
+                    c.raw,
+                )
+            };
+            match c.submitted("rbd_aio_read", rc) {
+                Ok(mut submitted) => {
+                    let raw = submitted.raw.take().expect("just submitted");
+                    ra.submitted(
+                        plan.slot,
+                        RaIo {
+                            c: raw,
+                            len: plan.len,
+                        },
+                    );
+                }
+                Err(_) => ra.failed(plan.slot),
+            }
+        }
+    }
+
+    /// The start of read-ahead slot `slot`'s buffer.
+    fn ra_slot(&self, slot: usize) -> *mut u8 {
+        assert!(slot < SLOTS);
+        // SAFETY: `ra_buf` is SLOTS * PREFETCH_BYTES long and lives as long as `self`.
+        unsafe { self.ra_buf.cast::<u8>().add(slot * PREFETCH_BYTES) }
+    }
+
+    fn read_image(&self, buf: &mut [u8], offset: u64) -> Result<(), CallError> {
         let len = buf.len();
         let c = Completion::new()?;
         // SAFETY: `buf` stays borrowed (alive, exclusively ours) until `c` completes: `wait`
@@ -241,6 +393,8 @@ impl Session {
     pub fn write_vectored(&self, bufs: &[&[u8]], offset: u64) -> Result<(), CallError> {
         // Up to this many writes in flight per call; more pieces go in further rounds.
         const MAX_IN_FLIGHT: usize = 32;
+        let len_bytes = bufs.iter().map(|b| b.len() as u64).sum();
+        let _writing = WriteInFlight::new(&self.ra, offset, len_bytes);
         let mut at = offset;
         for round in bufs.chunks(MAX_IN_FLIGHT) {
             let mut pending: [Option<Submitted>; MAX_IN_FLIGHT] = Default::default();
@@ -287,6 +441,7 @@ impl Session {
     }
 
     pub fn discard(&self, offset: u64, len_bytes: u64) -> Result<(), CallError> {
+        let _writing = WriteInFlight::new(&self.ra, offset, len_bytes);
         let c = Completion::new()?;
         // SAFETY: an open image and a fresh completion; no buffer.
         let rc = unsafe { ffi::rbd_aio_discard(self.image, offset, len_bytes, c.raw) };
@@ -298,6 +453,7 @@ impl Session {
 
     pub fn write_zeroes(&self, offset: u64, len_bytes: u64) -> Result<(), CallError> {
         let len = usize::try_from(len_bytes).expect("a 64-bit usize");
+        let _writing = WriteInFlight::new(&self.ra, offset, len_bytes);
         let c = Completion::new()?;
         // SAFETY: an open image and a fresh completion; no buffer; no flags.
         let rc = unsafe { ffi::rbd_aio_write_zeroes(self.image, offset, len, c.raw, 0, 0) };
@@ -324,6 +480,9 @@ struct Handles {
     ioctx: ffi::RadosIoctxT,
     image: ffi::RbdImageT,
     locked: bool,
+    /// Read-aheads not yet reaped, and the buffer they read into: freed once they finished.
+    read_aheads: Vec<RaIo>,
+    ra_buf: *mut [u8],
 }
 
 // SAFETY: librados/librbd handles may be used from any thread; after `Session::drop` moves
@@ -332,6 +491,13 @@ unsafe impl Send for Handles {}
 
 impl Handles {
     fn close(self) {
+        for io in self.read_aheads {
+            io.wait();
+            io.release();
+        }
+        // SAFETY: created by `Box::into_raw` at open, freed once, here, after every read into
+        // it finished.
+        drop(unsafe { Box::from_raw(self.ra_buf) });
         // SAFETY: each handle is either null (never created) or created by `open` and not yet
         // freed; they are freed in reverse order of creation, exactly once. No IO is in flight:
         // every IO method waits for its completions while borrowing the session.
@@ -365,6 +531,8 @@ impl Drop for Session {
             ioctx: std::mem::replace(&mut self.ioctx, ptr::null_mut()),
             image: std::mem::replace(&mut self.image, ptr::null_mut()),
             locked: std::mem::take(&mut self.locked),
+            read_aheads: self.ra.get_mut().take_all_io().collect(),
+            ra_buf: self.ra_buf,
         };
         let (done_tx, done_rx) = mpsc::sync_channel::<()>(1);
         let spawned = std::thread::Builder::new()
