@@ -14,6 +14,9 @@
 //!   --force`, and the image opened as a second host would, by a fresh logcache with a new
 //!   cache: the filesystem mounts, `e2fsck -fn` finds nothing, and the files that had to reach
 //!   the image are there and exact;
+//! - read-ahead of sequential misses: the OSD serves 2,048 sequential 4 KiB misses in a few
+//!   reads, and write-around writes and write-zeroes into ranges read ahead are what later
+//!   sequential reads return (this test holds the cluster alone, to count the OSD's reads);
 //! - the exclusive lock: a second logcache on the same image is refused with one clear line;
 //! - `rbd diff v1` interop, both ways: `rbd export-diff --from-snap` applied by `logcache
 //!   import-diff` to a file exported at the first snapshot equals `rbd export` of the second;
@@ -145,6 +148,20 @@ impl Cluster {
             &format!("rbd/{name}"),
         ]);
         format!("rbd:rbd/{name}?conf={}", self.conf)
+    }
+
+    /// Client reads the OSD has served since it started (`op_r` of `ceph tell osd.0 perf
+    /// dump`).
+    fn osd_reads(&self) -> u64 {
+        let out = run(tool("ceph")
+            .arg("-c")
+            .arg(&self.conf)
+            .args(["tell", "osd.0", "perf", "dump"]));
+        assert_ok(&out, "ceph tell osd.0 perf dump");
+        let dump: serde_json::Value = serde_json::from_slice(&out.stdout).expect("perf dump JSON");
+        dump["osd"]["op_r"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no osd.op_r in the OSD's perf dump"))
     }
 
     /// The OSD daemon's pid, from its pid file.
@@ -367,6 +384,93 @@ fn model_through_logcache_over_rbd_then_the_image_alone_equals_it() {
     // The cache still opens against the image after a clean stop.
     let out = logcache(&["check", "--cache", &cache, "--backing", &backing]);
     assert_ok(&out, "logcache check against the RBD image");
+}
+
+/// Sequential reads that miss the cache are read ahead from the image (`logcache-rbd`'s
+/// `readahead.rs`): the OSD serves 2,048 sequential 4 KiB misses in a few large reads. And a
+/// write into a range already read ahead is what the later reads return: write-around writes
+/// (straight to the image, the cache's copies dropped), some unaligned, and write-zeroes, each a
+/// little ahead of a sequential reader, every read checked against a model.
+#[test]
+fn sequential_misses_are_read_ahead_and_later_reads_see_every_write_into_them() {
+    let Some(cluster) = cluster() else { return };
+    // Alone on the cluster: the OSD's read count below must be this test's own.
+    let _gate = OSD_GATE.write().unwrap_or_else(|e| e.into_inner());
+    let dir = TestDir::new("rbd-readahead");
+    let backing = cluster.image("readahead");
+    let cache = format_cache(&dir, &backing);
+    let served = Served::start(&[
+        "--cache",
+        &cache,
+        "--backing",
+        &backing,
+        "--set",
+        "read_cache=off",
+    ]);
+    let ctl = served.control().to_string_lossy().into_owned();
+    logcache_ok(&["set", "--control", &ctl, "cache_mode=write-around"]);
+    let mut nbd = Client::connect_str(&served.unix_uri()).unwrap();
+    let region = 24 * MIB;
+    let mut rng = Rng::new(2202);
+    let mut model = rng.bytes(region as usize);
+    for at in (0..region).step_by(MIB as usize) {
+        let chunk = &model[at as usize..(at + MIB) as usize];
+        nbd.write_at(chunk, at, false).unwrap();
+    }
+
+    let before = cluster.osd_reads();
+    let mut got = vec![0u8; 4096];
+    for at in (0..8 * MIB).step_by(4096) {
+        nbd.read_at(&mut got, at).unwrap();
+        let want = &model[at as usize..at as usize + 4096];
+        assert_same(&got, want, &format!("4 KiB read at {at}"));
+    }
+    let osd_reads = cluster.osd_reads() - before;
+    assert!(
+        osd_reads < 256,
+        "2,048 sequential 4 KiB misses took {osd_reads} OSD reads: nothing was read ahead"
+    );
+
+    let mut got = vec![0u8; 64 << 10];
+    let mut at = 8 * MIB;
+    let mut changes = 0;
+    while at < region {
+        nbd.read_at(&mut got, at).unwrap();
+        let want = &model[at as usize..at as usize + got.len()];
+        assert_same(
+            &got,
+            want,
+            &format!("64 KiB read at {at} after {changes} changes"),
+        );
+        at += got.len() as u64;
+        if rng.below(4) == 0 {
+            // Somewhere in the next 8 MiB: inside the buffers read ahead, or just past them.
+            let to = (at + rng.below(8 * MIB) / 512 * 512).min(region - 512);
+            let len = (512 * (1 + rng.below(256))).min(region - to) as usize;
+            let range = to as usize..to as usize + len;
+            if rng.below(3) == 0 {
+                nbd.write_zeroes(to, len as u64).unwrap();
+                model[range].fill(0);
+            } else {
+                let data = rng.bytes(len);
+                nbd.write_at(&data, to, false).unwrap();
+                model[range].copy_from_slice(&data);
+            }
+            changes += 1;
+        }
+    }
+    assert!(changes > 20, "only {changes} changes");
+    let mut all = vec![0u8; region as usize];
+    nbd.read_at(&mut all, 0).unwrap();
+    assert_same(&all, &model, "the region read back whole");
+    drop(nbd);
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+    assert_same(
+        &cluster.export("readahead", &dir)[..region as usize],
+        &model,
+        "the image alone",
+    );
 }
 
 /// What a block may read as after a crash: the flushed value, or any value written since.
