@@ -30,10 +30,14 @@
 # adds serve options to it alone (e.g. VARIANT_BIN=target/release/logcache
 # VARIANT_SET="--set writeback_io_depth=64").
 #
+# ROUNDS=N runs each matrix row N times, the configs in a different order each round (the first
+# config of round r is the r-th), so a machine whose load changes within a row does not favour
+# whichever config comes first: one line per run, ratios taken from the medians.
+#
 # usage: scripts/bench-rbd-matrix.sh [SECONDS] [OUT]
 #   env: BS="4k 64k 1m 4m" RW="randwrite write randread read" DEPTHS="1 32" BG="0 4 16"
 #        CONFIGS="rbd-alone qnbd-none qnbd-wb lc-native lc-qnbd" PHASES="matrix latency"
-#        CACHED_DEPTHS="1 32" DRAIN_ROUNDS=2 VARIANT_BIN= VARIANT_SET=
+#        CACHED_DEPTHS="1 32" DRAIN_ROUNDS=2 VARIANT_BIN= VARIANT_SET= ROUNDS=1
 # Prints one line per run (and appends it to OUT, default /var/tmp/rbd-matrix.txt):
 #   matrix CONFIG RW BS IODEPTH MBps IOPS p99_us p99.9_us
 #   latency CONFIG BGJOBS fg_IOPS fg_p99_us fg_p99.9_us fg_max_us
@@ -52,6 +56,7 @@ CACHED_DEPTHS=${CACHED_DEPTHS:-1 32}
 DRAIN_ROUNDS=${DRAIN_ROUNDS:-2}
 VARIANT_BIN=${VARIANT_BIN:-}
 VARIANT_SET=${VARIANT_SET:-}
+ROUNDS=${ROUNDS:-1}
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin=$root/target/release/logcache
@@ -160,12 +165,19 @@ target() { # CONFIG -> fio's engine options
     file) echo "--ioengine=nbd --uri=nbd+unix:///?socket=$dir/file.sock" ;;
     esac
 }
+rotate() { # N WORD...: the words from the N-th (mod their count) on, then the rest
+    local n=$1
+    shift
+    local words=("$@")
+    local i k=${#words[@]}
+    for ((i = 0; i < k; i++)); do echo "${words[$(((n + i) % k))]}"; done
+}
 lc_name() {
     case $1 in lc-native) echo native ;; lc-qnbd) echo qnbd ;; lc-variant) echo variant ;;
     *) echo "" ;; esac
 }
 
-echo "# $(date -u +%FT%TZ) secs=$secs BS=($BS) RW=($RW) DEPTHS=($DEPTHS) BG=($BG) load=$(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out"
+echo "# $(date -u +%FT%TZ) secs=$secs BS=($BS) RW=($RW) DEPTHS=($DEPTHS) BG=($BG) ROUNDS=$ROUNDS load=$(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out"
 reads_started=0
 phase matrix || RW=""
 for rw in $RW; do
@@ -176,16 +188,19 @@ for rw in $RW; do
     fi
     for bs in $BS; do
         for depth in $DEPTHS; do
-            for c in $CONFIGS; do
-                name=$(lc_name "$c")
-                if [ -n "$name" ] && [[ $rw != *read* ]]; then
-                    "$bin" drain --control "$dir/$name.ctl" >/dev/null 2>&1
-                fi
-                # shellcheck disable=SC2046
-                r=$(CEPH_CONF=$dir/nocache.conf fio --name=m "--rw=$rw" "--bs=$bs" \
-                    "--iodepth=$depth" --size=512m --runtime="$secs" --time_based \
-                    --randrepeat=0 --output-format=json $(target "$c") | summary "$rw")
-                echo "matrix $c $rw $bs $depth $r" | tee -a "$out"
+            for round in $(seq 1 "$ROUNDS"); do
+                # shellcheck disable=SC2086
+                for c in $(rotate "$((round - 1))" $CONFIGS); do
+                    name=$(lc_name "$c")
+                    if [ -n "$name" ] && [[ $rw != *read* ]]; then
+                        "$bin" drain --control "$dir/$name.ctl" >/dev/null 2>&1
+                    fi
+                    # shellcheck disable=SC2046
+                    r=$(CEPH_CONF=$dir/nocache.conf fio --name=m "--rw=$rw" "--bs=$bs" \
+                        "--iodepth=$depth" --size=512m --runtime="$secs" --time_based \
+                        --randrepeat=0 --output-format=json $(target "$c") | summary "$rw")
+                    echo "matrix $c $rw $bs $depth $r" | tee -a "$out"
+                done
             done
         done
     done
