@@ -69,6 +69,8 @@ pub struct Session {
     /// them finished (see `Drop`).
     ra: Mutex<Readahead<RaIo>>,
     ra_buf: *mut [u8],
+    /// Bytes of reads of the image in flight (`read` calls), for the read-ahead's queue rule.
+    read_bytes_in_flight: AtomicU64,
 }
 
 /// A read-ahead in flight: its completion and the bytes it must return.
@@ -171,6 +173,7 @@ impl Session {
             lost: AtomicBool::new(false),
             ra: Mutex::new(Readahead::new(0)),
             ra_buf: Box::into_raw(vec![0u8; SLOTS * PREFETCH_BYTES].into_boxed_slice()),
+            read_bytes_in_flight: AtomicU64::new(0),
         };
         let id_ptr = id.as_ref().map_or(ptr::null(), |c| c.as_ptr());
         // SAFETY: `s.cluster` is a valid out-pointer; `id_ptr` is NUL-terminated or null
@@ -286,10 +289,21 @@ impl Session {
     /// Reads `buf.len()` bytes at `offset`: from a read-ahead buffer when one holds them,
     /// else from the image; then starts the read-aheads a sequential stream calls for.
     pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), CallError> {
-        if !self.read_ahead_hit(buf, offset) {
-            self.read_image(buf, offset)?;
-        }
-        self.read_ahead(offset, buf.len());
+        let len_bytes = buf.len() as u64;
+        let queued_before = self
+            .read_bytes_in_flight
+            .fetch_add(len_bytes, Ordering::AcqRel);
+        let result = if self.read_ahead_hit(buf, offset) {
+            Ok(())
+        } else {
+            self.read_image(buf, offset)
+        };
+        let queued_after = self
+            .read_bytes_in_flight
+            .fetch_sub(len_bytes, Ordering::AcqRel)
+            - len_bytes;
+        result?;
+        self.read_ahead(offset, buf.len(), queued_before.max(queued_after));
         Ok(())
     }
 
@@ -329,9 +343,9 @@ impl Session {
     /// Counts the read and submits the read-aheads it calls for (under the lock, so that a
     /// planned slot is in flight before anyone can look it up). A read-ahead that cannot be
     /// submitted is dropped: reads go to the image as before.
-    fn read_ahead(&self, offset: u64, len: usize) {
+    fn read_ahead(&self, offset: u64, len: usize, queued_bytes: u64) {
         let mut ra = self.ra.lock();
-        for plan in ra.observe(offset, len).into_iter().flatten() {
+        for plan in ra.observe(offset, len, queued_bytes).into_iter().flatten() {
             let Ok(c) = Completion::new() else {
                 ra.failed(plan.slot);
                 continue;

@@ -117,7 +117,7 @@ impl World {
                 self.ra.release(slot);
             }
         }
-        let plans = self.ra.observe(offset, len);
+        let plans = self.ra.observe(offset, len, 0);
         self.submit(plans, rng);
         // Live buffers never overlap: each range is read ahead once.
         let live: Vec<_> = self.ra.slots.iter().filter(|s| s.live()).collect();
@@ -147,7 +147,7 @@ fn write(w: &mut World, offset: u64, len: usize, value: u8, rng: &mut Rng) {
     w.ra.write_begin(offset, len as u64);
     // While the write is in flight, reads-ahead neither start nor see it yet.
     if rng.below(2) == 0 {
-        let plans = w.ra.observe(offset, 4096);
+        let plans = w.ra.observe(offset, 4096, 0);
         assert!(
             plans.iter().all(Option::is_none),
             "read-ahead during a write"
@@ -204,10 +204,10 @@ fn read_ahead_starts_after_the_trigger_and_stays_ahead_of_the_reader() {
     let mb = 1u64 << 20;
     for i in 0..u64::from(TRIGGER_REQUESTS) - 1 {
         assert_eq!(ra.lookup(i * mb, 1 << 20), Lookup::Miss);
-        assert!(ra.observe(i * mb, 1 << 20).iter().all(Option::is_none));
+        assert!(ra.observe(i * mb, 1 << 20, 0).iter().all(Option::is_none));
     }
     let at = u64::from(TRIGGER_REQUESTS - 1) * mb;
-    let plans = ra.observe(at, 1 << 20);
+    let plans = ra.observe(at, 1 << 20, 0);
     let p0 = plans[0].expect("read-ahead after the trigger");
     let p1 = plans[1].expect("both buffers fill");
     assert_eq!((p0.start, p0.len), (at + mb, PREFETCH_BYTES));
@@ -228,7 +228,7 @@ fn read_ahead_starts_after_the_trigger_and_stays_ahead_of_the_reader() {
     ra.release(slot);
     // A jump elsewhere resets the run: no read-ahead, and the buffers are not served there.
     assert_eq!(ra.lookup(40 * mb, 4096), Lookup::Miss);
-    assert!(ra.observe(40 * mb, 4096).iter().all(Option::is_none));
+    assert!(ra.observe(40 * mb, 4096, 0).iter().all(Option::is_none));
 }
 
 #[test]
@@ -236,7 +236,7 @@ fn a_write_makes_overlapping_buffers_stale_and_holds_off_new_read_ahead() {
     let mut ra: Readahead<u32> = Readahead::new(64 << 20);
     let mut plans = [None; SLOTS];
     for i in 0..u64::from(TRIGGER_REQUESTS) {
-        plans = ra.observe(i * 4096, 4096);
+        plans = ra.observe(i * 4096, 4096, 0);
     }
     let p = plans[0].expect("read-ahead");
     ra.submitted(p.slot, 7);
@@ -246,10 +246,10 @@ fn a_write_makes_overlapping_buffers_stale_and_holds_off_new_read_ahead() {
     assert!(!ra.servable(p.slot));
     assert_eq!(ra.lookup(p.start, 4096), Lookup::Miss);
     let next = p.start;
-    assert!(ra.observe(next, 4096).iter().all(Option::is_none));
+    assert!(ra.observe(next, 4096, 0).iter().all(Option::is_none));
     ra.write_end();
     // After the write the stream goes on, and the stale buffer is reused.
-    let again = ra.observe(next + 4096, 4096);
+    let again = ra.observe(next + 4096, 4096, 0);
     assert!(again.iter().flatten().any(|q| q.slot == p.slot));
 }
 
@@ -268,7 +268,7 @@ fn a_stream_that_starts_again_behind_its_buffers_reads_ahead_anew() {
                 }
                 ra.release(slot);
             }
-            for p in ra.observe(at, 1 << 20).into_iter().flatten() {
+            for p in ra.observe(at, 1 << 20, 0).into_iter().flatten() {
                 io += 1;
                 ra.submitted(p.slot, io);
                 planned += 1;
@@ -283,4 +283,21 @@ fn a_stream_that_starts_again_behind_its_buffers_reads_ahead_anew() {
         stream(&mut ra, 0, 8) >= SLOTS,
         "read-ahead resumes for the new stream"
     );
+}
+
+#[test]
+fn a_queue_of_reads_covering_a_read_ahead_gets_none() {
+    let mut ra: Readahead<u32> = Readahead::new(64 << 20);
+    let mb = 1u64 << 20;
+    // 1 MiB reads at iodepth 32: 31 MiB in flight besides each.
+    for i in 0..16 {
+        let plans = ra.observe(i * mb, 1 << 20, 31 * mb);
+        assert!(
+            plans.iter().all(Option::is_none),
+            "read {i} of a deep queue read ahead"
+        );
+    }
+    // The same stream with a shallow queue (4 KiB reads at iodepth 32: 124 KiB besides) reads
+    // ahead at once: the run was counted all along.
+    assert!(ra.observe(16 * mb, 1 << 20, 124 << 10)[0].is_some());
 }
