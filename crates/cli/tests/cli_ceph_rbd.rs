@@ -267,7 +267,14 @@ fn format_cache_of(
 }
 
 fn serve(cache: &str, backing: &str) -> Served {
-    Served::start(&["--cache", cache, "--backing", backing])
+    serve_with(cache, backing, &[])
+}
+
+/// Serves `cache` over `backing` with `extra` serve options.
+fn serve_with(cache: &str, backing: &str, extra: &[&str]) -> Served {
+    let mut args = vec!["--cache", cache, "--backing", backing];
+    args.extend_from_slice(extra);
+    Served::start(&args)
 }
 
 fn drain(served: &Served) {
@@ -399,14 +406,7 @@ fn sequential_misses_are_read_ahead_and_later_reads_see_every_write_into_them() 
     let dir = TestDir::new("rbd-readahead");
     let backing = cluster.image("readahead");
     let cache = format_cache(&dir, &backing);
-    let served = Served::start(&[
-        "--cache",
-        &cache,
-        "--backing",
-        &backing,
-        "--set",
-        "read_cache=off",
-    ]);
+    let served = serve_with(&cache, &backing, &["--set", "read_cache=off"]);
     let ctl = served.control().to_string_lossy().into_owned();
     logcache_ok(&["set", "--control", &ctl, "cache_mode=write-around"]);
     let mut nbd = Client::connect_str(&served.unix_uri()).unwrap();

@@ -20,7 +20,8 @@ use crate::spec::RbdSpec;
 /// image sees as many requests in flight as the engine issues; a vectored write puts all its
 /// pieces in flight together. Sequential reads are read ahead (`readahead.rs`: up to four
 /// 4 MiB buffers ahead of a reader whose last three reads each began where the one before
-/// ended), kept coherent with every write, discard and write-zeroes of this device.
+/// ended, unless the reads in flight already cover 4 MiB), kept coherent with every write,
+/// discard and write-zeroes of this device.
 ///
 /// Failure policy: a call whose cluster operation times out (the op timeout given to
 /// [`RbdDevice::open`]), or that finds this client blocklisted or its exclusive lock taken
