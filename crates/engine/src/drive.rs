@@ -28,16 +28,24 @@ pub fn start_threads(inner: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
         return Ok(threads);
     }
     let i = inner.clone();
+    let start = crate::sync::Start::begin();
     threads.push(
         std::thread::Builder::new()
             .name("logcache-flusher".into())
-            .spawn(move || inner::run_background(&i, "flusher", flusher::run))
+            .spawn(move || {
+                start.wait();
+                inner::run_background(&i, "flusher", flusher::run)
+            })
             .map_err(|e| Error::io("starting the flusher thread", e))?,
     );
     let i = inner.clone();
+    let start = crate::sync::Start::begin();
     let wb = std::thread::Builder::new()
         .name("logcache-writeback".into())
-        .spawn(move || inner::run_background(&i, "writeback", writeback::run));
+        .spawn(move || {
+            start.wait();
+            inner::run_background(&i, "writeback", writeback::run)
+        });
     match wb {
         Ok(t) => threads.push(t),
         Err(e) => {
@@ -199,7 +207,10 @@ pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<(
             match st.writeback.error() {
                 Some(e) => {
                     let since = *failing_since.get_or_insert_with(crate::sync::now);
-                    if bufs.is_some() || since.elapsed() >= DRAIN_ERROR_PATIENCE {
+                    if bufs.is_some()
+                        || crate::sync::now().saturating_duration_since(since)
+                            >= DRAIN_ERROR_PATIENCE
+                    {
                         return Err(Error::Io {
                             what: "drain stopped: writeback failed".into(),
                             source: std::io::Error::other(e.to_string()),

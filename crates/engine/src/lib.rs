@@ -30,7 +30,7 @@ mod reclaim;
 mod state;
 pub mod stats;
 pub mod status;
-mod sync;
+pub mod sync;
 pub mod tunables;
 mod verify;
 mod writeback;

@@ -48,11 +48,15 @@
 //! schedules of several cycles find open bugs, see docs/RELIABILITY.md),
 //! `LOGCACHE_SIM_KEEP_GOING` (run every seed, then list the failures),
 //! `LOGCACHE_SIM_LOSS_SCHEDULES` and `LOGCACHE_SIM_LOSS_SEED` (the cache-loss seeds, default
-//! `CI_LOSS_SCHEDULES` from 0), `LOGCACHE_SIM_REPEAT` (run each seed this many times in a row:
-//! a seed's schedule is not exact from run to run). A failure prints the seed and the command
-//! that replays it. The scheduler's
-//! determinism and its limits are described in `logcache_testkit::sched`; each schedule also
-//! prints a trace hash (`LOGCACHE_SIM_VERBOSE=1`) so two runs of a seed can be compared.
+//! `CI_LOSS_SCHEDULES` from 0), `LOGCACHE_SIM_REPEAT` (run each seed this many times in a row,
+//! each run's trace compared with the first), `LOGCACHE_SIM_FREE_THREADS` (the engine's threads
+//! run free, as before the seam: seeds then need not replay). A failure prints the seed and the
+//! command that replays it. Replay is exact: the engine's locks, condition-variable waits,
+//! thread starts and clock go through its seam (`logcache_engine::sync`, feature `sim`), so
+//! one engine thread runs at a time and the scheduler picks the next (`Case::settle`), and
+//! time is virtual (a timed wait fires when the scheduler says). Each schedule's trace hash
+//! (`LOGCACHE_SIM_VERBOSE=1`) covers every choice, the IOs held at each step and the disk
+//! recovered after each power cut; CI runs `REPLAY_CHECK_SEEDS` twice and compares.
 //!
 //! This file holds one test: quiescence is read from the process's threads, so nothing else
 //! may run beside it.
@@ -84,6 +88,14 @@ const CI_LOSS_SCHEDULES: u64 = 45;
 const DEAD_STEPS_MAX: u64 = 20_000;
 /// The cache modes a cache-loss schedule fixes (`Case::fixed_mode`).
 const MODES: [&str; 3] = ["write-back", "write-through", "write-around"];
+/// Engine threads run at their seam in a row after which `Case::settle` lets IO go (threads
+/// that keep waking each other must not stop the run).
+const SYNC_RUN_MAX: u64 = 20;
+/// A settled process fires its earliest timer about once in this many looks while IO is held.
+const TIMER_ODDS: u64 = 8;
+/// Seeds CI runs twice each, the two traces (every choice, the set of IOs held at each step,
+/// the disk recovered after each power cut) compared: a seed replays exactly.
+const REPLAY_CHECK_SEEDS: [u64; 3] = [3, 19, 42];
 /// Requests running with none completing while the harness waited this long for timers (no IO
 /// held, nothing to start) is a hang (`common::stall`) ...
 const HANG: Duration = Duration::from_secs(20);
@@ -474,6 +486,10 @@ const SLOW_CANDIDATES: [(&str, OpKind); 6] = [
 #[derive(Default)]
 struct Totals {
     steps: u64,
+    /// Engine threads let go at their seam, timers fired, and runs of seam steps cut short.
+    sync_steps: u64,
+    timers_fired: u64,
+    sync_runs_cut: u64,
     cycles: u64,
     requests: u64,
     faults: u64,
@@ -523,8 +539,41 @@ struct Totals {
     loss_failures: std::collections::BTreeMap<String, u64>,
 }
 
+/// The engine's seam (`logcache_engine::sync::sim`) run by the scheduler.
+struct SchedHook(Scheduler);
+
+impl logcache_engine::sync::sim::Hook for SchedHook {
+    fn scheduled(&self) -> bool {
+        self.0.scheduled()
+    }
+    fn lock_wait(&self, id: usize) {
+        self.0.lock_wait(id)
+    }
+    fn wait_begin(&self, cv: usize, timeout: Option<Duration>) -> u64 {
+        self.0.wait_begin(cv, timeout)
+    }
+    fn wait_end(&self, ticket: u64) -> bool {
+        self.0.wait_end(ticket)
+    }
+    fn notify(&self, cv: usize, all: bool) {
+        self.0.notify(cv, all)
+    }
+    fn now(&self) -> Instant {
+        self.0.now()
+    }
+    fn start_begin(&self) -> u64 {
+        self.0.start_begin()
+    }
+    fn start_wait(&self, ticket: u64) {
+        self.0.start_wait(ticket)
+    }
+}
+
 struct Case<'a> {
     rng: Rng,
+    /// Which engine thread stopped at its seam goes next, and when a timer fires: a stream of
+    /// its own.
+    sync_rng: Rng,
     sched: Scheduler,
     shared: Arc<Shared>,
     region_sectors: u64,
@@ -562,13 +611,64 @@ impl Case<'_> {
         }
     }
 
-    fn settle(&self) {
-        assert!(
-            self.sched.settle(SETTLE_MAX),
-            "the process never became quiescent (a thread kept running for {SETTLE_MAX:?}; \
-             running now: {:?})",
-            stall::running_threads()
-        );
+    fn mix(&mut self, x: u64) {
+        self.trace = (self.trace ^ x).wrapping_mul(0x100_0000_01b3);
+    }
+
+    /// Waits until the process is quiescent, then runs the engine threads stopped at their
+    /// seam (`logcache_engine::sync`: a lock found taken, a wait notified, a new thread), one
+    /// at a time in an order the seed picks, until none is ready; now and then a timed wait's
+    /// timer fires too (the virtual clock moves to it), as real time would pass meanwhile.
+    fn settle(&mut self) {
+        let mut run = 0;
+        loop {
+            assert!(
+                self.sched.settle(SETTLE_MAX),
+                "the process never became quiescent (a thread kept running for {SETTLE_MAX:?}; \
+                 running now: {:?})",
+                stall::running_threads()
+            );
+            if run >= SYNC_RUN_MAX {
+                // Threads that keep waking each other (a livelock) do not stop the IO.
+                self.totals.sync_runs_cut += 1;
+                return;
+            }
+            let ready = self.sched.ready_sync();
+            let (ticket, what) = if ready.is_empty() {
+                let timers = self.sched.timers();
+                if timers.is_empty() || !self.sync_rng.chance(1, TIMER_ODDS) {
+                    return;
+                }
+                self.totals.timers_fired += 1;
+                let t = &timers[0];
+                (t.ticket, format!("timer {} {}", t.thread, t.deadline_ns))
+            } else {
+                let i = self.sync_rng.below(ready.len() as u64) as usize;
+                let r = &ready[i];
+                (
+                    r.ticket,
+                    format!("seam {} {:?} {i}/{}", r.thread, r.kind, ready.len()),
+                )
+            };
+            self.note(&what);
+            assert!(self.sched.release_sync(ticket), "a stopped thread vanished");
+            self.totals.sync_steps += 1;
+            run += 1;
+        }
+    }
+
+    /// Nothing to release, requests still running: they wait for a timer. Fires the earliest
+    /// one (the virtual clock moves to its deadline); without the seam, waits a moment.
+    fn idle(&mut self) {
+        self.totals.waits += 1;
+        match self.sched.timers().first() {
+            Some(t) => {
+                self.note(&format!("timer {} {}", t.thread, t.deadline_ns));
+                self.totals.timers_fired += 1;
+                self.sched.release_sync(t.ticket);
+            }
+            None => std::thread::sleep(Duration::from_millis(1)),
+        }
     }
 
     fn check_errors(&self) {
@@ -711,8 +811,19 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
              sectors, seal interval {seal_interval_ms} ms, {cycles} cycle(s)"
         );
     }
+    // The engine's locks, waits and clock go through the scheduler (one engine thread at a
+    // time, virtual time), unless LOGCACHE_SIM_FREE_THREADS asks for the threads to run free
+    // (as before the seam: a seed then need not replay exactly).
+    let seam = std::env::var("LOGCACHE_SIM_FREE_THREADS").is_err();
+    logcache_engine::sync::sim::install(
+        seam.then(|| {
+            Arc::new(SchedHook(sched.clone())) as Arc<dyn logcache_engine::sync::sim::Hook>
+        }),
+    );
+    sched.set_driver();
     let mut case = Case {
         rng,
+        sync_rng: Rng::new(seed ^ 0x7379_6e63),
         sched: sched.clone(),
         shared: shared.clone(),
         region_sectors,
@@ -802,6 +913,9 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             case.check_errors();
             case.totals.steps += 1;
             let held = sched.held();
+            for h in &held {
+                case.mix(h.offset ^ (h.len_bytes << 40) ^ ((h.kind as u64) << 60));
+            }
             let idle: Vec<usize> = (0..workers.len()).filter(|&i| !workers[i].busy()).collect();
             let can_start = requests_left > 0 && !idle.is_empty();
             let completed = workers
@@ -869,8 +983,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
                 }
                 // Requests are running and no IO is held: they wait for a timer (the periodic
                 // seal, writeback's poll) or for each other; `stall` tells a hang.
-                std::thread::sleep(Duration::from_millis(1));
-                case.totals.waits += 1;
+                case.idle();
                 continue;
             }
             // Chosen by the trace so far, not the seed's stream: schedules stay as they were.
@@ -1000,6 +1113,12 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         });
         let mut image = vec![0u8; region_sectors as usize * SECTOR];
         e.read(0, &mut image).expect("read after recovery");
+        // The state the cycle left, in the trace: two runs of a seed must agree on it too.
+        for word in image.chunks(8) {
+            case.mix(u64::from_le_bytes(
+                word.try_into().expect("sectors are whole words"),
+            ));
+        }
         {
             let mut m = shared.model.lock();
             if let Err(msg) = m.check_recovered(&image) {
@@ -1176,7 +1295,7 @@ fn gated<T: Send>(case: &mut Case<'_>, f: impl FnOnce() -> T + Send) -> T {
             case.settle();
             let held = case.sched.held();
             if held.is_empty() {
-                std::thread::sleep(Duration::from_millis(1));
+                case.idle();
                 continue;
             }
             case.release_one(&held, &[], 0);
@@ -1339,7 +1458,7 @@ fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker], under_pressur
         }
         let held = unstalled(case, &stalled);
         if held.is_empty() {
-            std::thread::sleep(Duration::from_millis(1));
+            case.idle();
         } else {
             case.release_one(&held, &[], 0);
         }
@@ -1385,7 +1504,7 @@ fn drive(
             if quiet > QUIET_LOOKS {
                 return false;
             }
-            std::thread::sleep(Duration::from_millis(1));
+            case.idle();
             continue;
         }
         quiet = 0;
@@ -1506,17 +1625,21 @@ fn zero_window_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
             }
             cursor += n as usize;
             sent += n;
+            // One request at a time: each runs until it stops before the next starts (two
+            // started together would race, and the seed would not replay).
             if kind == 1 {
                 workers[w].start(Req::Ballast {
                     offset_bytes: ballast_at + first * 4096,
                     len_bytes: n * 4096,
                 });
+                c.settle();
                 continue;
             }
             let id = c.shared.model.lock().next_write_id();
             let t = c.shared.begin(first * 8, n * 8, Effect::Data(id));
             workers[w].start(Req::Write { t, id, fua: false });
             c.totals.requests += 1;
+            c.settle();
         }
         false
     });
@@ -1571,17 +1694,29 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         .map(|&s| (s, false))
         .chain((0..loss_count).map(|i| (loss_base.wrapping_add(i), true)))
         .collect();
-    // Each seed this many times in a row: a seed's schedule is not exact from run to run (two
-    // threads one step wakes race; docs/RELIABILITY.md), so a failure is replayed by running
-    // its seed alone several times.
+    // Each seed this many times in a row, every run's trace compared with the first: a seed
+    // replays exactly (the engine's threads run one at a time through their seam, on virtual
+    // time; docs/RELIABILITY.md), and this measures it.
     let repeat = env_u64("LOGCACHE_SIM_REPEAT").unwrap_or(1).max(1) as usize;
-    let runs: Vec<(u64, bool)> = runs
+    let mut runs: Vec<(u64, bool)> = runs
         .into_iter()
         .flat_map(|r| std::iter::repeat_n(r, repeat))
         .collect();
+    // A run of CI's kind replays a few of its seeds once more: each trace must equal the
+    // first run's (checked below, as for LOGCACHE_SIM_REPEAT).
+    if fixed.is_none() {
+        runs.extend(
+            REPLAY_CHECK_SEEDS
+                .iter()
+                .filter(|&&s| s < count)
+                .map(|&s| (s, false)),
+        );
+    }
     let mut failures: Vec<(u64, String)> = Vec::new();
     let mut totals = Totals::default();
     let started = Instant::now();
+    // Each (seed, kind)'s first trace: every repeat must match it.
+    let mut traces: std::collections::HashMap<(u64, bool), u64> = Default::default();
     for (seed, loss) in runs.iter().copied() {
         let kind = if loss { "cache-loss seed" } else { "seed" };
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1591,6 +1726,15 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
             Ok(trace) => {
                 if verbose {
                     eprintln!("sim: {kind} {seed} trace {trace:016x}");
+                }
+                let first = *traces.entry((seed, loss)).or_insert(trace);
+                if first != trace {
+                    let msg = format!(
+                        "{kind} {seed} did not replay exactly: trace {trace:016x}, first run \
+                         {first:016x}"
+                    );
+                    eprintln!("sim: {msg}");
+                    failures.push((seed, msg));
                 }
             }
             Err(e) if keep_going => {
@@ -1616,15 +1760,20 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
                 };
                 eprintln!(
                     "\nsim failed with {kind} {seed}; replay it with:\n  {env} \
-                     LOGCACHE_SIM_REPEAT=20 LOGCACHE_SIM_CYCLES={} cargo test -p logcache-engine \
-                     --test sim\n(a seed's schedule may differ from run to run: this runs it 20 \
-                     times and stops at a failure)\n",
+                     LOGCACHE_SIM_CYCLES={} LOGCACHE_SIM_VERBOSE=2 cargo test -p logcache-engine \
+                     --test sim -- --nocapture\n(the schedule replays exactly; VERBOSE=2 prints \
+                     every step)\n",
                     env_u64("LOGCACHE_SIM_CYCLES").unwrap_or(1)
                 );
                 std::panic::resume_unwind(e);
             }
         }
     }
+    eprintln!(
+        "sim: engine threads let go at their seam {} times, {} timers fired (virtual clock), {} \
+         runs of seam steps cut at {SYNC_RUN_MAX}",
+        totals.sync_steps, totals.timers_fired, totals.sync_runs_cut
+    );
     eprintln!(
         "sim: {} schedules, {} cycles, {} requests, {} steps, {} injected faults, {} seal checks, \
          {} reads checked, {} sectors called zero checked, {} exports checked ({} blocks kept for them), \

@@ -8,13 +8,16 @@
 //! lets exactly one of them through, chosen by its seed. So one IO can stay held while many
 //! others pass (a slow zeroing, a slow cache sync), and a seed names a schedule.
 //!
-//! What is deterministic, and what is not: the choice at each step is a function of the seed and
-//! of the set of held operations. That set is the same on a replay as long as the threads that
-//! run between two quiescent points end in the same place, which holds when each step wakes one
-//! thread, and usually when it wakes two (a request and the flusher it notified) that touch
-//! different state. Two things are not controlled: the wall clock (the engine's timed waits:
-//! periodic seal, writeback polling) and lock races between threads a step woke together.
-//! A failing seed therefore replays the same schedule in most runs, not by construction.
+//! The engine's own blocking points come here too (`logcache_engine::sync`, feature `sim`: a
+//! lock found taken, a condition-variable wait, a new thread's start), so while the gate is
+//! `Scheduled` one thread runs at a time: the one let go last, until it stops again. The test
+//! lets those go one by one ([`Scheduler::ready_sync`], [`Scheduler::release_sync`]), and
+//! fires timed waits ([`Scheduler::timers`]): the engine's clock is the scheduler's virtual
+//! one ([`Scheduler::now`]), moved only by firing a timer. Every list is in an order that does
+//! not depend on timing (thread name, then ticket: tickets are handed out by the one running
+//! thread). So the choice at each step is a function of the seed alone, and a seed replays
+//! its schedule exactly. Not scheduled (opening the engine, the checks after a crash), locks
+//! and waits behave as usual and timed waits fire in real time without moving the clock.
 //!
 //! Quiescence is read from `/proc/self/task/*/stat`: every thread of the process but the caller
 //! and the main thread must be asleep. So a binary using it runs one test at a time (put the
@@ -85,11 +88,66 @@ struct Gate {
     mode: GateMode,
     next_ticket: u64,
     held: Vec<(HeldOp, Verdict)>,
+    /// The engine's own blocking points (`logcache_engine::sync`): locks found taken,
+    /// condition-variable waits, thread starts.
+    sync: Vec<SyncOp>,
+    /// Releases other than lock retries: a lock found taken may have been freed since.
+    progress: u64,
+    /// The virtual clock, in nanoseconds since `Shared::epoch`: moved only by firing a timer.
+    clock_ns: u64,
     timed_out: u64,
     released: u64,
 }
 
+/// What a thread stopped at the engine's seam waits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncKind {
+    /// A lock was taken: it may look again once something else ran.
+    Lock,
+    /// A condition-variable wait: it goes once notified, or when its timer is fired.
+    Wait,
+    /// A new thread, before its first step.
+    Start,
+}
+
+struct SyncOp {
+    ticket: u64,
+    /// The thread's name: with the ticket, the order in which ready ones are listed.
+    thread: String,
+    kind: SyncKind,
+    /// The lock's or condition variable's address (matching only, never ordering).
+    id: usize,
+    notified: bool,
+    /// A timed wait: its deadline on the virtual clock, and on the real one (used while the
+    /// gate is not `Scheduled`).
+    deadline_ns: Option<u64>,
+    real_deadline: Option<Instant>,
+    /// `Gate::progress` when it was registered (a lock retry is due once it moved).
+    progress: u64,
+    timer_fired: bool,
+    verdict: Verdict,
+}
+
+/// A thread stopped at the engine's seam the scheduler may let go now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadySync {
+    pub ticket: u64,
+    pub kind: SyncKind,
+    pub thread: String,
+}
+
+/// A timed wait nobody notified: firing it moves the virtual clock to its deadline.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timer {
+    pub ticket: u64,
+    pub deadline_ns: u64,
+    pub thread: String,
+}
+
 struct Shared {
+    /// Time zero of the virtual clock.
+    epoch: Instant,
+    driver: Mutex<Option<std::thread::ThreadId>>,
     gate: Mutex<Gate>,
     changed: Condvar,
     /// Bumped on every arrival, release and [`Scheduler::touch`]: `settle` waits until it stays.
@@ -112,10 +170,15 @@ impl Scheduler {
     pub fn new() -> Scheduler {
         Scheduler {
             shared: Arc::new(Shared {
+                epoch: Instant::now(),
+                driver: Mutex::new(None),
                 gate: Mutex::new(Gate {
                     mode: GateMode::Open,
                     next_ticket: 0,
                     held: Vec::new(),
+                    sync: Vec::new(),
+                    progress: 0,
+                    clock_ns: 0,
                     timed_out: 0,
                     released: 0,
                 }),
@@ -137,6 +200,13 @@ impl Scheduler {
             };
             for (_, v) in g.held.iter_mut().filter(|(_, v)| *v == Verdict::Wait) {
                 *v = verdict;
+            }
+            // Unscheduled, the seam behaves as plain locks and condition variables: lock
+            // retries and starts go, notified waits go, timed waits go at their real deadline.
+            for op in g.sync.iter_mut().filter(|op| op.verdict == Verdict::Wait) {
+                if op.kind != SyncKind::Wait || op.notified {
+                    op.verdict = Verdict::Go;
+                }
             }
         }
         drop(g);
@@ -179,6 +249,7 @@ impl Scheduler {
         };
         *v = if fail { Verdict::Fail } else { Verdict::Go };
         g.released += 1;
+        g.progress += 1;
         drop(g);
         self.touch();
         self.shared.changed.notify_all();
@@ -193,6 +264,223 @@ impl Scheduler {
     /// Operations released (or failed) by the scheduler so far.
     pub fn released(&self) -> u64 {
         self.shared.gate.lock().released
+    }
+
+    /// The threads stopped at the engine's seam that may go now, in ticket order (one thread
+    /// runs at a time, so tickets are handed out in the same order on a replay): notified
+    /// waits, new threads, and lock retries once something else ran since.
+    pub fn ready_sync(&self) -> Vec<ReadySync> {
+        let g = self.shared.gate.lock();
+        if g.mode != GateMode::Scheduled {
+            return Vec::new();
+        }
+        let mut v: Vec<ReadySync> = g
+            .sync
+            .iter()
+            .filter(|op| op.verdict == Verdict::Wait)
+            .filter(|op| match op.kind {
+                SyncKind::Lock => op.progress < g.progress,
+                SyncKind::Wait => op.notified,
+                SyncKind::Start => true,
+            })
+            .map(|op| ReadySync {
+                ticket: op.ticket,
+                kind: op.kind,
+                thread: op.thread.clone(),
+            })
+            .collect();
+        v.sort_by(|a, b| (&a.thread, a.ticket).cmp(&(&b.thread, b.ticket)));
+        v
+    }
+
+    /// The timed waits nobody notified, earliest deadline first.
+    pub fn timers(&self) -> Vec<Timer> {
+        let g = self.shared.gate.lock();
+        if g.mode != GateMode::Scheduled {
+            return Vec::new();
+        }
+        let mut v: Vec<Timer> = g
+            .sync
+            .iter()
+            .filter(|op| op.verdict == Verdict::Wait && !op.notified)
+            .filter_map(|op| {
+                op.deadline_ns.map(|d| Timer {
+                    ticket: op.ticket,
+                    deadline_ns: d,
+                    thread: op.thread.clone(),
+                })
+            })
+            .collect();
+        v.sort_by(|a, b| {
+            (a.deadline_ns, &a.thread, a.ticket).cmp(&(b.deadline_ns, &b.thread, b.ticket))
+        });
+        v
+    }
+
+    /// Lets a thread stopped at the seam go (`ready_sync`), or fires a timer (`timers`: the
+    /// virtual clock moves to its deadline). False if it is not waiting (any more).
+    pub fn release_sync(&self, ticket: u64) -> bool {
+        let mut g = self.shared.gate.lock();
+        let Some(i) = g
+            .sync
+            .iter()
+            .position(|op| op.ticket == ticket && op.verdict == Verdict::Wait)
+        else {
+            return false;
+        };
+        if g.sync[i].kind == SyncKind::Wait && !g.sync[i].notified {
+            let d = g.sync[i].deadline_ns.expect("only timed waits are fired");
+            g.clock_ns = g.clock_ns.max(d);
+            g.sync[i].timer_fired = true;
+        }
+        if g.sync[i].kind != SyncKind::Lock {
+            g.progress += 1;
+        }
+        g.sync[i].verdict = Verdict::Go;
+        drop(g);
+        self.touch();
+        self.shared.changed.notify_all();
+        true
+    }
+
+    /// The virtual clock.
+    pub fn now(&self) -> Instant {
+        self.shared.epoch + Duration::from_nanos(self.shared.gate.lock().clock_ns)
+    }
+
+    /// The virtual clock, in nanoseconds since the scheduler was made.
+    pub fn clock_ns(&self) -> u64 {
+        self.shared.gate.lock().clock_ns
+    }
+
+    /// Whether the calling thread runs under the scheduler now: the gate is `Scheduled` and
+    /// it is not the thread driving the scheduler (`set_driver`).
+    pub fn scheduled(&self) -> bool {
+        let driver = *self.shared.driver.lock();
+        self.mode() == GateMode::Scheduled && driver != Some(std::thread::current().id())
+    }
+
+    /// Names the calling thread as the one driving the scheduler: its locks are plain ones
+    /// (it only looks while every other thread is stopped).
+    pub fn set_driver(&self) {
+        *self.shared.driver.lock() = Some(std::thread::current().id());
+    }
+
+    /// A lock was found taken: returns when the thread may look again (at once unless
+    /// `Scheduled`).
+    pub fn lock_wait(&self, id: usize) {
+        let mut g = self.shared.gate.lock();
+        if g.mode != GateMode::Scheduled {
+            return;
+        }
+        let t = Self::push_sync(&mut g, SyncKind::Lock, id, None);
+        self.touch();
+        self.wait_sync(g, t);
+    }
+
+    /// A condition-variable wait begins (its lock still held): its ticket.
+    pub fn wait_begin(&self, cv: usize, timeout: Option<Duration>) -> u64 {
+        let mut g = self.shared.gate.lock();
+        let t = Self::push_sync(&mut g, SyncKind::Wait, cv, timeout);
+        self.touch();
+        t
+    }
+
+    /// Blocks until the wait `ticket` may go: true if its timer fired.
+    pub fn wait_end(&self, ticket: u64) -> bool {
+        let g = self.shared.gate.lock();
+        self.wait_sync(g, ticket)
+    }
+
+    /// Notifies waits on `cv`: every one, or the oldest.
+    pub fn notify(&self, cv: usize, all: bool) {
+        let mut g = self.shared.gate.lock();
+        let scheduled = g.mode == GateMode::Scheduled;
+        let mut any = false;
+        for op in g.sync.iter_mut().filter(|op| {
+            op.kind == SyncKind::Wait && op.id == cv && op.verdict == Verdict::Wait && !op.notified
+        }) {
+            op.notified = true;
+            if !scheduled {
+                op.verdict = Verdict::Go;
+            }
+            any = true;
+            if !all {
+                break; // `sync` is in ticket order: the oldest wait.
+            }
+        }
+        drop(g);
+        if any {
+            self.touch();
+            self.shared.changed.notify_all();
+        }
+    }
+
+    /// A thread is about to be spawned: its ticket, for `start_wait`.
+    pub fn start_begin(&self) -> u64 {
+        let mut g = self.shared.gate.lock();
+        let t = Self::push_sync(&mut g, SyncKind::Start, 0, None);
+        if g.mode != GateMode::Scheduled {
+            let i = g.sync.len() - 1;
+            g.sync[i].verdict = Verdict::Go;
+        }
+        self.touch();
+        t
+    }
+
+    pub fn start_wait(&self, ticket: u64) {
+        let g = self.shared.gate.lock();
+        self.wait_sync(g, ticket);
+    }
+
+    fn push_sync(g: &mut Gate, kind: SyncKind, id: usize, timeout: Option<Duration>) -> u64 {
+        let ticket = g.next_ticket;
+        g.next_ticket += 1;
+        let op = SyncOp {
+            ticket,
+            thread: std::thread::current()
+                .name()
+                .unwrap_or("unnamed")
+                .to_string(),
+            kind,
+            id,
+            notified: false,
+            deadline_ns: timeout.map(|t| g.clock_ns.saturating_add(t.as_nanos() as u64)),
+            real_deadline: timeout.map(|t| Instant::now() + t),
+            progress: g.progress,
+            timer_fired: false,
+            verdict: Verdict::Wait,
+        };
+        g.sync.push(op);
+        ticket
+    }
+
+    /// Waits until the seam's op `ticket` is let go; true if its timer fired. Unscheduled, a
+    /// timed wait fires at its real deadline.
+    fn wait_sync(&self, mut g: parking_lot::MutexGuard<'_, Gate>, ticket: u64) -> bool {
+        loop {
+            let i = g
+                .sync
+                .iter()
+                .position(|op| op.ticket == ticket)
+                .expect("a waiting thread stays listed until it leaves");
+            if g.sync[i].verdict != Verdict::Wait {
+                let op = g.sync.remove(i);
+                return op.timer_fired;
+            }
+            let real = g.sync[i].real_deadline;
+            if g.mode != GateMode::Scheduled && real.is_some_and(|d| Instant::now() >= d) {
+                // Not scheduled (opening the engine, checking after a crash): real time
+                // passes, the virtual clock does not (how often this fires is the machine's).
+                g.sync.remove(i);
+                return true;
+            }
+            let until = match real {
+                Some(d) if g.mode != GateMode::Scheduled => d,
+                _ => Instant::now() + HOLD_MAX,
+            };
+            self.shared.changed.wait_until(&mut g, until);
+        }
     }
 
     /// Waits until the process is quiescent: every other thread (but the main one) asleep, and

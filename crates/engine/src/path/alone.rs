@@ -66,11 +66,17 @@ pub fn took_over(inner: &Inner) -> bool {
 /// which the switch waits for. If it cannot start, the engine stays failed.
 pub fn start_take_over(inner: &Inner, st: &mut State) {
     let spawned = match inner.me.upgrade() {
-        Some(me) => std::thread::Builder::new()
-            .name("cache-failed".into())
-            .spawn(move || take_over(&me))
-            .map(drop)
-            .map_err(|e| e.to_string()),
+        Some(me) => {
+            let start = crate::sync::Start::begin();
+            std::thread::Builder::new()
+                .name("cache-failed".into())
+                .spawn(move || {
+                    start.wait();
+                    take_over(&me)
+                })
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
         None => Err("the engine is going away".into()),
     };
     if let Err(why) = spawned {

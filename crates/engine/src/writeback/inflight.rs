@@ -33,9 +33,13 @@ pub(crate) fn run<T: Sync>(
     std::thread::scope(|s| {
         for _ in 1..depth.min(items.len()) {
             // A helper that cannot start leaves its share to the others.
+            let start = crate::sync::Start::begin();
             if std::thread::Builder::new()
                 .name("logcache-io".into())
-                .spawn_scoped(s, worker)
+                .spawn_scoped(s, || {
+                    start.wait();
+                    worker()
+                })
                 .is_err()
             {
                 break;
