@@ -50,7 +50,7 @@ fn run_case(seed: u64) {
         // Clean entries as holes or behind a backing sync: drawn from a generator of its own,
         // so each seed's operations stay those it drew before this choice existed.
         clean_holes_per_backing_sync: [0, 1, 3, 256]
-            [Rng::new(seed ^ 0x686f_6c65_73).below(4) as usize],
+            [Rng::new(seed ^ 0x0068_6f6c_6573).below(4) as usize],
         ..OpenOptions::default()
     };
     let pair = SimPair::new(cache_bytes, 4 << 20, segment);

@@ -785,7 +785,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
     // as holes (every chunk, often, by default): drawn from a generator of its own, so the
     // schedule a seed drew before this choice existed stays the same.
     let clean_holes_per_backing_sync =
-        [0, 1, 3, 256][Rng::new(seed ^ 0x686f_6c65_73).below(4) as usize];
+        [0, 1, 3, 256][Rng::new(seed ^ 0x0068_6f6c_6573).below(4) as usize];
     let opts = OpenOptions {
         ram_buffer_bytes: segment * rng.range(2, 4),
         seal_interval_ms: Some(seal_interval_ms),
