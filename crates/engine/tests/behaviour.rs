@@ -392,12 +392,115 @@ fn a_cache_device_error_stops_the_engine_and_loses_nothing_flushed() {
 }
 
 /// The same failure with threads (serve), issue 25: the engine goes on from the backing device
-/// alone. The write acknowledged from RAM and never flushed is lost: the flush covering it
-/// fails, and keeps failing until it is written again; reads of it fail, never older data;
-/// the flushed-then-lost blocks read as EIO too but do not fail flushes; everything written
-/// back reads exactly; new writes work.
+/// alone. Writes acknowledged and never flushed whose only copy was on the cache device (their
+/// RAM buffers reused) are lost: the flush covering them fails, and keeps failing until they
+/// are written again; reads of them fail, never older data; the flushed-then-lost blocks read
+/// as EIO too but do not fail flushes; a write still in RAM is written to the backing device;
+/// everything written back reads exactly; new writes work.
 #[test]
 fn a_cache_device_error_with_dirty_data_serves_the_rest_from_the_backing_device() {
+    let mem = Arc::new(MemDevice::new(MIB + 16 * SEG_64K));
+    let fault = Arc::new(FaultDevice::new(mem.clone()));
+    let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(16 * MIB));
+    let fopts = FormatOptions {
+        segment_size_bytes: SEG_64K,
+        ..FormatOptions::default()
+    };
+    format_cache(&*fault, &*backing, &fopts).unwrap();
+    let opts = OpenOptions {
+        seal_interval_ms: Some(0),
+        ram_buffer_bytes: 2 * SEG_64K,
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(fault.clone(), backing.clone(), opts).unwrap();
+    e.set_tunable("writeback_threshold_percent", "100").unwrap();
+    e.write(0, &[1; 8192], false).unwrap();
+    e.drain(|_| {}).unwrap();
+    e.write(8192, &[2; 8192], false).unwrap();
+    e.flush().unwrap(); // durable in the cache only
+                        // Later writes push those blocks out of RAM; the cache device takes them but never syncs
+                        // (written, never durable, their RAM buffers reused): lost and never flushed.
+    fault.fail_next(OpKind::Flush, u64::MAX, FaultKind::Io);
+    const FILLER_LBA: u64 = 64;
+    for b in 0..48u64 {
+        e.write((FILLER_LBA + b) * 4096, &[9; 4096], false).unwrap();
+    }
+    fault.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    e.write(16384, &[3; 4096], false).unwrap(); // acknowledged from RAM
+    let err = e.flush().expect_err("a write the flush covers is lost");
+    assert!(
+        err.to_string().contains("lost before it was ever durable"),
+        "{err}"
+    );
+    let s = e.stats();
+    assert!(s.serving_alone && s.failed.is_none(), "{s:?}");
+    let lost = e.lost_runs();
+    assert_eq!(
+        lost[0],
+        (16, 16),
+        "the flushed blocks on the cache device: {lost:?}"
+    );
+    let filler_lost: Vec<(u64, u64)> = lost[1..].to_vec();
+    assert!(
+        !filler_lost.is_empty() && filler_lost.iter().all(|&(f, _)| f >= FILLER_LBA * 8),
+        "{lost:?}"
+    );
+    assert_eq!(
+        s.lost_at_failure_bytes,
+        lost.iter().map(|r| r.1 * 512).sum::<u64>(),
+        "{s:?}"
+    );
+    let mut b = vec![0u8; 8192];
+    e.read(0, &mut b).unwrap();
+    assert_eq!(b, vec![1u8; 8192]);
+    for lost in [8192u64, 12288] {
+        let err = e.read(lost, &mut b[..4096]).expect_err("lost");
+        assert_eq!(err.errno(), libc::EIO, "{err}");
+    }
+    // Still in RAM at the failure: written to the backing device, not lost.
+    e.read(16384, &mut b[..4096]).unwrap();
+    assert_eq!(&b[..4096], &[3u8; 4096][..]);
+    // Half of an unflushed lost block written again: still lost, flushes still fail.
+    let at = filler_lost[0].0 * 512;
+    e.write(at, &[4; 2048], false).unwrap();
+    assert!(e.read(at, &mut b[..4096]).is_err());
+    e.read(at, &mut b[..2048]).unwrap();
+    assert_eq!(&b[..2048], &[4u8; 2048][..]);
+    assert!(e.flush().is_err());
+    e.write(at + 2048, &[4; 2048], false).unwrap();
+    for &(first, count) in &filler_lost {
+        let data = vec![4u8; count as usize * 512];
+        e.write(first * 512, &data, false).unwrap();
+    }
+    e.flush().unwrap();
+    e.read(at, &mut b[..4096]).unwrap();
+    assert_eq!(&b[..4096], &[4u8; 4096][..]);
+    assert_eq!(e.stats().lost_bytes, 2 * 4096);
+    assert!(
+        e.drain(|_| {}).is_err(),
+        "the backing device does not hold the disk"
+    );
+    e.close().unwrap();
+    fault.heal();
+    let refused = Engine::open(fault.clone(), backing, OpenOptions::default())
+        .err()
+        .map(|e| e.to_string());
+    let counted = format!("{} bytes", s.lost_at_failure_bytes);
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|m| m.contains("detached") && m.contains(&counted)),
+        "{refused:?}"
+    );
+}
+
+/// Issue 25: dirty data only in RAM when the cache device fails (flushed blocks whose segment
+/// buffer is still held, a shadow of an older flush epoch, the open chunk with a partial
+/// overwrite) is written to the backing device at the switch, in flush-epoch order: every
+/// block reads its newest data, nothing reads EIO, nothing is counted lost, flushes work, and
+/// the old cache is refused saying nothing was lost.
+#[test]
+fn dirty_data_still_in_ram_when_the_cache_device_fails_is_written_to_the_backing_device() {
     let mem = Arc::new(MemDevice::new(MIB + 16 * SEG_64K));
     let fault = Arc::new(FaultDevice::new(mem.clone()));
     let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(16 * MIB));
@@ -412,43 +515,51 @@ fn a_cache_device_error_with_dirty_data_serves_the_rest_from_the_backing_device(
     };
     let e = Engine::open(fault.clone(), backing.clone(), opts).unwrap();
     e.set_tunable("writeback_threshold_percent", "100").unwrap();
+    // Epoch 1, flushed: durable on the cache device and still in its segment's RAM buffer.
     e.write(0, &[1; 8192], false).unwrap();
-    e.drain(|_| {}).unwrap();
-    e.write(8192, &[2; 8192], false).unwrap();
-    e.flush().unwrap(); // durable in the cache only
+    e.write(8192, &[2; 4096], false).unwrap();
+    e.flush().unwrap();
+    // Epoch 2: block 1 again (block 1's epoch-1 copy stays as a shadow), a partial block.
+    e.write(4096, &[3; 4096], false).unwrap();
+    e.write(12288 + 512, &[4; 1024], false).unwrap();
+    e.flush().unwrap();
+    // Epoch 3, in the open chunk: a partial overwrite of block 0 (its epoch-1 copy a shadow too).
+    e.write(0, &[5; 512], false).unwrap();
+    assert_eq!(e.stats().counters.shadows_kept, 2);
     fault.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
     fault.fail_next(OpKind::Flush, u64::MAX, FaultKind::Io);
-    e.write(16384, &[3; 4096], false).unwrap(); // acknowledged from RAM
-    let err = e.flush().expect_err("a write the flush covers is lost");
-    assert!(
-        err.to_string().contains("lost before it was ever durable"),
-        "{err}"
-    );
+    e.write(20480, &[6; 4096], false).unwrap();
+    e.flush().expect("nothing the flush covers was lost");
     let s = e.stats();
-    assert!(s.serving_alone && s.failed.is_none(), "{s:?}");
-    assert_eq!(s.lost_at_failure_bytes, 3 * 4096, "{s:?}");
-    let mut b = vec![0u8; 8192];
-    e.read(0, &mut b).unwrap();
-    assert_eq!(b, vec![1u8; 8192]);
-    for lost in [8192u64, 12288, 16384] {
-        let err = e.read(lost, &mut b[..4096]).expect_err("lost");
-        assert_eq!(err.errno(), libc::EIO, "{err}");
-    }
-    // Half of the unflushed block written again: still lost, flushes still fail.
-    e.write(16384, &[4; 2048], false).unwrap();
-    assert!(e.read(16384, &mut b[..4096]).is_err());
-    e.read(16384, &mut b[..2048]).unwrap();
-    assert_eq!(&b[..2048], &[4u8; 2048][..]);
-    assert!(e.flush().is_err());
-    e.write(16384 + 2048, &[4; 2048], false).unwrap();
-    e.flush().unwrap();
-    e.read(16384, &mut b[..4096]).unwrap();
-    assert_eq!(&b[..4096], &[4u8; 4096][..]);
-    assert_eq!(e.stats().lost_bytes, 2 * 4096);
     assert!(
-        e.drain(|_| {}).is_err(),
-        "the backing device does not hold the disk"
+        s.serving_alone && s.failed.is_none() && s.cache_failed.is_some(),
+        "{s:?}"
     );
+    assert_eq!((s.lost_bytes, s.lost_at_failure_bytes), (0, 0), "{s:?}");
+    assert_eq!(e.lost_runs(), vec![]);
+    let mut want = vec![0u8; 24576];
+    want[..8192].fill(1);
+    want[..512].fill(5);
+    want[4096..8192].fill(3);
+    want[8192..12288].fill(2);
+    want[12288 + 512..12288 + 1536].fill(4);
+    want[20480..].fill(6);
+    let mut got = vec![0u8; 24576];
+    e.read(0, &mut got).unwrap();
+    assert!(
+        got == want,
+        "served alone, the blocks read their newest data"
+    );
+    let mut on_backing = vec![0u8; 24576];
+    backing.read_at(&mut on_backing, 0).unwrap();
+    assert!(
+        on_backing == want,
+        "the backing device holds the newest data"
+    );
+    e.write(24576, &[7; 4096], true).unwrap();
+    e.flush().unwrap();
+    e.drain(|_| {})
+        .expect("nothing lost: the backing device holds the disk");
     e.close().unwrap();
     fault.heal();
     let refused = Engine::open(fault.clone(), backing, OpenOptions::default())
@@ -457,9 +568,57 @@ fn a_cache_device_error_with_dirty_data_serves_the_rest_from_the_backing_device(
     assert!(
         refused
             .as_deref()
-            .is_some_and(|m| m.contains("detached") && m.contains("12288 bytes")),
+            .is_some_and(|m| m.contains("detached") && m.contains("no data was lost")),
         "{refused:?}"
     );
+}
+
+/// Issue 25: a write-zeroes whose zeros reached the backing device but whose superblock write
+/// (recording them applied) fails is a failure of the cache device, given up like any other:
+/// the engine goes on from the backing device alone and the write-zeroes succeeds there (it
+/// did not fail the engine saying the zeros "could not be applied to the backing device").
+#[test]
+fn a_failed_superblock_write_after_a_write_zeroes_gives_the_cache_up() {
+    let mem = Arc::new(MemDevice::new(MIB + 16 * SEG_64K));
+    let fault = Arc::new(FaultDevice::new(mem.clone()));
+    let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(16 * MIB));
+    let fopts = FormatOptions {
+        segment_size_bytes: SEG_64K,
+        ..FormatOptions::default()
+    };
+    format_cache(&*fault, &*backing, &fopts).unwrap();
+    let opts = OpenOptions {
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(fault.clone(), backing.clone(), opts).unwrap();
+    e.write(0, &[1; 16384], false).unwrap();
+    e.drain(|_| {}).unwrap();
+    // Both superblock copies (offsets 0 and 4096) fail from now on.
+    fault.fail_range(OpKind::Write, 0, 8192, FaultKind::Io);
+    e.write_zeroes(4096, 8192, false)
+        .expect("tried again from the backing device alone");
+    assert!(
+        fault.injected(OpKind::Write) > 0,
+        "the superblock write failed"
+    );
+    let s = e.stats();
+    assert!(s.serving_alone && s.failed.is_none(), "{s:?}");
+    let why = s.cache_failed.clone().unwrap_or_default();
+    assert!(
+        why.contains("superblock") && !why.contains("could not be applied"),
+        "{why}"
+    );
+    assert_eq!(s.lost_bytes, 0, "{s:?}");
+    let mut want = vec![1u8; 16384];
+    want[4096..12288].fill(0);
+    let mut got = vec![0u8; 16384];
+    e.read(0, &mut got).unwrap();
+    assert!(got == want);
+    backing.read_at(&mut got, 0).unwrap();
+    assert!(got == want, "the backing device holds the zeros");
+    e.flush().unwrap();
+    e.close().unwrap();
 }
 
 /// A block whose bytes on the cache device changed is reported as an error, never returned.

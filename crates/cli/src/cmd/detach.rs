@@ -62,6 +62,22 @@ pub fn run(args: &DetachArgs) -> Result<()> {
         ),
     };
     let record = WritebackRecord::decode_from_label(&block);
+    if let Some(r) = record.filter(|r| r.detached() && label.format_id != 0) {
+        // Begun (the record, synced) but not finished (the label still names its cache): serve
+        // could not finish marking it when its cache device failed. Finished now.
+        write_detached(&*backing, label_at, &label, &r)
+            .with_context(|| format!("finishing marking {spec} detached"))?;
+        println!(
+            "finished detaching {spec} from its cache (begun at {}): {}",
+            when(r.detached_unix_ms),
+            holds(Some(r))
+        );
+        println!(
+            "use it alone (the disk is its first {label_at} bytes, {}), or give it a new cache: logcache format --cache NEW --backing {spec}",
+            human(label_at)
+        );
+        return Ok(());
+    }
     if let Some(r) = record.filter(|r| r.detached()) {
         println!(
             "{spec} was already detached from its cache at {}: {}",
@@ -165,7 +181,7 @@ fn probe_cache(path: &Path, spec: &str, label: &Label) -> Result<String> {
 }
 
 /// `2026-11-25 14:03:07 UTC`.
-fn when(unix_ms: u64) -> String {
+pub fn when(unix_ms: u64) -> String {
     utc_text(unix_ms / 1000)
         .replace('T', " ")
         .replace('Z', " UTC")

@@ -4,8 +4,11 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use logcache_engine::format::label::{label_offset, WritebackRecord};
+use logcache_engine::io::BlockDevice;
 use logcache_engine::{format_cache, FormatOptions};
 
+use crate::cmd::detach::when;
 use crate::devices::{lock_backing, lock_cache, open_backing, open_cache};
 use crate::guard::refuse_same_device;
 use crate::owner::refuse_live_owner;
@@ -49,6 +52,9 @@ pub fn run(args: &FormatArgs) -> Result<()> {
             human(backing_bytes)
         );
     }
+    // What the label says the backing device lost with a previous cache: format replaces the
+    // label, so this is the last moment to say it.
+    let earlier_loss = earlier_loss(&*backing, &args.backing);
     let sb = format_cache(
         &*cache,
         &*backing,
@@ -69,5 +75,41 @@ pub fn run(args: &FormatArgs) -> Result<()> {
         sb.exported_size_bytes,
         human(sb.exported_size_bytes)
     );
+    if let Some(line) = earlier_loss {
+        println!("{line}");
+    }
     Ok(())
+}
+
+/// One line if the backing device's label records data lost with a previous cache (served
+/// alone after its cache device failed holding dirty data, or detached with data not yet
+/// written back): how much, and when.
+fn earlier_loss(backing: &dyn BlockDevice, spec: &str) -> Option<String> {
+    let label_at = label_offset(backing.size_bytes())?;
+    let mut block = vec![0u8; 4096];
+    backing.read_at(&mut block, label_at).ok()?;
+    let r = WritebackRecord::decode_from_label(&block).filter(|r| r.detached())?;
+    let at = when(r.detached_unix_ms);
+    if r.served_alone() && r.lost_bytes > 0 {
+        return Some(format!(
+            "note: {spec} lost {} bytes ({}) with its previous cache, whose device failed at {at}: those sectors hold older data than was last written there (check its filesystem if not done yet)",
+            r.lost_bytes,
+            human(r.lost_bytes)
+        ));
+    }
+    if r.served_alone() {
+        return None; // its cache device failed holding no dirty data: nothing was lost
+    }
+    let behind = if r.lag_bytes > 0 {
+        format!(
+            " (at least {}, as recorded at {})",
+            human(r.lag_bytes),
+            when(r.recorded_unix_ms)
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "note: {spec} was detached from its previous cache at {at}, giving up that cache's writes not yet written back{behind}: check its filesystem if not done yet"
+    ))
 }

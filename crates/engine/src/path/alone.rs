@@ -30,7 +30,9 @@ pub const REFUSED: u8 = 3;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
-use crate::format::label::{write_detached, Label, WritebackRecord, RECORD_SERVED_ALONE};
+use crate::format::label::{
+    write_detached, Label, WritebackRecord, RECORD_OFFSET_IN_LABEL_BYTES, RECORD_SERVED_ALONE,
+};
 use crate::format::SECTOR_SIZE_BYTES;
 use crate::inner::Inner;
 use crate::state::State;
@@ -94,7 +96,8 @@ fn refuse(inner: &Inner, st: &mut State, why: String) {
 }
 
 /// After the engine failed for a cache-device error: takes the lost set, marks the backing
-/// device detached and, if that worked, serves from it alone (status says so, with what was
+/// device detached, writes the dirty blocks still in RAM to it (`path::in_ram`: found again,
+/// not lost) and, if the mark worked, serves from it alone (status says so, with what was
 /// lost). If it did not, the engine stays failed.
 fn take_over(inner: &Arc<Inner>) {
     // No writeback batch or zero range is writing to the backing device after this (the
@@ -102,60 +105,24 @@ fn take_over(inner: &Arc<Inner>) {
     // none starts after `deciding`.
     let order = inner.backing_order.lock();
     let record_guard = inner.last_record.lock();
-    let lost = crate::path::lost::collect(&inner.geo, &inner.state.lock());
+    let (lost, in_ram) = {
+        let st = inner.state.lock();
+        (
+            crate::path::lost::collect(&inner.geo, &st),
+            crate::path::in_ram::collect(inner, &st),
+        )
+    };
     let lost_sectors: u64 = lost.values().map(|s| s.lost.count_ones() as u64).sum();
     let lost_bytes = lost_sectors * SECTOR_SIZE_BYTES;
     // Installed before the label is marked (nothing reads it before `YES`): tests that cut
     // the power while the mark is half written know what was lost.
     inner.lost.install(lost);
-    let label_at = inner.geo.exported_size_bytes;
-    let mut block = vec![0u8; 4096];
-    let marked = inner
-        .backing
-        .read_at(&mut block, label_at)
-        .map_err(|e| e.to_string())
-        .and_then(|()| match Label::decode(&block) {
-            Ok(Some(label)) if label.format_id == inner.geo.format_id => Ok(label),
-            _ => Err("its label is not this cache's".to_string()),
-        })
-        .and_then(|label| {
-            let record = WritebackRecord::decode_from_label(&block)
-                .filter(|r| r.format_id == label.format_id);
-            let now_ms = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(1, |d| d.as_millis() as u64);
-            let mut detached = WritebackRecord::detached_from(record, &label, now_ms);
-            detached.flags |= RECORD_SERVED_ALONE;
-            detached.lost_bytes = lost_bytes;
-            write_detached(&*inner.backing, label_at, &label, &detached).map_err(|e| e.to_string())
-        });
-    drop(record_guard);
-    match marked {
-        Ok(()) => {
-            let note = if lost_bytes == 0 {
-                "serving from the backing device alone (the cache held no dirty data; the \
-                 backing device is detached from it: give it a new cache with `logcache format` \
-                 after stopping serve)"
-                    .to_string()
-            } else {
-                format!(
-                    "serving from the backing device alone; {lost_bytes} bytes ({}) written before the failure \
-                     was only in the cache and is lost: reads of it fail with EIO until it is \
-                     written again (status lost_bytes), and flushes fail while any of it was \
-                     never flushed; the backing device is detached and marked as having lost \
-                     data: copy off what you need, stop serve, check the filesystem, then give \
-                     it a new cache with `logcache format`",
-                    crate::format::human_bytes(lost_bytes)
-                )
-            };
-            let mut st = inner.state.lock();
-            st.health.serve_alone(note);
-            inner.alone.store(YES, Ordering::Release);
-            drop(st);
-            drop(order);
-            inner.progress.notify_all();
-        }
+    // The mark counts the RAM copies lost until they are on the backing device: from the
+    // mark on the old cache is refused, so writing past it is safe.
+    let record = match mark_detached(inner, lost_bytes) {
+        Ok(record) => record,
         Err(e) => {
+            drop(record_guard);
             let mut st = inner.state.lock();
             refuse(
                 inner,
@@ -164,8 +131,110 @@ fn take_over(inner: &Arc<Inner>) {
             );
             drop(st);
             drop(order);
+            return;
+        }
+    };
+    let mut trouble = String::new();
+    let saved_bytes = match crate::path::in_ram::write(inner, &in_ram) {
+        Ok(n) => n,
+        Err((n, why)) => {
+            trouble.push_str(&format!(
+                "; writing the dirty data still in RAM to the backing device failed ({why}): \
+                 what was not written stays lost"
+            ));
+            n
+        }
+    };
+    let still_lost = inner.lost.lost_bytes();
+    if still_lost != lost_bytes {
+        let now = WritebackRecord {
+            lost_bytes: still_lost,
+            ..record
+        };
+        if let Err(e) = write_record(inner, &now) {
+            trouble.push_str(&format!(
+                "; the backing label still counts {} lost (updating it failed: {e})",
+                crate::format::human_bytes(lost_bytes)
+            ));
         }
     }
+    drop(record_guard);
+    let saved = if saved_bytes == 0 {
+        String::new()
+    } else {
+        format!(
+            "{saved_bytes} bytes ({}) of dirty data still in RAM were written to the backing \
+             device and synced",
+            crate::format::human_bytes(saved_bytes)
+        )
+    };
+    let note = if still_lost == 0 {
+        format!(
+            "serving from the backing device alone ({}; nothing was lost; the backing device is \
+             detached from the failed cache: give it a new cache with `logcache format` after \
+             stopping serve){trouble}",
+            if saved.is_empty() {
+                "the cache held no dirty data".to_string()
+            } else {
+                format!("the cache's dirty data was still in RAM: {saved}")
+            }
+        )
+    } else {
+        format!(
+            "serving from the backing device alone; {still_lost} bytes ({}) written before the \
+             failure was only in the cache and is lost: reads of it fail with EIO until it is \
+             written again (status lost_bytes), and flushes fail while any of it was never \
+             flushed; the backing device is detached and marked as having lost data: copy off \
+             what you need, stop serve, check the filesystem, then give it a new cache with \
+             `logcache format`{}{trouble}",
+            crate::format::human_bytes(still_lost),
+            if saved.is_empty() {
+                String::new()
+            } else {
+                format!(" ({saved})")
+            }
+        )
+    };
+    let mut st = inner.state.lock();
+    st.health.serve_alone(note);
+    inner.alone.store(YES, Ordering::Release);
+    drop(st);
+    drop(order);
+    inner.progress.notify_all();
+}
+
+/// Marks the backing device's label detached from this cache, served alone, with `lost_bytes`
+/// lost (as `logcache detach --force` does); returns the record written.
+fn mark_detached(inner: &Inner, lost_bytes: u64) -> std::result::Result<WritebackRecord, String> {
+    let label_at = inner.geo.exported_size_bytes;
+    let mut block = vec![0u8; 4096];
+    inner
+        .backing
+        .read_at(&mut block, label_at)
+        .map_err(|e| e.to_string())?;
+    let label = match Label::decode(&block) {
+        Ok(Some(label)) if label.format_id == inner.geo.format_id => label,
+        _ => return Err("its label is not this cache's".to_string()),
+    };
+    let record =
+        WritebackRecord::decode_from_label(&block).filter(|r| r.format_id == label.format_id);
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as u64);
+    let mut detached = WritebackRecord::detached_from(record, &label, now_ms);
+    detached.flags |= RECORD_SERVED_ALONE;
+    detached.lost_bytes = lost_bytes;
+    write_detached(&*inner.backing, label_at, &label, &detached).map_err(|e| e.to_string())?;
+    Ok(detached)
+}
+
+/// Rewrites the (already detached) record alone, synced: one sector, so a torn write leaves
+/// the old record or the new one.
+fn write_record(inner: &Inner, record: &WritebackRecord) -> std::io::Result<()> {
+    debug_assert!(record.detached() && record.served_alone());
+    let at = inner.geo.exported_size_bytes + RECORD_OFFSET_IN_LABEL_BYTES;
+    inner.backing.write_at(&record.encode(), at)?;
+    inner.backing.flush()
 }
 
 fn backing_err(what: String, e: std::io::Error) -> Error {

@@ -142,6 +142,21 @@ impl Lost {
         None
     }
 
+    /// Sectors `first..first + count` were still in RAM at the failure and are now on the
+    /// backing device, synced (`path::in_ram`, before serving alone): not lost. Once a set of
+    /// them is done, `found_at_failure` stops counting them as lost at the failure too.
+    pub fn found_in_ram(&self, first: u64, count: u64) {
+        self.overwritten(first, count);
+    }
+
+    /// What is lost now is what was lost at the failure: called while nothing but
+    /// `found_in_ram` has changed the set (the switch, before serving alone).
+    pub fn found_at_failure(&self) {
+        self.at_failure_sectors
+            .store(self.lost_sectors.load(Ordering::Acquire), Ordering::Release);
+        *self.at_failure_runs.lock() = self.runs();
+    }
+
     /// `count` sectors from `first` hold newly written data (on the backing device): no longer
     /// lost.
     pub fn overwritten(&self, first: u64, count: u64) {

@@ -69,6 +69,11 @@ impl Epochs {
         self.consistent = consistent;
     }
 
+    /// A flush point came after the last sealed chunk: the open chunk starts the next epoch.
+    pub fn flush_pending(&self) -> bool {
+        self.flush_pending
+    }
+
     /// A flush point: writes after it belong to the next epoch.
     pub fn note_flush_point(&mut self, now: SystemTime) {
         self.flush_pending = true;
