@@ -224,6 +224,58 @@ fn detach_force_after_the_cache_file_was_deleted() {
     assert_usable_after_detach(&dir, &backing);
 }
 
+/// A mark serve began and could not finish (issue 25: the cache device failed, and the
+/// backing device took the record but failed the label write, every try): serve refuses the
+/// old cache with one line naming `detach --force`, which finishes the mark and says what was
+/// lost; then `format` says it again and the disk serves with a new cache.
+#[test]
+fn detach_force_finishes_a_mark_serve_could_not_finish() {
+    use logcache_engine::format::label::{Label, WritebackRecord, RECORD_SERVED_ALONE};
+    use std::os::unix::fs::FileExt;
+    let dir = TestDir::new("detach-unfinished");
+    let (cache, backing) = formatted_pair(&dir, CACHE_BYTES, BACKING_BYTES);
+    lose_newest_writes(&dir, &cache, &backing);
+    // Serve's mark, begun: the record (detached, served alone, what was lost), not the label.
+    let label_at = BACKING_BYTES - 4096;
+    let block = read_at(Path::new(&backing), label_at, 4096);
+    let label = Label::decode(&block).unwrap().expect("a label");
+    let mut r = WritebackRecord::detached_from(
+        WritebackRecord::decode_from_label(&block),
+        &label,
+        1_795_600_000_000,
+    );
+    r.flags |= RECORD_SERVED_ALONE;
+    r.lost_bytes = 2 * MIB;
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&backing)
+        .unwrap()
+        .write_all_at(&r.encode(), label_at + 1024)
+        .unwrap();
+    fails_with(
+        1,
+        &["serve", "--cache", &cache, "--backing", &backing],
+        &["only in part", "logcache detach --force --backing"],
+    );
+    let finished = logcache_ok(&["detach", "--force", "--backing", &backing]);
+    assert!(
+        finished.contains("finished detaching") && finished.contains("2097152 bytes"),
+        "{finished}"
+    );
+    let again = logcache_ok(&["detach", "--force", "--backing", &backing]);
+    assert!(again.contains("already detached"), "{again}");
+    let fresh = dir.s("fresh.img");
+    sparse(Path::new(&fresh), CACHE_BYTES);
+    let formatted = logcache_ok(&["format", "--cache", &fresh, "--backing", &backing]);
+    assert!(formatted.contains("lost 2097152 bytes"), "{formatted}");
+    let served = Served::start(&["--cache", &fresh, "--backing", &backing]);
+    qemu_io_ok(
+        &served.unix_uri(),
+        &["read -P 0xaa 0 1M", "read -P 0 1M 2M"],
+    );
+    served.stop();
+}
+
 #[test]
 fn detach_force_after_the_cache_file_was_truncated() {
     let dir = TestDir::new("detach-truncated");

@@ -399,18 +399,11 @@ fn a_cache_device_error_stops_the_engine_and_loses_nothing_flushed() {
 /// everything written back reads exactly; new writes work.
 #[test]
 fn a_cache_device_error_with_dirty_data_serves_the_rest_from_the_backing_device() {
-    let mem = Arc::new(MemDevice::new(MIB + 16 * SEG_64K));
-    let fault = Arc::new(FaultDevice::new(mem.clone()));
     let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(16 * MIB));
-    let fopts = FormatOptions {
-        segment_size_bytes: SEG_64K,
-        ..FormatOptions::default()
-    };
-    format_cache(&*fault, &*backing, &fopts).unwrap();
+    let (fault, opts) = failing_cache_for(&backing);
     let opts = OpenOptions {
-        seal_interval_ms: Some(0),
         ram_buffer_bytes: 2 * SEG_64K,
-        ..OpenOptions::default()
+        ..opts
     };
     let e = Engine::open(fault.clone(), backing.clone(), opts).unwrap();
     e.set_tunable("writeback_threshold_percent", "100").unwrap();
@@ -501,18 +494,8 @@ fn a_cache_device_error_with_dirty_data_serves_the_rest_from_the_backing_device(
 /// the old cache is refused saying nothing was lost.
 #[test]
 fn dirty_data_still_in_ram_when_the_cache_device_fails_is_written_to_the_backing_device() {
-    let mem = Arc::new(MemDevice::new(MIB + 16 * SEG_64K));
-    let fault = Arc::new(FaultDevice::new(mem.clone()));
     let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(16 * MIB));
-    let fopts = FormatOptions {
-        segment_size_bytes: SEG_64K,
-        ..FormatOptions::default()
-    };
-    format_cache(&*fault, &*backing, &fopts).unwrap();
-    let opts = OpenOptions {
-        seal_interval_ms: Some(0),
-        ..OpenOptions::default()
-    };
+    let (fault, opts) = failing_cache_for(&backing);
     let e = Engine::open(fault.clone(), backing.clone(), opts).unwrap();
     e.set_tunable("writeback_threshold_percent", "100").unwrap();
     // Epoch 1, flushed: durable on the cache device and still in its segment's RAM buffer.
@@ -579,18 +562,8 @@ fn dirty_data_still_in_ram_when_the_cache_device_fails_is_written_to_the_backing
 /// did not fail the engine saying the zeros "could not be applied to the backing device").
 #[test]
 fn a_failed_superblock_write_after_a_write_zeroes_gives_the_cache_up() {
-    let mem = Arc::new(MemDevice::new(MIB + 16 * SEG_64K));
-    let fault = Arc::new(FaultDevice::new(mem.clone()));
     let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(16 * MIB));
-    let fopts = FormatOptions {
-        segment_size_bytes: SEG_64K,
-        ..FormatOptions::default()
-    };
-    format_cache(&*fault, &*backing, &fopts).unwrap();
-    let opts = OpenOptions {
-        seal_interval_ms: Some(0),
-        ..OpenOptions::default()
-    };
+    let (fault, opts) = failing_cache_for(&backing);
     let e = Engine::open(fault.clone(), backing.clone(), opts).unwrap();
     e.write(0, &[1; 16384], false).unwrap();
     e.drain(|_| {}).unwrap();
@@ -619,6 +592,85 @@ fn a_failed_superblock_write_after_a_write_zeroes_gives_the_cache_up() {
     assert!(got == want, "the backing device holds the zeros");
     e.flush().unwrap();
     e.close().unwrap();
+}
+
+/// Issue 25: marking the backing device detached when the cache device fails is retried (a
+/// backing write failing once does not cost the cache: serve goes on alone); if the label
+/// write keeps failing, the engine stays failed with a status line naming `detach --force`,
+/// and at restart the old cache is refused with one line saying the mark did not finish and
+/// naming `detach --force` (the record, written first, says it was begun).
+#[test]
+fn marking_the_backing_device_detached_is_retried_and_an_unfinished_mark_names_detach_force() {
+    for persistent in [false, true] {
+        let backing_mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(16 * MIB));
+        let backing = Arc::new(FaultDevice::new(backing_mem));
+        let (fault, opts) = failing_cache_for(&(backing.clone() as Arc<dyn BlockDevice>));
+        let e = Engine::open(fault.clone(), backing.clone(), opts.clone()).unwrap();
+        e.set_tunable("writeback_threshold_percent", "100").unwrap();
+        e.write(0, &[1; 4096], false).unwrap();
+        e.flush().unwrap();
+        if persistent {
+            // The label's own sector (the record, 1 KiB into the label block, is written).
+            let label_at = 16 * MIB - 4096;
+            backing.fail_range(OpKind::Write, label_at, 512, FaultKind::Io);
+        } else {
+            backing.fail_next(OpKind::Write, 1, FaultKind::Io);
+        }
+        fault.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+        fault.fail_next(OpKind::Flush, u64::MAX, FaultKind::Io);
+        e.write(4096, &[2; 4096], false).unwrap();
+        let flushed = e.flush();
+        let s = e.stats();
+        assert!(backing.injected(OpKind::Write) > 0, "{s:?}");
+        if !persistent {
+            flushed.expect("the mark was tried again: serving alone, nothing lost");
+            assert!(s.serving_alone && s.lost_bytes == 0, "{s:?}");
+            let mut b = vec![0u8; 8192];
+            e.read(0, &mut b).unwrap();
+            assert!(b[..4096] == [1; 4096] && b[4096..] == [2; 4096]);
+            e.close().unwrap();
+            continue;
+        }
+        assert!(flushed.is_err() && !s.serving_alone, "{s:?}");
+        let why = s.failed.clone().unwrap_or_default();
+        assert!(
+            why.contains("marking the backing device detached failed")
+                && why.contains("3 tries")
+                && why.contains("logcache detach --force --backing"),
+            "{why}"
+        );
+        let _ = e.close();
+        fault.heal();
+        backing.heal();
+        let refused = Engine::open(fault.clone(), backing.clone(), opts)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            refused
+                .as_deref()
+                .is_some_and(|m| m.contains("only in part")
+                    && m.contains("logcache detach --force --backing")),
+            "{refused:?}"
+        );
+    }
+}
+
+/// A cache device (64 KiB segments, in memory) whose faults a test injects, formatted for
+/// `backing`, and options for opening it with threads and no periodic seal.
+fn failing_cache_for(backing: &Arc<dyn BlockDevice>) -> (Arc<FaultDevice>, OpenOptions) {
+    let fault = Arc::new(FaultDevice::new(Arc::new(MemDevice::new(
+        MIB + 16 * SEG_64K,
+    ))));
+    let fopts = FormatOptions {
+        segment_size_bytes: SEG_64K,
+        ..FormatOptions::default()
+    };
+    format_cache(&*fault, &**backing, &fopts).unwrap();
+    let opts = OpenOptions {
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    (fault, opts)
 }
 
 /// A block whose bytes on the cache device changed is reported as an error, never returned.

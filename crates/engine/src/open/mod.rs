@@ -48,6 +48,22 @@ pub(crate) fn check_backing(
         .read_at(&mut raw, off)
         .map_err(|e| Error::io(format!("reading the label of {}", backing.describe()), e))?;
     let record = label::WritebackRecord::decode_from_label(&raw);
+    let still_labelled = matches!(
+        label::Label::decode(&raw),
+        Ok(Some(l)) if l.format_id == sb.format_id
+    );
+    if let Some(r) = record.filter(|r| {
+        r.detached() && r.served_alone() && r.format_id == sb.format_id && still_labelled
+    }) {
+        // The record of serve's mark is written (and synced) before the label: the mark was
+        // begun when the cache device failed and did not finish, so serve never went on alone.
+        return Err(Error::WrongBacking(format!(
+            "{} was detached from this cache only in part: its cache device failed while serving and the mark did not finish (nothing reached it past the cache; {} of dirty data in the cache was given up); run `logcache detach --force --backing {}` to finish it and see what the disk holds, then use it alone or give it a new cache with `logcache format`",
+            backing.describe(),
+            crate::format::human_bytes(r.lost_bytes),
+            backing.describe()
+        )));
+    }
     if let Some(r) =
         record.filter(|r| r.detached() && r.served_alone() && r.format_id == sb.format_id)
     {

@@ -127,7 +127,15 @@ fn take_over(inner: &Arc<Inner>) {
             refuse(
                 inner,
                 &mut st,
-                format!("marking the backing device detached failed: {e}"),
+                format!(
+                    "marking the backing device detached failed: {e}; every request fails. \
+                     Nothing reached the backing device past the cache. Stop serve, then run \
+                     `logcache detach --force --backing {}`: it finishes the mark (giving up \
+                     the {} of dirty data the cache held) and says what the disk holds; use it \
+                     alone or give it a new cache with `logcache format`",
+                    inner.backing.describe(),
+                    crate::format::human_bytes(lost_bytes)
+                ),
             );
             drop(st);
             drop(order);
@@ -203,15 +211,18 @@ fn take_over(inner: &Arc<Inner>) {
     inner.progress.notify_all();
 }
 
+/// Attempts at each step of marking the backing device detached: a backing device that fails
+/// a write once (an NBD server reconnecting) does not cost the cache.
+const MARK_ATTEMPTS: u32 = 3;
+
 /// Marks the backing device's label detached from this cache, served alone, with `lost_bytes`
-/// lost (as `logcache detach --force` does); returns the record written.
+/// lost (as `logcache detach --force` does); returns the record written. Each step is tried
+/// `MARK_ATTEMPTS` times; the label is read once, so an attempt that wrote part of the mark
+/// is finished by the next.
 fn mark_detached(inner: &Inner, lost_bytes: u64) -> std::result::Result<WritebackRecord, String> {
     let label_at = inner.geo.exported_size_bytes;
     let mut block = vec![0u8; 4096];
-    inner
-        .backing
-        .read_at(&mut block, label_at)
-        .map_err(|e| e.to_string())?;
+    retried(|| inner.backing.read_at(&mut block, label_at))?;
     let label = match Label::decode(&block) {
         Ok(Some(label)) if label.format_id == inner.geo.format_id => label,
         _ => return Err("its label is not this cache's".to_string()),
@@ -224,8 +235,25 @@ fn mark_detached(inner: &Inner, lost_bytes: u64) -> std::result::Result<Writebac
     let mut detached = WritebackRecord::detached_from(record, &label, now_ms);
     detached.flags |= RECORD_SERVED_ALONE;
     detached.lost_bytes = lost_bytes;
-    write_detached(&*inner.backing, label_at, &label, &detached).map_err(|e| e.to_string())?;
+    retried(|| write_detached(&*inner.backing, label_at, &label, &detached))?;
     Ok(detached)
+}
+
+/// `step`, tried up to `MARK_ATTEMPTS` times in a row; the last error, saying how many tries.
+/// No pause between tries: a timed wait here left requests waiting for the switch after the
+/// simulation's power cut (its clock stops), and a write failing once is what a retry is for.
+fn retried(mut step: impl FnMut() -> std::io::Result<()>) -> std::result::Result<(), String> {
+    let mut last = None;
+    for _ in 0..MARK_ATTEMPTS {
+        match step() {
+            Ok(()) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(format!(
+        "{} ({MARK_ATTEMPTS} tries)",
+        last.expect("at least one attempt")
+    ))
 }
 
 /// Rewrites the (already detached) record alone, synced: one sector, so a torn write leaves
