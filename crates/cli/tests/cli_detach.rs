@@ -499,7 +499,13 @@ fn detach_force_over_an_nbd_backing_device() {
     lose_newest_writes(&dir, &cache, &uri);
     fs::remove_file(&cache).unwrap();
     let (stdout, _) = detach_ok(&["--backing", &uri]);
-    assert!(stdout.contains("when writeback had caught up"), "{stdout}");
+    // The record of the drain, or (on a loaded machine, once the pace allowed) a later one
+    // counting the 2 MiB not written back.
+    assert!(
+        stdout.contains("when writeback had caught up")
+            || stdout.contains("2.0 MiB of later writes were in the lost cache"),
+        "{stdout}"
+    );
     assert_backing_holds_the_drained_disk(&file);
     assert_usable_after_detach(&dir, &uri);
 }
