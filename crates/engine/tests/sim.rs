@@ -1240,7 +1240,9 @@ fn loss_check(case: &mut Case<'_>, e: &Engine, pair: &SimPair, mode: usize) -> b
             "serving from the backing device alone but failed, or with no reason: {stats:?}"
         );
         assert!(
-            stats.lost_at_failure_bytes == 0 || !clean,
+            // A write-zeroes whose logging killed dirty copies and that failed with the cache
+            // leaves its blocks lost until it is tried again alone (then found again).
+            stats.lost_at_failure_bytes == 0 || !clean || stats.lost_bytes == 0,
             "data lost with no dirty data: {stats:?}"
         );
         case.totals.losses_alone[mode] += 1;
