@@ -173,12 +173,15 @@ impl Start {
         }
     }
 
+    /// Returns when the new thread may run: false if it must not (the simulation's power
+    /// was cut before it started). Always true outside the simulation.
     #[inline]
-    pub fn wait(self) {
+    pub fn wait(self) -> bool {
         #[cfg(feature = "sim")]
         if let Some((h, t)) = self.ticket {
-            h.start_wait(t);
+            return h.start_wait(t);
         }
+        true
     }
 }
 
@@ -210,7 +213,8 @@ pub mod sim {
         fn now(&self) -> Instant;
         /// A thread is about to be spawned; it calls `start_wait` with the ticket first.
         fn start_begin(&self) -> u64;
-        fn start_wait(&self, ticket: u64);
+        /// False: the simulated power is off by then, the thread must not run.
+        fn start_wait(&self, ticket: u64) -> bool;
     }
 
     static INSTALLED: AtomicBool = AtomicBool::new(false);

@@ -428,9 +428,12 @@ impl Scheduler {
         t
     }
 
-    pub fn start_wait(&self, ticket: u64) {
+    /// Waits until the new thread may start: false if the power is off (`Dead`) by then, so
+    /// it never runs (a real power cut leaves no thread to start).
+    pub fn start_wait(&self, ticket: u64) -> bool {
         let g = self.shared.gate.lock();
         self.wait_sync(g, ticket);
+        self.mode() != GateMode::Dead
     }
 
     fn push_sync(g: &mut Gate, kind: SyncKind, id: usize, timeout: Option<Duration>) -> u64 {

@@ -73,6 +73,7 @@ pub fn start_take_over(inner: &Inner, st: &mut State) {
             std::thread::Builder::new()
                 .name("cache-failed".into())
                 .spawn(move || {
+                    // Even after a simulated power cut: requests wait for its decision.
                     start.wait();
                     take_over(&me)
                 })

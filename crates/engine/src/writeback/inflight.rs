@@ -37,8 +37,9 @@ pub(crate) fn run<T: Sync>(
             if std::thread::Builder::new()
                 .name("logcache-io".into())
                 .spawn_scoped(s, || {
-                    start.wait();
-                    worker()
+                    if start.wait() {
+                        worker()
+                    }
                 })
                 .is_err()
             {
