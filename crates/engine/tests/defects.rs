@@ -1075,3 +1075,99 @@ fn a_cache_device_failing_reads_does_not_leave_a_write_zeroes_waiting_for_writeb
         .expect_err("the dirty block's only copy was on the failed cache device");
     assert!(!err.to_string().is_empty());
 }
+
+/// Found by the concurrent simulation (seed 10091): a write-zeroes whose logged range dropped a
+/// flushed dirty block's only copy, and that failed with the cache device, ended its zeroing
+/// before the cache-loss switch (which waits for `backing_order`) took the lost set from the
+/// zero ranges under way: the block was left out of the sectors lost at the failure, so after
+/// a power cut that lost the retried zeros the backing device's older data there was taken as
+/// current. Here the zeroing holds `backing_order` until its cache write fails, so the switch
+/// always collects after it ended. Before the fix the set at the failure was empty.
+#[test]
+fn a_write_zeroes_failed_with_the_cache_keeps_its_blocks_in_the_lost_set() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let lba = 300u64;
+    pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
+    let cache = Arc::new(FaultDevice::new(pair.cache()));
+    let opts = OpenOptions {
+        ram_buffer_bytes: 4 * SEG_64K,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(cache.clone(), pair.backing(), opts).unwrap();
+    // Sorted order: the logged range drops the dirty copy outright (in flush-epoch order an
+    // older epoch's copy stays as a shadow, which the lost set counts anyway).
+    e.set_tunable("writeback_order", "sorted").unwrap();
+    e.set_tunable("writeback_threshold_percent", "100").unwrap();
+    e.write(lba * 4096, &[0x44; 4096], false).unwrap();
+    e.flush().unwrap();
+    cache.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    let z = e.clone();
+    bounded("the write-zeroes", move || {
+        z.write_zeroes(lba * 4096, 4096, false)
+    })
+    .expect("the write-zeroes is tried again from the backing device alone");
+    let s = e.stats();
+    assert!(s.serving_alone && s.failed.is_none(), "{s:?}");
+    let first = lba * 8;
+    let runs = e.lost_at_failure_runs();
+    assert!(
+        runs.iter().any(|&(f, n)| f <= first && first + 8 <= f + n),
+        "sectors {first}..{} (the write-zeroes' block, whose dirty copy its logged range \
+         dropped) are not in the set lost at the failure: {runs:?}",
+        first + 8
+    );
+    // Its retry wrote the zeros: current again.
+    let mut buf = [0xFFu8; 4096];
+    e.read(lba * 4096, &mut buf).unwrap();
+    assert_eq!(buf, [0u8; 4096]);
+}
+
+/// Seen by the concurrent simulation (a debug assertion on the `cache-failed` thread, which the
+/// simulation does not watch): a power cut (`Engine::crash`) while the switch to the backing
+/// device alone was marking the label. The switch then went on to serve alone on a crashed
+/// engine; its assertion killed the thread before it answered, and a request waiting for its
+/// decision waited for ever. Now a switch that finds the engine no longer failed for its cache
+/// device stops there, and the waiting request gets its error.
+#[test]
+fn a_power_cut_during_the_cache_loss_switch_answers_the_waiting_request() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let cache = Arc::new(FaultDevice::new(pair.cache()));
+    let backing = Arc::new(GateDevice::new(pair.backing()));
+    let opts = OpenOptions {
+        ram_buffer_bytes: 4 * SEG_64K,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(cache.clone(), backing.clone(), opts).unwrap();
+    e.set_tunable("writeback_threshold_percent", "100").unwrap();
+    e.write(10 * 4096, &[0x5a; 4096], false).unwrap();
+    e.flush().unwrap();
+    // The switch's first backing write is the label's mark: hold it.
+    backing.hold(OpKind::Write);
+    cache.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    let writer = e.clone();
+    let flush = std::thread::spawn(move || {
+        writer.write(20 * 4096, &[0x6b; 4096], false)?;
+        writer.flush()
+    });
+    assert!(
+        backing.wait_held(OpKind::Write, 1, HANG),
+        "the switch never marked the backing device"
+    );
+    let watcher = e.clone();
+    let crash = std::thread::spawn(move || e.crash());
+    assert!(
+        eventually(|| watcher.stats().cache_failed.is_none()),
+        "the power cut never reached the engine's health"
+    );
+    backing.release(OpKind::Write);
+    let answered = bounded("a flush waiting for the switch's decision", move || {
+        flush.join().expect("the flush thread")
+    });
+    assert!(
+        answered.is_err(),
+        "the flush cannot succeed on a crashed engine"
+    );
+    bounded("the power cut", move || crash.join().expect("the crash"));
+}

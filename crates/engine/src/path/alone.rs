@@ -143,6 +143,11 @@ fn take_over(inner: &Arc<Inner>) {
             return;
         }
     };
+    if crashed(inner) {
+        drop(record_guard);
+        drop(order);
+        return;
+    }
     let mut trouble = String::new();
     let saved_bytes = match crate::path::in_ram::write(inner, &in_ram) {
         Ok(n) => n,
@@ -205,11 +210,30 @@ fn take_over(inner: &Arc<Inner>) {
         )
     };
     let mut st = inner.state.lock();
-    st.health.serve_alone(note);
-    inner.alone.store(YES, Ordering::Release);
+    if st.health.cache_failed() {
+        st.health.serve_alone(note);
+        inner.alone.store(YES, Ordering::Release);
+    } else {
+        // A simulated power cut came meanwhile: nothing serves any more.
+        inner.alone.store(REFUSED, Ordering::Release);
+    }
     drop(st);
     drop(order);
     inner.progress.notify_all();
+}
+
+/// A simulated power cut (`Engine::crash`, tests) came while the switch was under way: it
+/// stops where it is (a process that lost its power writes nothing more) and answers the
+/// requests waiting for its decision with their error.
+fn crashed(inner: &Inner) -> bool {
+    let st = inner.state.lock();
+    if st.health.cache_failed() {
+        return false;
+    }
+    inner.alone.store(REFUSED, Ordering::Release);
+    drop(st);
+    inner.progress.notify_all();
+    true
 }
 
 /// Attempts at each step of marking the backing device detached: a backing device that fails

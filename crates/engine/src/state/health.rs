@@ -39,7 +39,7 @@ impl Health {
     /// The engine serves from the backing device alone (`path::alone`): `note` says what that
     /// means (status shows it after the reason).
     pub fn serve_alone(&mut self, note: String) {
-        debug_assert!(self.failed.is_some() && self.cache);
+        debug_assert!(self.cache_failed());
         self.alone = Some(note);
     }
 
@@ -69,6 +69,12 @@ impl Health {
             Some(note) => format!("cache failed: {reason}; {note}"),
             None => format!("cache failed: {reason}"),
         })
+    }
+
+    /// Whether the engine failed for an error of the cache device (and no simulated crash came
+    /// since): what the switch to the backing device alone needs to go on.
+    pub fn cache_failed(&self) -> bool {
+        self.failed.is_some() && self.cache
     }
 
     pub fn is_failed(&self) -> bool {
