@@ -47,10 +47,6 @@ fn run_case(seed: u64) {
         ram_buffer_bytes: segment * rng.range(2, 4),
         manual_flusher: true,
         seal_interval_ms: Some(0),
-        // Clean entries as holes or behind a backing sync: drawn from a generator of its own,
-        // so each seed's operations stay those it drew before this choice existed.
-        clean_holes_per_backing_sync: [0, 1, 3, 256]
-            [Rng::new(seed ^ 0x0068_6f6c_6573).below(4) as usize],
         ..OpenOptions::default()
     };
     let pair = SimPair::new(cache_bytes, 4 << 20, segment);

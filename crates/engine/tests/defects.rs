@@ -446,9 +446,6 @@ fn a_write_through_clean_entry_is_not_durable_before_its_backing_sync() {
     let backing = Arc::new(GateDevice::new(pair.backing()));
     let opts = OpenOptions {
         seal_interval_ms: Some(1000),
-        // A backing sync before every chunk with clean entries no sync covers (the window
-        // is in that sync; by default most such chunks are written with holes instead).
-        clean_holes_per_backing_sync: 0,
         ..manual(4 * SEG_64K)
     };
     let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
@@ -495,121 +492,6 @@ fn a_write_through_clean_entry_is_not_durable_before_its_backing_sync() {
          device holds {:#x}",
         buf[0], on_backing[0]
     );
-    e2.close().unwrap();
-    e.close().unwrap();
-}
-
-/// Issue 20: write-through writes do not wait for backing syncs. Each write-through write
-/// waits for its drop range to be durable in the log; the chunk that carries it also carries
-/// the clean copies of the writes before it, which say "the backing device holds this". The
-/// flusher used to sync the backing device before every such chunk: one backing flush per
-/// few writes, a barrier that kept an HDD from reordering its queue. Now such a chunk's clean
-/// entries no backing sync covers are written as holes (the blocks stay cached, clean, until
-/// a crash). Window: every backing flush is held; 12 write-through writes must still finish
-/// (before the fix the second one hung in the flusher's backing sync), their data reads back
-/// from the cache, and after a power cut that loses the unsynced backing writes no block reads
-/// a clean copy the backing device does not hold.
-#[test]
-fn write_through_writes_do_not_wait_for_a_backing_sync() {
-    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
-    let writes = 12u64;
-    for i in 0..writes {
-        pair.backing.write_raw(i * 8 * 4096, &[0x11; 4096]);
-    }
-    let backing = Arc::new(GateDevice::new(pair.backing()));
-    let e = Engine::open(pair.cache(), backing.clone(), manual(4 * SEG_64K)).unwrap();
-    e.set_tunable("cache_mode", "write-through").unwrap();
-    backing.hold(OpKind::Flush);
-    let we = e.clone();
-    bounded(
-        "write-through writes with backing flushes held",
-        move || {
-            for i in 0..writes {
-                we.write(i * 8 * 4096, &[0x20 + i as u8; 4096], false)
-                    .unwrap();
-            }
-        },
-    );
-    let c = e.stats().counters;
-    assert_eq!(c.backing_syncs, 0, "a write waited for a backing sync");
-    assert!(
-        c.clean_entries_holed >= writes - 1,
-        "{} of {} clean copies written as holes",
-        c.clean_entries_holed,
-        writes - 1
-    );
-    // Still cached, clean: every read is a hit.
-    let hits_before = e.stats().counters.read_hits;
-    let mut buf = [0u8; 4096];
-    for i in 0..writes {
-        e.read(i * 8 * 4096, &mut buf).unwrap();
-        assert_eq!(buf, [0x20 + i as u8; 4096], "block {}", i * 8);
-    }
-    assert_eq!(e.stats().counters.read_hits - hits_before, writes);
-
-    let cache_cut = power_cut_copy(&pair.cache);
-    let backing_cut = Arc::new(power_cut_copy(&pair.backing));
-    let e2 = Engine::open(
-        Arc::new(cache_cut),
-        backing_cut.clone(),
-        manual(4 * SEG_64K),
-    )
-    .unwrap();
-    let mut on_backing = [0u8; 4096];
-    for i in 0..writes {
-        backing_cut.read_at(&mut on_backing, i * 8 * 4096).unwrap();
-        e2.read(i * 8 * 4096, &mut buf).unwrap();
-        assert_eq!(
-            buf[0],
-            on_backing[0],
-            "after a power cut block {} reads {:#x} while the backing device holds {:#x}",
-            i * 8,
-            buf[0],
-            on_backing[0]
-        );
-    }
-    e2.close().unwrap();
-    backing.release(OpKind::Flush);
-    e.close().unwrap();
-}
-
-/// Issue 20: the holes are bounded. After `clean_holes_per_backing_sync` clean entries were
-/// written as holes the flusher syncs the backing device before the next chunk that needs it,
-/// and that chunk's clean entries go to the log as entries: after a power cut their blocks
-/// are cached (and read what the backing device holds, which the sync made durable).
-#[test]
-fn a_backing_sync_every_so_many_holes_lets_clean_entries_into_the_log() {
-    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
-    let writes = 12u64;
-    let opts = OpenOptions {
-        clean_holes_per_backing_sync: 3,
-        ..manual(4 * SEG_64K)
-    };
-    let e = Engine::open(pair.cache(), pair.backing(), opts.clone()).unwrap();
-    e.set_tunable("cache_mode", "write-through").unwrap();
-    for i in 0..writes {
-        e.write(i * 8 * 4096, &[0x20 + i as u8; 4096], false)
-            .unwrap();
-    }
-    let c = e.stats().counters;
-    // Write k's drop range goes out with write k-1's clean copy: 11 chunks need a sync; every
-    // fourth gets one (3 holes, then a sync).
-    assert_eq!(c.backing_syncs, 2, "flusher backing syncs");
-    assert_eq!(c.clean_entries_holed, writes - 1 - 2, "clean entries holed");
-    let cache_cut = power_cut_copy(&pair.cache);
-    let backing_cut = Arc::new(power_cut_copy(&pair.backing));
-    let e2 = Engine::open(Arc::new(cache_cut), backing_cut.clone(), opts).unwrap();
-    assert_eq!(
-        e2.stats().cached_blocks,
-        2,
-        "the clean copies a backing sync covered are cached after the power cut"
-    );
-    let (mut buf, mut on_backing) = ([0u8; 4096], [0u8; 4096]);
-    for i in 0..writes {
-        backing_cut.read_at(&mut on_backing, i * 8 * 4096).unwrap();
-        e2.read(i * 8 * 4096, &mut buf).unwrap();
-        assert_eq!(buf, on_backing, "block {} after the power cut", i * 8);
-    }
     e2.close().unwrap();
     e.close().unwrap();
 }

@@ -781,17 +781,11 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
     } else {
         rng.range(1, 20) as u32
     };
-    // How often the flusher syncs the backing device for clean entries instead of writing them
-    // as holes (every chunk, often, by default): drawn from a generator of its own, so the
-    // schedule a seed drew before this choice existed stays the same.
-    let clean_holes_per_backing_sync =
-        [0, 1, 3, 256][Rng::new(seed ^ 0x0068_6f6c_6573).below(4) as usize];
     let opts = OpenOptions {
         ram_buffer_bytes: segment * rng.range(2, 4),
         seal_interval_ms: Some(seal_interval_ms),
         // Fewer decisions by the wall clock: a replay then takes the same path more often.
         promote_pause_after_relocation: Duration::ZERO,
-        clean_holes_per_backing_sync,
         ..OpenOptions::default()
     };
     let pair = SimPair::new(cache_bytes, 4 << 20, segment);
@@ -814,8 +808,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
     if std::env::var("LOGCACHE_SIM_VERBOSE").is_ok() {
         eprintln!(
             "sim: seed {seed}: segment {segment} B, cache {cache_bytes} B, region {region_sectors} \
-             sectors, seal interval {seal_interval_ms} ms, clean holes per backing sync \
-             {clean_holes_per_backing_sync}, {cycles} cycle(s)"
+             sectors, seal interval {seal_interval_ms} ms, {cycles} cycle(s)"
         );
     }
     // The engine's locks, waits and clock go through the scheduler (one engine thread at a

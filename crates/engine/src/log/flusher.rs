@@ -114,68 +114,61 @@ fn step<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
 ) -> Result<(MutexGuard<'a, State>, bool)> {
-    // Chunks may say "the backing device holds this" (clean blocks: write-through copies,
-    // promotions, relocations): that must not reach the cache device before the backing
-    // device has it for sure. A chunk whose clean entries no backing sync covers yet
-    // (`vouch_gen`) is written with them as holes; the backing device is synced for them only
-    // once `clean_holes_per_backing_sync` were holed since its last sync. A backing sync per
-    // round would be a barrier on the backing device every few write-through writes (an HDD
-    // then reorders among those few instead of its whole queue); a hole costs only the copy
-    // after a crash. Whether a chunk is covered is decided after the sync, per chunk: one
-    // sealed while it ran may hold a clean entry whose backing write ended after it began.
-    let synced_gen = st.bypass.synced_gen();
-    let needs_backing_sync = st
-        .ring
-        .queued()
-        .take(CHUNKS_PER_ROUND_MAX)
-        .any(|sc| sc.vouch_gen > synced_gen);
-    let holes_due = st.bypass.holes_since_sync() >= inner.clean_holes_per_backing_sync;
-    if let (true, true, Some(target)) = (needs_backing_sync, holes_due, st.bypass.sync_owed()) {
+    // Chunks may say "the backing device holds this" (write-through blocks): that must not
+    // reach the cache device before the backing device has it for sure. The sync covers only
+    // bypass writes done when it starts, so this round takes only the chunks queued by then: a
+    // chunk sealed during the sync may hold a clean entry whose backing write ended after the
+    // sync began (issue 19); it waits for the next round's sync.
+    let mut take_max = CHUNKS_PER_ROUND_MAX;
+    if let (false, Some(target)) = (st.ring.queue_is_empty(), st.bypass.sync_owed()) {
+        take_max = take_max.min(st.ring.queued_count());
         drop(st);
         let res = inner.backing.flush();
         st = inner.state.lock();
-        match res {
-            Ok(()) => {
-                st.bypass.note_synced(target, inner.backing.reconnects());
-                st.counters.backing_syncs += 1;
+        if let Err(e) = res {
+            // The backing device is away (a remote server restarting, say): not a cache
+            // failure. The chunks wait in the queue; flushes waiting for them fail with this
+            // meanwhile, and the next round (after `IDLE_WAKE`) tries again.
+            st.counters.io_errors += 1;
+            // Flushes waiting hear of the first failure; a repeat changes nothing for them,
+            // and waking writers that wait for room would only send them back to wake us.
+            let first = st.bypass.sync_error().is_none();
+            st.bypass.set_sync_error(
+                Error::io(format!("syncing {}", inner.backing.describe()), e).to_string(),
+            );
+            drop(st);
+            if first {
+                inner.progress.notify_all();
             }
-            Err(_) => {
-                // The backing device is away (a remote server restarting, say): not a cache
-                // failure, and nothing waits for this sync; the clean entries become holes
-                // and the next try comes after as many more. A flush asks again itself
-                // (`sync_backing`) and reports the error.
-                st.counters.io_errors += 1;
-                st.bypass.note_sync_failed();
-            }
+            return Ok((inner.state.lock(), false));
         }
+        st.bypass.note_synced(target, inner.backing.reconnects());
+        st.counters.backing_syncs += 1;
     }
-    let batch = st.ring.take_queued(CHUNKS_PER_ROUND_MAX);
-    let synced_gen = st.bypass.synced_gen();
+    let batch = st.ring.take_queued(take_max);
     let synced_for_headers = st.seqs.synced();
     let mut progressed = !batch.is_empty();
     drop(st);
 
     let bytes: u64 = batch.iter().map(SealedChunk::size_bytes).sum();
-    let mut crcs = Vec::with_capacity(batch.len());
-    let written = write_chunks(inner, &batch, synced_for_headers, synced_gen, &mut crcs);
+    let written = write_chunks(inner, &batch, synced_for_headers);
     let mut st = inner.state.lock();
-    let holed = match written {
-        Ok(holed) => holed,
-        Err(e) => return Err(fail_cache(inner, st, e)),
-    };
-    // Publish the data checksums (for reads from the cache device; a block written as a hole
-    // is still cached, clean), then free fully written buffers.
-    for (sc, chunk_crcs) in batch.iter().zip(&crcs) {
+    if let Err(e) = written {
+        return Err(fail_cache(inner, st, e));
+    }
+    // Publish the data checksums (for reads from the cache device) from the chunks' own entries,
+    // then free fully written buffers.
+    for sc in &batch {
+        // SAFETY: the flusher still owns the metadata blocks; buffers are released below.
+        let meta = unsafe { chunk_meta(inner, sc) };
         let data_start = sc.start_block + sc.meta_blocks;
-        for &(i, crc) in chunk_crcs {
+        for (i, crc) in state::chunk_meta::data_crcs(meta, sc.data_count) {
             let cb = inner.geo.cache_block(sc.slot, data_start + i);
             st.blocks.set_crc(cb, crc);
         }
         st.seqs.note_written(sc.seq);
         st.ring.note_written(sc);
     }
-    st.bypass.note_holed(holed);
-    st.counters.clean_entries_holed += holed;
     st.counters.chunks_written += batch.len() as u64;
     st.counters.chunk_bytes_written += bytes;
     st.release_written_buffers();
@@ -250,16 +243,8 @@ unsafe fn chunk_meta<'a>(inner: &'a Inner, sc: &SealedChunk) -> &'a mut [u8] {
 }
 
 /// Fills in a sealed chunk's checksums (data CRCs from its entries, `synced_seq`, the header
-/// CRC), its clean entries as holes unless a backing sync covered its `vouch_gen` (covered up
-/// to `synced_gen`); pushes its data CRCs to `crcs`; returns where its bytes go on the cache
-/// device, the bytes, and how many entries were holed.
-fn prepare_chunk<'a>(
-    inner: &'a Inner,
-    sc: &SealedChunk,
-    synced_seq: u64,
-    synced_gen: u64,
-    crcs: &mut Vec<(u32, u32)>,
-) -> (u64, &'a [u8], u64) {
+/// CRC); returns its bytes and where they go on the cache device.
+fn prepare_chunk<'a>(inner: &'a Inner, sc: &SealedChunk, synced_seq: u64) -> (u64, &'a [u8]) {
     let meta_len = sc.meta_blocks as usize * BLOCK;
     let meta_off = sc.start_block as usize * BLOCK;
     let total_len = meta_len + sc.data_count as usize * BLOCK;
@@ -271,48 +256,20 @@ fn prepare_chunk<'a>(
             .buffers
             .slice(sc.buffer, meta_off + meta_len, total_len - meta_len)
     };
-    let clean_as_holes = sc.vouch_gen > synced_gen;
-    let holed = state::chunk_meta::finish(
-        meta,
-        data,
-        &inner.geo,
-        synced_seq,
-        sc.entry_count,
-        clean_as_holes,
-        crcs,
-    );
-    assert!(holed == 0 || clean_as_holes, "a covered chunk lost entries");
+    state::chunk_meta::finish(meta, data, &inner.geo, synced_seq, sc.entry_count);
     // SAFETY: as above; the whole chunk is now immutable until its buffer is released.
     let whole = unsafe { inner.buffers.slice(sc.buffer, meta_off, total_len) };
-    (
-        inner.geo.offset_of(sc.slot, sc.start_block),
-        whole,
-        holed as u64,
-    )
+    (inner.geo.offset_of(sc.slot, sc.start_block), whole)
 }
 
 /// Writes a round's chunks, in order; chunks that follow one another on the cache device (the
 /// ring's next slots, or the next chunk of a segment) go out as one vectored IO. With small
 /// segments that turns many small writes, each paying a syscall and a device round trip, into
-/// a few large ones. `crcs` gets each chunk's data CRCs; returns how many clean entries were
-/// written as holes.
-fn write_chunks(
-    inner: &Inner,
-    batch: &[SealedChunk],
-    synced_seq: u64,
-    synced_gen: u64,
-    crcs: &mut Vec<Vec<(u32, u32)>>,
-) -> Result<u64> {
-    let mut holed = 0;
+/// a few large ones.
+fn write_chunks(inner: &Inner, batch: &[SealedChunk], synced_seq: u64) -> Result<()> {
     let prepared: Vec<(u64, &[u8])> = batch
         .iter()
-        .map(|sc| {
-            let mut chunk_crcs = Vec::with_capacity(sc.data_count as usize);
-            let (off, bytes, h) = prepare_chunk(inner, sc, synced_seq, synced_gen, &mut chunk_crcs);
-            crcs.push(chunk_crcs);
-            holed += h;
-            (off, bytes)
-        })
+        .map(|sc| prepare_chunk(inner, sc, synced_seq))
         .collect();
     let mut i = 0;
     while i < prepared.len() {
@@ -338,7 +295,7 @@ fn write_chunks(
         })?;
         i = j;
     }
-    Ok(holed)
+    Ok(())
 }
 
 /// Seals the open chunk and asks for a sync covering every chunk sealed so far: returns the
@@ -360,6 +317,7 @@ pub fn wait_synced(inner: &Inner, mut st: MutexGuard<'_, State>, target: u64) ->
     inner.flusher_wake.notify_one();
     while st.seqs.synced() < target {
         st.health.check_failed()?;
+        check_sync_error(&st)?;
         inner.progress.wait(&mut st);
     }
     Ok(())
@@ -374,11 +332,21 @@ pub fn sync_inline(inner: &Inner, target: u64) -> Result<()> {
         if st.seqs.synced() >= target {
             return Ok(());
         }
-        let (_st, progressed) = step(inner, st)?;
+        let (st, progressed) = step(inner, st)?;
+        check_sync_error(&st)?;
         assert!(
             progressed,
             "a flush target {target} the flusher cannot reach"
         );
+    }
+}
+
+/// A flush fails while the target waits behind chunks that need the backing device synced
+/// first and that sync fails.
+fn check_sync_error(st: &State) -> Result<()> {
+    match st.bypass.sync_error() {
+        Some(m) => Err(Error::io("a flush", std::io::Error::other(m.to_string()))),
+        None => Ok(()),
     }
 }
 

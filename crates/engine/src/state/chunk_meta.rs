@@ -1,14 +1,14 @@
 //! A log chunk's metadata from seal to write, in one place: `encode` fills it in under the
 //! state lock when the open chunk is sealed (header and entries: all but what only the flusher
-//! knows), `finish` completes it on the flusher (data CRCs computed from the data blocks, and
-//! handed back for reads from the cache device; clean entries no backing sync vouches for
-//! turned into holes; `synced_seq`, the header CRC). The bytes themselves are `format::chunk`'s.
+//! knows), `finish` completes it on the flusher (data CRCs computed from the data blocks,
+//! `synced_seq`, the header CRC), and `data_crcs` hands the CRCs back for reads from the cache
+//! device. The bytes themselves are `format::chunk`'s.
 //!
 //! Why this is in `state/` and not `log/`: sealing happens inside `State`, under the lock, and
 //! is called from `State::reserve_block` and `State::add_range` when the open chunk's entries
 //! are full (a writer's reservation seals in the same lock hold). `log/` sits above `state/`
 //! (the flusher locks `State`), so a chunk writer in `log/` would make `state` import `log`: a
-//! cycle. The flusher's half (`finish`) stays here beside `encode` so the chunk's
+//! cycle. The flusher's half (`finish`, `data_crcs`) stays here beside `encode` so the chunk's
 //! metadata has one home.
 
 use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA};
@@ -46,37 +46,25 @@ pub fn encode(
 }
 
 /// Completes a sealed chunk's metadata before it is written: each data entry's CRC over its
-/// block in `data`, the newest `synced_seq`, and the header CRC over header and entries. Every
-/// data entry's (data block index, CRC) goes to `crcs`, for reads from the cache device. With
-/// `clean_as_holes` (no backing sync covers what the chunk's clean entries say the backing
-/// device holds), clean entries are written as holes: after a crash those blocks are read
-/// from the backing device, which then holds whatever it kept. Returns how many were.
-pub fn finish(
-    meta: &mut [u8],
-    data: &[u8],
-    geo: &Geometry,
-    synced_seq: u64,
-    entry_count: u32,
-    clean_as_holes: bool,
-    crcs: &mut Vec<(u32, u32)>,
-) -> u32 {
+/// block in `data`, the newest `synced_seq`, and the header CRC over header and entries.
+pub fn finish(meta: &mut [u8], data: &[u8], geo: &Geometry, synced_seq: u64, entry_count: u32) {
     let data_count = data.len() / BLOCK;
     assert_eq!(data.len(), data_count * BLOCK);
-    let mut holed = 0;
     for i in 0..data_count {
         let e = chunk::entry_at(meta, i);
         if e.kind == KIND_DATA {
             let crc = geo.block_crc(e.lba, &data[i * BLOCK..(i + 1) * BLOCK]);
-            crcs.push((i as u32, crc));
-            if clean_as_holes && e.dirty_mask == 0 {
-                chunk::put_entry(meta, i, &Entry::hole());
-                holed += 1;
-            } else {
-                chunk::put_entry_crc(meta, i, crc);
-            }
+            chunk::put_entry_crc(meta, i, crc);
         }
     }
     chunk::put_synced_seq(meta, synced_seq);
     chunk::seal(meta, geo.format_id, entry_count as u16);
-    holed
+}
+
+/// The data CRCs `finish` recorded, as (data block index, CRC) for each data entry.
+pub fn data_crcs(meta: &[u8], data_count: u32) -> impl Iterator<Item = (u32, u32)> + '_ {
+    (0..data_count).filter_map(move |i| {
+        let e = chunk::entry_at(meta, i as usize);
+        (e.kind == KIND_DATA).then_some((i, e.data_crc))
+    })
 }

@@ -360,15 +360,6 @@ impl State {
             flags: if flush_before { FLAG_FLUSH_BEFORE } else { 0 },
         };
         let (geo, blocks) = (&self.geo, &self.blocks);
-        let has_clean = (0..o.data_count).any(|i| {
-            let c = geo.cache_block(o.slot, o.data_start() + i);
-            blocks.lba_of(c).is_some() && blocks.dirty(c) == 0
-        });
-        let vouch_gen = if has_clean {
-            self.bypass.write_gen()
-        } else {
-            0
-        };
         let block_entries = (0..o.data_count).map(|i| {
             let c = geo.cache_block(o.slot, o.data_start() + i);
             match blocks.lba_of(c) {
@@ -404,7 +395,6 @@ impl State {
                 meta_blocks: o.meta_blocks,
                 data_count: o.data_count,
                 entry_count,
-                vouch_gen,
             },
             self.seqs.next(),
         );

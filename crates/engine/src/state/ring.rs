@@ -145,10 +145,6 @@ pub struct SealedChunk {
     pub data_count: u32,
     /// Block entries plus range entries.
     pub entry_count: u32,
-    /// 0 if the chunk holds no clean block entry; else the bypass write generation at its seal
-    /// (`Bypass::write_gen`): its clean entries may speak of backing data that new, so they
-    /// are written as entries only once a backing sync covers it, else as holes.
-    pub vouch_gen: u64,
 }
 
 impl SealedChunk {
@@ -555,9 +551,9 @@ impl Ring {
         self.queue.is_empty()
     }
 
-    /// The sealed chunks waiting for the flusher, oldest first.
-    pub fn queued(&self) -> impl Iterator<Item = &SealedChunk> {
-        self.queue.iter()
+    /// Sealed chunks waiting for the flusher.
+    pub fn queued_count(&self) -> usize {
+        self.queue.len()
     }
 
     /// Takes up to `max` sealed chunks, oldest first, for the flusher to write.
