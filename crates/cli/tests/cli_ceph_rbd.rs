@@ -1282,3 +1282,97 @@ fn logcache_export_diff_piped_to_rbd_import_diff_replicates_the_disk() {
         );
     }
 }
+
+/// What `rbd import-diff` (Ceph 16) demands of a stream, and logcache's meeting it, with a
+/// stream exported after a SIGKILL and restart of serve: the `f` snapshot must exist in the
+/// image (else it is refused before any write, "start snapshot ... does not exist"), the `t`
+/// snapshot must not (import-diff creates it at the end, so applying the stream twice is
+/// refused), and `s` sets the image's size (here the image was grown past the disk). Then `rbd
+/// export` equals the logcache disk byte for byte.
+#[test]
+fn rbd_import_diff_checks_f_t_and_s_of_a_logcache_stream_exported_after_a_sigkill() {
+    let Some(cluster) = cluster() else { return };
+    let _gate = osd_shared();
+    let dir = TestDir::new("rbd-diff-kill");
+    let (cache, backing) = formatted_pair(&dir, 16 * MIB, DIFF_IMAGE_BYTES + BLOCK);
+    let args = ["--cache", cache.as_str(), "--backing", backing.as_str()];
+    let served = Served::start(&args);
+    let ctl = served.control().to_string_lossy().into_owned();
+    qemu_io_ok(&served.unix_uri(), &["write -P 1 0 5M", "write -P 2 8M 4M"]);
+    logcache_ok(&["checkpoint", "create", "base", "--control", &ctl]);
+    let full = dir.s("full.img");
+    sparse(Path::new(&full), DIFF_IMAGE_BYTES);
+    let uri = served.unix_uri();
+    assert_ok(&run(tool("nbdcopy").args([&uri, &full])), "nbdcopy");
+    cluster.rbd(&["import", "--no-progress", &full, "rbd/kdiff"]);
+    cluster.rbd(&["resize", "--no-progress", "--size", "32M", "rbd/kdiff"]);
+
+    // Changes on both sides of a SIGKILL (flushed: qemu-io flushes as it closes).
+    qemu_io_ok(
+        &uri,
+        &["write -P 3 1M 64K", "write -z 2M 1M", "write -P 4 9M 513K"],
+    );
+    served.kill();
+    let served = Served::start(&args);
+    let (uri, ctl) = (
+        served.unix_uri(),
+        served.control().to_string_lossy().into_owned(),
+    );
+    qemu_io_ok(
+        &uri,
+        &["write -P 5 4M 8K", "write -z 10M 2M", "write -P 6 15M 1M"],
+    );
+    let diff = dir.s("base-next.diff");
+    logcache_ok(&[
+        "export-diff",
+        "--since",
+        "base",
+        "--checkpoint",
+        "next",
+        "--control",
+        &ctl,
+        &diff,
+    ]);
+    let import_diff = || {
+        run(tool("rbd").arg("-c").arg(&cluster.conf).args([
+            "import-diff",
+            "--no-progress",
+            &diff,
+            "rbd/kdiff",
+        ]))
+    };
+
+    // `f`: the image must have the stream's from-snapshot.
+    let out = import_diff();
+    assert!(!out.status.success(), "import-diff without snapshot base");
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("start snapshot 'base' does not exist"),
+        "{said}"
+    );
+    cluster.rbd(&["snap", "create", "rbd/kdiff@base"]);
+    let out = import_diff();
+    assert_ok(&out, "rbd import-diff");
+    // `s`: the image now has the disk's size.
+    let info: serde_json::Value =
+        serde_json::from_str(&cluster.rbd(&["info", "--format", "json", "rbd/kdiff"])).unwrap();
+    assert_eq!(info["size"].as_u64(), Some(DIFF_IMAGE_BYTES), "{info}");
+    let disk = dir.s("disk.img");
+    sparse(Path::new(&disk), DIFF_IMAGE_BYTES);
+    assert_ok(&run(tool("nbdcopy").args([&uri, &disk])), "nbdcopy");
+    let image = std::fs::read(cluster.export_file("kdiff", &dir)).unwrap();
+    assert_same(
+        &image,
+        &std::fs::read(&disk).unwrap(),
+        "rbd export after import-diff of the stream exported after a SIGKILL",
+    );
+    // `t`: import-diff made snapshot next, so the same stream again is refused.
+    assert!(cluster.rbd(&["snap", "ls", "rbd/kdiff"]).contains("next"));
+    let out = import_diff();
+    assert!(!out.status.success(), "the stream applied twice");
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("end snapshot 'next' already exists"),
+        "{said}"
+    );
+}
