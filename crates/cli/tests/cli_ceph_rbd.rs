@@ -21,7 +21,9 @@
 //! - `rbd diff v1` interop, both ways: `rbd export-diff --from-snap` applied by `logcache
 //!   import-diff` to a file exported at the first snapshot equals `rbd export` of the second;
 //!   a stream from logcache's encoder (random writes and zero ranges, some not sector-aligned)
-//!   applied by `rbd import-diff` to an image equals the model, and creates the `t` snapshot.
+//!   applied by `rbd import-diff` to an image equals the model, and creates the `t` snapshot;
+//!   `logcache export-diff` piped to `rbd import-diff` replicates a served disk; a stream
+//!   exported after a SIGKILL meets what `rbd import-diff` demands of `f`, `t` and `s`.
 //!
 //! Skipped, with one message, only when the Ceph packages are not installed (scripts/setup.sh
 //! installs them: ceph-mon ceph-osd ceph-common librbd-dev).

@@ -1,6 +1,7 @@
 //! `qemu:dirty-bitmap:NAME` over NBD for every checkpoint, read by real clients: nbdinfo's
 //! `--map` and `--list`-style context listing, and `qemu-img map` with qemu's `x-dirty-bitmap`
-//! (which reports changed extents as `"data": false`).
+//! (which reports changed extents as `"data": false`), and libnbd's `block_status`; backup
+//! loops that copy only the dirty extents, also across SIGKILLs of serve.
 
 mod common;
 
