@@ -218,23 +218,48 @@ fn a_backup_loop_copying_only_the_dirty_extents_reproduces_the_disk() {
 /// Applies `ops` over NBD with libnbd (Debian's python3-libnbd): `("w", off, len, byte)`
 /// writes `len` bytes of `byte`, `("t", off, len, 0)` trims, `("z", off, len, 0)` writes
 /// zeros; then flushes, unless `flush` is false (the writes may then be lost by a crash).
+/// With a fourth argument READY, the operations go out asynchronously, 16 in flight, READY is
+/// created once 10 have completed, and no flush is sent: the caller kills the server with
+/// requests in flight.
 const APPLY_OPS: &str = r#"
-import nbd, sys
+import nbd, os, sys
 uri, ops, flush = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+ready = sys.argv[4] if len(sys.argv) > 4 else None
 h = nbd.NBD()
 h.connect_uri(uri)
-for line in open(ops):
-    kind, off, n, byte = line.split()
-    off, n = int(off), int(n)
-    if kind == "w":
-        h.pwrite(bytes([int(byte)]) * n, off)
-    elif kind == "t":
-        h.trim(n, off)
-    else:
-        h.zero(n, off)
-if flush:
-    h.flush()
-h.shutdown()
+lines = [l.split() for l in open(ops)]
+if ready is None:
+    for kind, off, n, byte in lines:
+        off, n = int(off), int(n)
+        if kind == "w":
+            h.pwrite(bytes([int(byte)]) * n, off)
+        elif kind == "t":
+            h.trim(n, off)
+        else:
+            h.zero(n, off)
+    if flush:
+        h.flush()
+    h.shutdown()
+    sys.exit(0)
+issued, done, pending = 0, 0, []
+while done < len(lines):
+    while issued < len(lines) and h.aio_in_flight() < 16:
+        kind, off, n, byte = lines[issued]
+        off, n = int(off), int(n)
+        if kind == "w":
+            buf = nbd.Buffer.from_bytearray(bytearray([int(byte)]) * n)
+            pending.append(h.aio_pwrite(buf, off))
+        elif kind == "t":
+            pending.append(h.aio_trim(n, off))
+        else:
+            pending.append(h.aio_zero(n, off))
+        issued += 1
+    h.poll(-1)
+    for c in [c for c in pending if h.aio_command_completed(c)]:
+        pending.remove(c)
+        done += 1
+    if done >= 10 and not os.path.exists(ready):
+        open(ready, "w").close()
 "#;
 
 /// A pull-mode incremental backup with libnbd: the extents flagged in `context` by
@@ -328,7 +353,7 @@ fn python_nbd(script: &std::path::Path, args: &[&str]) -> std::process::Output {
 /// The backup loop across SIGKILLs and clean restarts of serve, the cache small enough (16 MiB
 /// for a 64 MiB disk) that the log wraps and writeback and reclaim run: a full copy at
 /// checkpoint c0 (`nbdcopy`), then rounds of libnbd writes of 512 B to 1 MiB, write-zeroes and
-/// TRIMs (flushed, and some not flushed before a SIGKILL), a kill or stop and restart in the
+/// TRIMs (flushed; some not flushed, and more in flight, at a SIGKILL), a kill or stop and restart in the
 /// middle of most rounds, then `export-diff --since PREV --checkpoint NEXT` and a pull of
 /// PREV's dirty extents (libnbd `block_status` on `qemu:dirty-bitmap:PREV`, `pread` of those
 /// extents only). Two backups are kept: the pulled one and a copy updated by `import-diff`;
@@ -385,20 +410,50 @@ fn a_dirty_bitmap_backup_and_a_diff_chain_across_sigkills_reproduce_the_disk() {
         run_ops(&uri, &ops, true);
         match round % 3 {
             1 => {
-                // Changes acknowledged but not flushed, then SIGKILL: they may be lost or
-                // kept; either way the backups must follow what the disk reads (so they are
-                // touched, not a must: a lost write changed nothing).
+                // Changes acknowledged but not flushed, then SIGKILL with more in flight (16
+                // at a time): they may be lost or kept; either way the backups must follow
+                // what the disk reads (so they are touched, not a must: a lost write changed
+                // nothing).
                 let mut lost_or_kept = vec![false; blocks];
-                let ops = random_ops(
-                    &mut rng,
-                    size,
-                    6,
-                    &mut pattern,
-                    &mut touched,
-                    &mut lost_or_kept,
-                );
+                let mut random = |n| {
+                    random_ops(
+                        &mut rng,
+                        size,
+                        n,
+                        &mut pattern,
+                        &mut touched,
+                        &mut lost_or_kept,
+                    )
+                };
+                let ops = random(6);
                 run_ops(&uri, &ops, false);
+                let in_flight = dir.s("in-flight.txt");
+                std::fs::write(&in_flight, random(80)).unwrap();
+                let ready = dir.join("ready");
+                let _ = std::fs::remove_file(&ready);
+                let mut writer = std::process::Command::new("/usr/bin/python3")
+                    .arg(&apply)
+                    .args([&uri, &in_flight, "0", &ready.to_string_lossy()])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap();
+                let start = std::time::Instant::now();
+                while !ready.exists() && start.elapsed() < COMMAND_TIMEOUT {
+                    assert!(
+                        writer.try_wait().unwrap().is_none(),
+                        "the writer ended early"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                assert!(ready.exists(), "the writer never got 10 requests done");
                 served.take().unwrap().kill();
+                // Its connection gone, the writer fails; whatever it had in flight is the
+                // crash's to keep or lose.
+                assert!(
+                    wait_timeout(&mut writer, COMMAND_TIMEOUT).is_some(),
+                    "the writer hangs after serve was killed"
+                );
                 kills += 1;
                 served = Some(Served::start(&args));
             }
