@@ -513,6 +513,8 @@ fn a_dirty_bitmap_backup_and_a_diff_chain_across_sigkills_reproduce_the_disk() {
         std::fs::remove_file(&diff).unwrap();
 
         let before = std::fs::read(&pulled).unwrap();
+        let read_bytes = |s: &Served| s.status()["read_bytes"].as_u64().expect("read_bytes");
+        let read_before = read_bytes(s);
         // The pull: PREV's dirty extents only (no client writes since NEXT, so PREV's bitmap
         // now describes the same moment).
         let out = python_nbd(
@@ -521,13 +523,21 @@ fn a_dirty_bitmap_backup_and_a_diff_chain_across_sigkills_reproduce_the_disk() {
         );
         assert_ok(&out, "libnbd pull of the dirty extents");
         let mut reported = vec![false; blocks];
+        let mut pulled_bytes = 0;
         for line in text(&out.stdout).lines() {
             let (off, len) = line.split_once(' ').unwrap();
             let (off, len): (u64, u64) = (off.parse().unwrap(), len.parse().unwrap());
+            pulled_bytes += len;
             for blk in off / 4096..(off + len).div_ceil(4096) {
                 reported[blk as usize] = true;
             }
         }
+        // Only the dirty extents were read (serve counts the bytes clients read).
+        assert_eq!(
+            read_bytes(s) - read_before,
+            pulled_bytes,
+            "round {round}: bytes read by the pull"
+        );
         logcache_ok(&["checkpoint", "delete", &prev, "--control", &ctl]);
 
         let under: Vec<usize> = (0..blocks).filter(|&b| must[b] && !reported[b]).collect();
@@ -567,11 +577,11 @@ fn a_dirty_bitmap_backup_and_a_diff_chain_across_sigkills_reproduce_the_disk() {
         touched_total += n_touched;
         for (copy, what) in [(&pulled, "the pulled backup"), (&chained, "the diff chain")] {
             let got = std::fs::read(copy).unwrap();
-            if let Some(at) = (0..size as usize).find(|&i| got[i] != now_bytes[i]) {
-                panic!(
-                    "round {round}: {what} differs from the disk first at byte {at} (block {})",
-                    at / 4096
-                );
+            if got != now_bytes {
+                let blk = (0..blocks)
+                    .find(|&b| got[b * 4096..][..4096] != now_bytes[b * 4096..][..4096])
+                    .unwrap();
+                panic!("round {round}: {what} differs from the disk first in block {blk}");
             }
         }
         std::fs::remove_file(now).unwrap();
