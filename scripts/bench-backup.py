@@ -19,8 +19,14 @@ object per measurement and a summary. Run with Debian's /usr/bin/python3 (python
   writecost  fio's nbd engine, 4 KiB random writes, with two checkpoints active vs none,
              alternated ROUNDS times, each on a fresh cache (256 MiB, so the log wraps and every
              reclaim folds the bitmaps) over a 16 GiB sparse backing.
+  holdcost   Writes while export-diff runs: a checkpoint, DIFF MiB of random 64 KiB-1 MiB writes
+             over the first SPAN GiB, then fio's 4 KiB random writes over that span for SECONDS,
+             once with `export-diff --since c0 FILE` run back to back the whole time (the export
+             hold active throughout) and once without, alternated ROUNDS times. Write IOPS
+             each way, and per export its time, size and the bytes the hold kept in RAM
+             (the blocks fio rewrote before the export had read them; bound 256 MiB).
 
-usage: /usr/bin/python3 scripts/bench-backup.py daily|memory|overreport|writecost [options]
+usage: /usr/bin/python3 scripts/bench-backup.py daily|memory|overreport|writecost|holdcost [options]
 (LOGCACHE_BIN picks the binary; default target/release/logcache.)
 """
 
@@ -497,6 +503,101 @@ def writecost(a):
         shutil.rmtree(dir, ignore_errors=True)
 
 
+# ---------------------------------------------------------------------------------------------
+# holdcost
+
+UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def kept_bytes(line):
+    """The bytes export-diff's last line says it kept ("...; 12 MiB rewritten meanwhile kept")."""
+    import re
+    m = re.search(r"; ([\d.]+) (bytes|KiB|MiB|GiB) rewritten meanwhile kept", line)
+    assert m, "no kept figure in: " + line
+    return round(float(m.group(1)) * UNITS[m.group(2)])
+
+
+def export_loop(s, out_path, stop, results):
+    """Runs export-diff --since c0 to a file again and again until `stop` is set; a failure
+    is appended to `results` as {"error": ...}."""
+    try:
+        export_loop_inner(s, out_path, stop, results)
+    except Exception as e:  # reported by the caller, which owns the measurement
+        results.append({"error": repr(e)})
+
+
+def export_loop_inner(s, out_path, stop, results):
+    while not stop.is_set():
+        t0 = time.monotonic()
+        r = subprocess.run([BIN, "export-diff", "--since", "c0", "--control", s.ctl, out_path],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        wall = time.monotonic() - t0
+        said = r.stderr.decode().strip()
+        assert r.returncode == 0, "export-diff failed: " + said
+        results.append({"wall_s": round(wall, 3), "stream_bytes": os.path.getsize(out_path),
+                        "kept_bytes": kept_bytes(said)})
+        os.unlink(out_path)
+
+
+def holdcost(a):
+    import threading
+    dir = tempfile.mkdtemp(prefix="lchold.", dir=a.dir)
+    shm = tempfile.mkdtemp(prefix="lchold.", dir="/dev/shm")
+    rows = []
+    try:
+        for r in range(1, a.rounds + 1):
+            ways = ["none", "exports"] if r % 2 else ["exports", "none"]
+            for way in ways:
+                backing = os.path.join(dir, "backing.img")
+                with open(backing, "wb") as f:
+                    f.truncate(16 * GIB)
+                s = Serve(dir, backing, a.cache_mib * MIB)
+                s.start()
+                s.ctl_run("checkpoint", "create", "c0")
+                span = a.span_gib * GIB
+                rewrite(s.uri, span, a.diff_mib * MIB, random.Random(a.seed + r), bytearray(span // BLOCK))
+                stop, exports = threading.Event(), []
+                t = None
+                if way == "exports":
+                    t = threading.Thread(target=export_loop,
+                                         args=(s, os.path.join(shm, "x.diff"), stop, exports))
+                    t.start()
+                r_fio = subprocess.run(
+                    ["fio", "--name=w", "--ioengine=nbd", f"--uri={s.uri}", "--rw=randwrite",
+                     "--bs=4k", f"--iodepth={a.iodepth}", f"--size={a.span_gib}g",
+                     f"--runtime={a.seconds}", "--time_based", "--norandommap",
+                     "--randrepeat=0", "--output-format=json"], check=True, stdout=subprocess.PIPE)
+                stop.set()
+                if t:
+                    t.join()
+                errors = [x["error"] for x in exports if "error" in x]
+                if errors:
+                    sys.exit("export-diff during the writes failed: " + errors[0])
+                out = r_fio.stdout.decode()
+                iops = json.loads(out[out.index("{"):])["jobs"][0]["write"]["iops"]
+                s.stop()
+                row = {"round": r, "way": way, "iops": round(iops), "exports": len(exports),
+                       "export_wall_s": [x["wall_s"] for x in exports],
+                       "stream_bytes": [x["stream_bytes"] for x in exports],
+                       "kept_bytes": [x["kept_bytes"] for x in exports],
+                       "load1": os.getloadavg()[0]}
+                log(row)
+                rows.append(row)
+                os.unlink(backing)
+                os.unlink(s.cache)
+        ratios = []
+        for r in range(1, a.rounds + 1):
+            by = {x["way"]: x["iops"] for x in rows if x["round"] == r}
+            ratios.append(round(by["exports"] / by["none"], 4))
+        kept = [k for x in rows for k in x["kept_bytes"]]
+        log({"summary": {"exports_over_none_each_round": ratios, "median": statistics.median(ratios),
+                         "exports": len(kept), "kept_bytes_max": max(kept, default=0),
+                         "kept_bytes_median": statistics.median(kept) if kept else 0}})
+    finally:
+        shutil.rmtree(dir, ignore_errors=True)
+        shutil.rmtree(shm, ignore_errors=True)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -521,7 +622,15 @@ def main():
     w.add_argument("--iodepth", type=int, default=32)
     w.add_argument("--cache-mib", type=int, default=256)
     w.add_argument("--compare-bin", help="a second logcache binary measured the same way, alternated")
-    for x in (d, m, o, w):
+    h = sub.add_parser("holdcost")
+    h.add_argument("--rounds", type=int, default=3)
+    h.add_argument("--seconds", type=int, default=10)
+    h.add_argument("--iodepth", type=int, default=32)
+    h.add_argument("--cache-mib", type=int, default=1024)
+    h.add_argument("--span-gib", type=int, default=2)
+    h.add_argument("--diff-mib", type=int, default=512)
+    h.add_argument("--seed", type=int, default=2121)
+    for x in (d, m, o, w, h):
         x.add_argument("--dir", default="/var/tmp")
     a = p.parse_args()
     if not os.access(BIN, os.X_OK):
@@ -529,7 +638,8 @@ def main():
     log({"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
          "binary": BIN, "load": os.getloadavg()})
     try:
-        {"daily": daily, "memory": memory, "overreport": overreport, "writecost": writecost}[a.cmd](a)
+        {"daily": daily, "memory": memory, "overreport": overreport, "writecost": writecost,
+         "holdcost": holdcost}[a.cmd](a)
     finally:
         for s in SERVES:
             if s.proc is not None:
