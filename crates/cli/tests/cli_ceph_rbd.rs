@@ -475,6 +475,66 @@ fn sequential_misses_are_read_ahead_and_later_reads_see_every_write_into_them() 
     );
 }
 
+#[test]
+fn the_read_ahead_tunable_off_reads_nothing_ahead_and_on_again_reads_ahead() {
+    let Some(cluster) = cluster() else { return };
+    // Alone on the cluster: the OSD's read counts below must be this test's own.
+    let _gate = OSD_GATE.write().unwrap_or_else(|e| e.into_inner());
+    let dir = TestDir::new("rbd-readahead-off");
+    let backing = cluster.image("readahead-off");
+    let cache = format_cache(&dir, &backing);
+    let served = serve_with(
+        &cache,
+        &backing,
+        &[
+            "--set",
+            "read_cache=off",
+            "--set",
+            "backing_read_ahead_kib=0",
+        ],
+    );
+    let ctl = served.control().to_string_lossy().into_owned();
+    logcache_ok(&["set", "--control", &ctl, "cache_mode=write-around"]);
+    let status = logcache_ok(&["status", "--control", &ctl]);
+    assert!(
+        status.contains("backing_read_ahead_kib=0"),
+        "status does not show the tunable: {status}"
+    );
+    let mut nbd = Client::connect_str(&served.unix_uri()).unwrap();
+    let region = 8 * MIB;
+    let mut rng = Rng::new(2203);
+    let model = rng.bytes(region as usize);
+    for at in (0..region).step_by(MIB as usize) {
+        nbd.write_at(&model[at as usize..(at + MIB) as usize], at, false)
+            .unwrap();
+    }
+    // Reads 4 KiB at a time from `from` for 4 MiB; returns the OSD reads they took.
+    let read_4_mib = |nbd: &mut Client, from: u64| {
+        let before = cluster.osd_reads();
+        let mut got = vec![0u8; 4096];
+        for at in (from..from + 4 * MIB).step_by(4096) {
+            nbd.read_at(&mut got, at).unwrap();
+            assert_same(&got, &model[at as usize..at as usize + 4096], "4 KiB read");
+        }
+        cluster.osd_reads() - before
+    };
+    let off = read_4_mib(&mut nbd, 0);
+    assert!(
+        off >= 1024,
+        "1,024 sequential 4 KiB misses with read-ahead off took only {off} OSD reads"
+    );
+    // Online: the next reads of the stream are read ahead.
+    logcache_ok(&["set", "--control", &ctl, "backing_read_ahead_kib=2048"]);
+    let on = read_4_mib(&mut nbd, 4 * MIB);
+    assert!(
+        on < 128,
+        "1,024 sequential 4 KiB misses with a 2 MiB window took {on} OSD reads"
+    );
+    drop(nbd);
+    let stopped = served.stop();
+    assert!(stopped.status.success(), "{}", stopped.stderr);
+}
+
 /// What a block may read as after a crash: the flushed value, or any value written since.
 struct CrashModel {
     flushed: Vec<u8>,

@@ -109,6 +109,7 @@ impl Engine {
         let geo = Geometry::from_superblock(&sb);
         let tunables = Tunables::from_persisted(&sb.tunables);
         let consistent = tunables.get(tunables::WRITEBACK_ORDER) == tunables::ORDER_CONSISTENT;
+        backing.set_read_ahead_bytes(tunables.get(tunables::BACKING_READ_AHEAD_KIB) * 1024);
         let mut checkpoint_report = crate::stats::RecoveryReport::default();
         let mut loaded = checkpoints::load(&*cache, &sb, &mut checkpoint_report)?;
         let mut recovered = recover::run(&*cache, &geo, &sb, consistent, &mut |h, entries| {
@@ -583,6 +584,9 @@ impl Engine {
             let consistent =
                 self.inner.tunables.get(tunables::WRITEBACK_ORDER) == tunables::ORDER_CONSISTENT;
             st.epochs.set_consistent(consistent);
+        }
+        if index == tunables::BACKING_READ_AHEAD_KIB {
+            self.inner.backing.set_read_ahead_bytes(value * 1024);
         }
         // The flusher's sleep depends on the seal interval.
         self.inner.flusher_wake.notify_all();

@@ -46,6 +46,7 @@ pub const READ_CACHE: usize = 6;
 pub const READ_SEQUENTIAL_CUTOFF_KIB: usize = 7;
 pub const WRITEBACK_IO_DEPTH: usize = 8;
 pub const WRITEBACK_ORDER: usize = 9;
+pub const BACKING_READ_AHEAD_KIB: usize = 10;
 
 /// Values of `cache_mode`.
 pub const MODE_WRITE_BACK: u64 = 0;
@@ -166,6 +167,18 @@ pub static SPECS: &[TunableSpec] = &[
         default: ORDER_CONSISTENT,
         online: true,
         help: "consistent: write back one flush epoch at a time, so the backing device alone is always a past state of the disk (what a power cut could have left); sorted: merge dirty blocks across flushes for fewer seeks, and the backing device alone may be torn until a drain",
+    },
+    TunableSpec {
+        name: "backing_read_ahead_kib",
+        slot: 10,
+        kind: Kind::Number {
+            min: 0,
+            max: 16384,
+            unit: "KiB",
+        },
+        default: 16384,
+        online: true,
+        help: "how far ahead of a sequential reader of missed blocks the backing device reads on its own (0: off); only an RBD backing reads ahead",
     },
 ];
 

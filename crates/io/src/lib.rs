@@ -72,6 +72,12 @@ pub trait BlockDevice: Send + Sync {
     fn reconnects(&self) -> u64 {
         0
     }
+    /// How far ahead of a sequential reader the device may read on its own (0: not at all):
+    /// the `backing_read_ahead_kib` tunable. Only devices that read ahead themselves (RBD,
+    /// whose librbd cache is off) use it; the default ignores it.
+    fn set_read_ahead_bytes(&self, bytes: u64) {
+        let _ = bytes;
+    }
     /// The run of bytes starting at `offset` that has one [`Allocation`]: its length (1 to
     /// `len_bytes`) and kind, for block status. Must never call a range a hole unless it reads
     /// as zeros; the default, right for any device, says "data" for the whole range.

@@ -18,10 +18,10 @@ use crate::spec::RbdSpec;
 ///
 /// Calls from many threads run at once (each submits asynchronous IO and waits for it), so the
 /// image sees as many requests in flight as the engine issues; a vectored write puts all its
-/// pieces in flight together. Sequential reads are read ahead (`readahead.rs`: up to four
-/// 4 MiB buffers ahead of a reader whose last three reads each began where the one before
-/// ended, unless the reads in flight already cover 4 MiB), kept coherent with every write,
-/// discard and write-zeroes of this device.
+/// pieces in flight together. Sequential reads are read ahead (`readahead.rs`: up to the
+/// window, by default four 4 MiB buffers, ahead of a reader whose last three reads belonged to
+/// one stream, even out of order, unless the reads in flight already cover 4 MiB), kept
+/// coherent with every write, discard and write-zeroes of this device.
 ///
 /// Failure policy: a call whose cluster operation times out (the op timeout given to
 /// [`RbdDevice::open`]), or that finds this client blocklisted or its exclusive lock taken
@@ -39,6 +39,8 @@ pub struct RbdDevice {
     /// Why the last session was dropped, for the message while reconnecting fails.
     lost_reason: RwLock<String>,
     reconnects: AtomicU64,
+    /// How far ahead of a sequential reader to read (`set_read_ahead_bytes`; 0: off).
+    read_ahead_bytes: AtomicU64,
 }
 
 impl RbdDevice {
@@ -65,6 +67,7 @@ impl RbdDevice {
             session: RwLock::new(Some(Arc::new(session))),
             lost_reason: RwLock::new(String::new()),
             reconnects: AtomicU64::new(0),
+            read_ahead_bytes: AtomicU64::new(crate::readahead::MAX_WINDOW_BYTES),
         })
     }
 
@@ -166,7 +169,8 @@ impl BlockDevice for RbdDevice {
         if buf.is_empty() {
             return Ok(());
         }
-        self.with_session(|s| s.read(buf, offset))
+        let read_ahead_bytes = self.read_ahead_bytes.load(Ordering::Relaxed);
+        self.with_session(|s| s.read(buf, offset, read_ahead_bytes))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
@@ -212,6 +216,15 @@ impl BlockDevice for RbdDevice {
 
     fn reconnects(&self) -> u64 {
         self.reconnects.load(Ordering::Acquire)
+    }
+
+    /// The read-ahead window (the `backing_read_ahead_kib` tunable), capped at 16 MiB: the
+    /// next read of a session uses it.
+    fn set_read_ahead_bytes(&self, bytes: u64) {
+        self.read_ahead_bytes.store(
+            bytes.min(crate::readahead::MAX_WINDOW_BYTES),
+            Ordering::Relaxed,
+        );
     }
 }
 

@@ -5,9 +5,15 @@
 //! request that wants it, so a sequential reader at iodepth 1 pays a full OSD round trip per
 //! request plus the NBD hop that fio's in-process rbd engine does not pay. librbd reads ahead
 //! only with its own cache on (`rbd_cache`), which logcache keeps off. So once
-//! `TRIGGER_REQUESTS` reads in a row each start where the last one ended, the session reads
-//! the next `PREFETCH_BYTES` ahead into one of `SLOTS` buffers, and later reads inside a
-//! buffer are copied from it.
+//! `TRIGGER_REQUESTS` reads in a row belong to one stream, the session reads up to the window
+//! (`backing_read_ahead_kib`, at most `SLOTS * PREFETCH_BYTES`) ahead into `SLOTS` buffers, and
+//! later reads inside a buffer are copied from it.
+//!
+//! A stream: reads that each start within `REORDER_BYTES` of the furthest end the stream
+//! reached, and that together cover at least half of the range they span. Reads are counted as
+//! they complete, and at iodepth > 1 they complete out of order, so "each starts where the
+//! last ended" missed most streams; the coverage rule keeps a strided or random reader from
+//! passing for one.
 //!
 //! Coherence (the image's exclusive lock means every write to it passes through this
 //! session): a write, discard or write-zeroes marks every overlapping buffer stale before it is
@@ -19,8 +25,15 @@
 pub const PREFETCH_BYTES: usize = 4 << 20;
 /// Buffers, so one is read ahead while the reader consumes the other.
 pub const SLOTS: usize = 4;
-/// Reads in a row, each starting where the previous ended, before reading ahead.
+/// Reads in a row of one stream before reading ahead.
 pub const TRIGGER_REQUESTS: u32 = 3;
+/// How far from the stream's furthest end a read may start and still belong to it: reads
+/// completing out of order within a queue of this many bytes.
+pub const REORDER_BYTES: u64 = PREFETCH_BYTES as u64;
+/// The largest window: every buffer ahead.
+pub const MAX_WINDOW_BYTES: u64 = (SLOTS * PREFETCH_BYTES) as u64;
+/// Read-ahead pieces are never smaller (a smaller window is rounded up to it).
+const MIN_PIECE_BYTES: u64 = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
@@ -110,11 +123,14 @@ pub struct Plan {
 #[derive(Debug)]
 pub struct Readahead<T> {
     size_bytes: u64,
-    /// Where the last read ended, and how many reads in a row started where the one before
-    /// ended.
-    last_end: u64,
+    /// How far ahead of the reader to read (0: not at all), at most `MAX_WINDOW_BYTES`.
+    window_bytes: u64,
+    /// The current stream: the lowest offset and the furthest end of its reads, the bytes
+    /// they read, and how many reads in a row belonged to it (0: no stream yet).
+    stream_start: u64,
+    stream_end: u64,
+    stream_bytes: u64,
     run: u32,
-    writes_in_flight: u32,
     pub slots: [Slot<T>; SLOTS],
 }
 
@@ -122,11 +138,26 @@ impl<T> Readahead<T> {
     pub fn new(size_bytes: u64) -> Readahead<T> {
         Readahead {
             size_bytes,
-            last_end: u64::MAX,
+            window_bytes: MAX_WINDOW_BYTES,
+            stream_start: 0,
+            stream_end: 0,
+            stream_bytes: 0,
             run: 0,
-            writes_in_flight: 0,
             slots: std::array::from_fn(|_| Slot::empty()),
         }
+    }
+
+    /// Sets the window (the tunable `backing_read_ahead_kib`): 0 turns read-ahead off (buffers
+    /// already read stay servable until reused); larger than `MAX_WINDOW_BYTES` is capped.
+    pub fn set_window(&mut self, window_bytes: u64) {
+        self.window_bytes = window_bytes.min(MAX_WINDOW_BYTES);
+    }
+
+    /// Bytes per read-ahead: half the window (so that one piece is read while the reader
+    /// consumes the other), at most a buffer, at least `MIN_PIECE_BYTES`.
+    fn piece_bytes(&self) -> u64 {
+        (self.window_bytes / 2 / MIN_PIECE_BYTES * MIN_PIECE_BYTES)
+            .clamp(MIN_PIECE_BYTES, PREFETCH_BYTES as u64)
     }
 
     /// Where a read of `len` bytes at `offset` comes from.
@@ -215,43 +246,63 @@ impl<T> Readahead<T> {
     }
 
     /// Counts a read of `len` bytes at `offset` (served either way) and returns the
-    /// read-aheads to start. None while other reads of the image in flight hold
-    /// `queued_bytes` of at least `PREFETCH_BYTES`: a client whose queue of sequential reads
-    /// already covers that much keeps the image busy itself, and a read-ahead would only read
-    /// again what its requests in flight are reading (1 MiB reads at iodepth 32 lost 40% to
-    /// it). A shallower queue (4 KiB reads at iodepth 32: 128 KiB) still gains from it.
-    pub fn observe(&mut self, offset: u64, len: usize, queued_bytes: u64) -> [Option<Plan>; SLOTS] {
+    /// read-aheads to start. None while a write is in flight (`writing`), nor while other
+    /// reads of the image in flight hold `queued_bytes` of at least `PREFETCH_BYTES`: a client
+    /// whose queue of sequential reads already covers that much keeps the image busy itself,
+    /// and a read-ahead would only read again what its requests in flight are reading (1 MiB
+    /// reads at iodepth 32 lost 40% to it). A shallower queue (4 KiB reads at iodepth 32:
+    /// 128 KiB) still gains from it.
+    pub fn observe(
+        &mut self,
+        offset: u64,
+        len: usize,
+        queued_bytes: u64,
+        writing: bool,
+    ) -> [Option<Plan>; SLOTS] {
         let mut plans = [None; SLOTS];
         let end = offset + len as u64;
-        if offset == self.last_end {
+        let near = offset <= self.stream_end.saturating_add(REORDER_BYTES)
+            && end.saturating_add(REORDER_BYTES) >= self.stream_end;
+        if self.run > 0 && near {
             self.run = self.run.saturating_add(1);
+            self.stream_start = self.stream_start.min(offset);
+            self.stream_end = self.stream_end.max(end);
+            self.stream_bytes = self.stream_bytes.saturating_add(len as u64);
         } else {
             self.run = 1;
+            self.stream_start = offset;
+            self.stream_end = end;
+            self.stream_bytes = len as u64;
         }
-        self.last_end = end;
+        let dense = self.stream_bytes.saturating_mul(2) >= self.stream_end - self.stream_start;
         if self.run < TRIGGER_REQUESTS
-            || self.writes_in_flight > 0
+            || !dense
+            || self.window_bytes == 0
+            || writing
             || queued_bytes >= PREFETCH_BYTES as u64
         {
             return plans;
         }
-        // Keep up to SLOTS buffers ahead of the reader: the next range starts where the chain
-        // of live buffers from the reader's position ends (each found by where the last ends).
-        let window_end = end + (SLOTS * PREFETCH_BYTES) as u64;
+        // Keep the window ahead of the stream's furthest end read (the reader's position; a
+        // read completing late is behind it): the next range starts where the chain of live
+        // buffers from there ends (each found by where the last ends).
+        let reader = self.stream_end;
+        let piece = self.piece_bytes();
+        let window_end = reader + self.window_bytes.max(piece);
         for plan in plans.iter_mut() {
-            let horizon = self.horizon(end);
+            let horizon = self.horizon(reader);
             if horizon >= self.size_bytes || horizon >= window_end {
                 break;
             }
             // A slot free for reuse: no read in flight, no users, and nothing in it the reader
-            // will want (empty, stale, or outside `[end, window_end)`: behind the reader, or
-            // left far ahead by a stream that jumped back).
+            // will want (empty, stale, or outside `[reader, window_end)`: behind the reader,
+            // or left far ahead by a stream that jumped back).
             let free = self.slots.iter().position(|s| {
                 s.users == 0
                     && s.waiters == 0
                     && s.io.is_none()
                     && s.state != State::Pending
-                    && (!s.live() || s.end() <= end || s.start >= window_end)
+                    && (!s.live() || s.end() <= reader || s.start >= window_end)
             });
             let Some(i) = free else { break };
             // Up to the next live buffer, so that no range is read ahead twice.
@@ -264,7 +315,8 @@ impl<T> Readahead<T> {
                 .unwrap_or(u64::MAX);
             let len = (self.size_bytes - horizon)
                 .min(next_start - horizon)
-                .min(PREFETCH_BYTES as u64) as usize;
+                .min(piece) as usize;
+            assert!(len > 0 && len <= PREFETCH_BYTES);
             let s = &mut self.slots[i];
             s.start = horizon;
             s.len = len;
@@ -314,20 +366,15 @@ impl<T> Readahead<T> {
     }
 
     /// A write (or discard, or write-zeroes) of `[offset, offset + len)` is about to be
-    /// submitted: every overlapping buffer goes stale, and no read-ahead starts until
-    /// [`Readahead::write_end`].
+    /// submitted: every overlapping buffer goes stale. The caller counts the write as in
+    /// flight before this (so that no read-ahead is planned until it finished: `observe`'s
+    /// `writing`) and stops counting it once it finished, without this lock.
     pub fn write_begin(&mut self, offset: u64, len: u64) {
-        self.writes_in_flight += 1;
         for s in &mut self.slots {
             if s.overlaps(offset, len) {
                 s.stale = true;
             }
         }
-    }
-
-    pub fn write_end(&mut self) {
-        assert!(self.writes_in_flight > 0, "write_end without write_begin");
-        self.writes_in_flight -= 1;
     }
 }
 

@@ -6,7 +6,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::raw::{c_char, c_int};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -71,6 +71,9 @@ pub struct Session {
     ra_buf: *mut [u8],
     /// Bytes of reads of the image in flight (`read` calls), for the read-ahead's queue rule.
     read_bytes_in_flight: AtomicU64,
+    /// Writes, discards and write-zeroes in flight: no read-ahead is planned while any is.
+    /// Outside `ra`, so a write takes that lock once (to mark buffers stale), not twice.
+    writes_in_flight: AtomicU32,
 }
 
 /// A read-ahead in flight: its completion and the bytes it must return.
@@ -111,19 +114,25 @@ impl RaIo {
     }
 }
 
-/// Marks a write in flight for the read-ahead (`write_begin`) until dropped.
-struct WriteInFlight<'a>(&'a Mutex<Readahead<RaIo>>);
+/// Counts a write in flight for the read-ahead until dropped, after marking the buffers it
+/// overlaps stale (`write_begin`).
+struct WriteInFlight<'a>(&'a AtomicU32);
 
 impl<'a> WriteInFlight<'a> {
-    fn new(ra: &'a Mutex<Readahead<RaIo>>, offset: u64, len_bytes: u64) -> WriteInFlight<'a> {
-        ra.lock().write_begin(offset, len_bytes);
-        WriteInFlight(ra)
+    fn new(session: &'a Session, offset: u64, len_bytes: u64) -> WriteInFlight<'a> {
+        // Counted before the lock: a read-ahead planned after this write's stale marking sees
+        // the count (the lock orders them), one planned before is marked stale.
+        session.writes_in_flight.fetch_add(1, Ordering::AcqRel);
+        session.ra.lock().write_begin(offset, len_bytes);
+        WriteInFlight(&session.writes_in_flight)
     }
 }
 
 impl Drop for WriteInFlight<'_> {
     fn drop(&mut self) {
-        self.0.lock().write_end();
+        // The write finished: a read-ahead submitted from now on reads what it wrote.
+        let before = self.0.fetch_sub(1, Ordering::AcqRel);
+        assert!(before > 0, "a write counted out more than in");
     }
 }
 
@@ -174,6 +183,7 @@ impl Session {
             ra: Mutex::new(Readahead::new(0)),
             ra_buf: Box::into_raw(vec![0u8; SLOTS * PREFETCH_BYTES].into_boxed_slice()),
             read_bytes_in_flight: AtomicU64::new(0),
+            writes_in_flight: AtomicU32::new(0),
         };
         let id_ptr = id.as_ref().map_or(ptr::null(), |c| c.as_ptr());
         // SAFETY: `s.cluster` is a valid out-pointer; `id_ptr` is NUL-terminated or null
@@ -287,8 +297,14 @@ impl Session {
     }
 
     /// Reads `buf.len()` bytes at `offset`: from a read-ahead buffer when one holds them,
-    /// else from the image; then starts the read-aheads a sequential stream calls for.
-    pub fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), CallError> {
+    /// else from the image; then starts the read-aheads a sequential stream calls for, up to
+    /// `read_ahead_bytes` ahead (0: none).
+    pub fn read(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        read_ahead_bytes: u64,
+    ) -> Result<(), CallError> {
         let len_bytes = buf.len() as u64;
         let queued_before = self
             .read_bytes_in_flight
@@ -303,7 +319,12 @@ impl Session {
             .fetch_sub(len_bytes, Ordering::AcqRel)
             - len_bytes;
         result?;
-        self.read_ahead(offset, buf.len(), queued_before.max(queued_after));
+        self.read_ahead(
+            offset,
+            buf.len(),
+            queued_before.max(queued_after),
+            read_ahead_bytes,
+        );
         Ok(())
     }
 
@@ -343,9 +364,15 @@ impl Session {
     /// Counts the read and submits the read-aheads it calls for (under the lock, so that a
     /// planned slot is in flight before anyone can look it up). A read-ahead that cannot be
     /// submitted is dropped: reads go to the image as before.
-    fn read_ahead(&self, offset: u64, len: usize, queued_bytes: u64) {
+    fn read_ahead(&self, offset: u64, len: usize, queued_bytes: u64, window_bytes: u64) {
         let mut ra = self.ra.lock();
-        for plan in ra.observe(offset, len, queued_bytes).into_iter().flatten() {
+        ra.set_window(window_bytes);
+        let writing = self.writes_in_flight.load(Ordering::Acquire) > 0;
+        for plan in ra
+            .observe(offset, len, queued_bytes, writing)
+            .into_iter()
+            .flatten()
+        {
             let Ok(c) = Completion::new() else {
                 ra.failed(plan.slot);
                 continue;
@@ -408,7 +435,7 @@ impl Session {
         // Up to this many writes in flight per call; more pieces go in further rounds.
         const MAX_IN_FLIGHT: usize = 32;
         let len_bytes = bufs.iter().map(|b| b.len() as u64).sum();
-        let _writing = WriteInFlight::new(&self.ra, offset, len_bytes);
+        let _writing = WriteInFlight::new(self, offset, len_bytes);
         let mut at = offset;
         for round in bufs.chunks(MAX_IN_FLIGHT) {
             let mut pending: [Option<Submitted>; MAX_IN_FLIGHT] = Default::default();
@@ -455,7 +482,7 @@ impl Session {
     }
 
     pub fn discard(&self, offset: u64, len_bytes: u64) -> Result<(), CallError> {
-        let _writing = WriteInFlight::new(&self.ra, offset, len_bytes);
+        let _writing = WriteInFlight::new(self, offset, len_bytes);
         let c = Completion::new()?;
         // SAFETY: an open image and a fresh completion; no buffer.
         let rc = unsafe { ffi::rbd_aio_discard(self.image, offset, len_bytes, c.raw) };
@@ -467,7 +494,7 @@ impl Session {
 
     pub fn write_zeroes(&self, offset: u64, len_bytes: u64) -> Result<(), CallError> {
         let len = usize::try_from(len_bytes).expect("a 64-bit usize");
-        let _writing = WriteInFlight::new(&self.ra, offset, len_bytes);
+        let _writing = WriteInFlight::new(self, offset, len_bytes);
         let c = Completion::new()?;
         // SAFETY: an open image and a fresh completion; no buffer; no flags.
         let rc = unsafe { ffi::rbd_aio_write_zeroes(self.image, offset, len, c.raw, 0, 0) };

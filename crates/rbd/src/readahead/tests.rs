@@ -117,7 +117,7 @@ impl World {
                 self.ra.release(slot);
             }
         }
-        let plans = self.ra.observe(offset, len, 0);
+        let plans = self.ra.observe(offset, len, 0, false);
         self.submit(plans, rng);
         // Live buffers never overlap: each range is read ahead once.
         let live: Vec<_> = self.ra.slots.iter().filter(|s| s.live()).collect();
@@ -147,14 +147,13 @@ fn write(w: &mut World, offset: u64, len: usize, value: u8, rng: &mut Rng) {
     w.ra.write_begin(offset, len as u64);
     // While the write is in flight, reads-ahead neither start nor see it yet.
     if rng.below(2) == 0 {
-        let plans = w.ra.observe(offset, 4096, 0);
+        let plans = w.ra.observe(offset, 4096, 0, true);
         assert!(
             plans.iter().all(Option::is_none),
             "read-ahead during a write"
         );
     }
     w.image[offset as usize..offset as usize + len].fill(value);
-    w.ra.write_end();
 }
 
 #[test]
@@ -168,12 +167,24 @@ fn reads_served_from_read_ahead_always_equal_the_image_seeded() {
             match rng.below(10) {
                 0..=5 => {
                     let len = [4096usize, 65536, 1 << 20][rng.below(3) as usize];
-                    if pos + len as u64 > IMAGE_BYTES || rng.below(40) == 0 {
-                        pos = rng.below(IMAGE_BYTES / 4096 - 256) * 4096;
+                    if pos + 2 * len as u64 > IMAGE_BYTES || rng.below(40) == 0 {
+                        pos = rng.below(IMAGE_BYTES / 4096 - 512) * 4096;
                     }
-                    let len = len.min((IMAGE_BYTES - pos) as usize);
-                    w.read(pos, len, &mut rng);
-                    pos += len as u64;
+                    let len = len.min((IMAGE_BYTES - pos) as usize / 2);
+                    if rng.below(4) == 0 {
+                        // Two reads completing out of order.
+                        w.read(pos + len as u64, len, &mut rng);
+                        w.read(pos, len, &mut rng);
+                        pos += 2 * len as u64;
+                    } else {
+                        w.read(pos, len, &mut rng);
+                        pos += len as u64;
+                    }
+                }
+                8 if rng.below(8) == 0 => {
+                    // The tunable changed: off, small, or up to every buffer.
+                    let windows = [0, 4096, 1 << 20, 6 << 20, MAX_WINDOW_BYTES];
+                    w.ra.set_window(windows[rng.below(5) as usize]);
                 }
                 6 | 7 => {
                     // A write near the reader (inside or just ahead of the buffers) or anywhere.
@@ -204,10 +215,13 @@ fn read_ahead_starts_after_the_trigger_and_stays_ahead_of_the_reader() {
     let mb = 1u64 << 20;
     for i in 0..u64::from(TRIGGER_REQUESTS) - 1 {
         assert_eq!(ra.lookup(i * mb, 1 << 20), Lookup::Miss);
-        assert!(ra.observe(i * mb, 1 << 20, 0).iter().all(Option::is_none));
+        assert!(ra
+            .observe(i * mb, 1 << 20, 0, false)
+            .iter()
+            .all(Option::is_none));
     }
     let at = u64::from(TRIGGER_REQUESTS - 1) * mb;
-    let plans = ra.observe(at, 1 << 20, 0);
+    let plans = ra.observe(at, 1 << 20, 0, false);
     let p0 = plans[0].expect("read-ahead after the trigger");
     let p1 = plans[1].expect("both buffers fill");
     assert_eq!((p0.start, p0.len), (at + mb, PREFETCH_BYTES));
@@ -228,7 +242,10 @@ fn read_ahead_starts_after_the_trigger_and_stays_ahead_of_the_reader() {
     ra.release(slot);
     // A jump elsewhere resets the run: no read-ahead, and the buffers are not served there.
     assert_eq!(ra.lookup(40 * mb, 4096), Lookup::Miss);
-    assert!(ra.observe(40 * mb, 4096, 0).iter().all(Option::is_none));
+    assert!(ra
+        .observe(40 * mb, 4096, 0, false)
+        .iter()
+        .all(Option::is_none));
 }
 
 #[test]
@@ -236,7 +253,7 @@ fn a_write_makes_overlapping_buffers_stale_and_holds_off_new_read_ahead() {
     let mut ra: Readahead<u32> = Readahead::new(64 << 20);
     let mut plans = [None; SLOTS];
     for i in 0..u64::from(TRIGGER_REQUESTS) {
-        plans = ra.observe(i * 4096, 4096, 0);
+        plans = ra.observe(i * 4096, 4096, 0, false);
     }
     let p = plans[0].expect("read-ahead");
     ra.submitted(p.slot, 7);
@@ -246,10 +263,9 @@ fn a_write_makes_overlapping_buffers_stale_and_holds_off_new_read_ahead() {
     assert!(!ra.servable(p.slot));
     assert_eq!(ra.lookup(p.start, 4096), Lookup::Miss);
     let next = p.start;
-    assert!(ra.observe(next, 4096, 0).iter().all(Option::is_none));
-    ra.write_end();
+    assert!(ra.observe(next, 4096, 0, true).iter().all(Option::is_none));
     // After the write the stream goes on, and the stale buffer is reused.
-    let again = ra.observe(next + 4096, 4096, 0);
+    let again = ra.observe(next + 4096, 4096, 0, false);
     assert!(again.iter().flatten().any(|q| q.slot == p.slot));
 }
 
@@ -268,7 +284,7 @@ fn a_stream_that_starts_again_behind_its_buffers_reads_ahead_anew() {
                 }
                 ra.release(slot);
             }
-            for p in ra.observe(at, 1 << 20, 0).into_iter().flatten() {
+            for p in ra.observe(at, 1 << 20, 0, false).into_iter().flatten() {
                 io += 1;
                 ra.submitted(p.slot, io);
                 planned += 1;
@@ -291,7 +307,7 @@ fn a_queue_of_reads_covering_a_read_ahead_gets_none() {
     let mb = 1u64 << 20;
     // 1 MiB reads at iodepth 32: 31 MiB in flight besides each.
     for i in 0..16 {
-        let plans = ra.observe(i * mb, 1 << 20, 31 * mb);
+        let plans = ra.observe(i * mb, 1 << 20, 31 * mb, false);
         assert!(
             plans.iter().all(Option::is_none),
             "read {i} of a deep queue read ahead"
@@ -299,5 +315,81 @@ fn a_queue_of_reads_covering_a_read_ahead_gets_none() {
     }
     // The same stream with a shallow queue (4 KiB reads at iodepth 32: 124 KiB besides) reads
     // ahead at once: the run was counted all along.
-    assert!(ra.observe(16 * mb, 1 << 20, 124 << 10)[0].is_some());
+    assert!(ra.observe(16 * mb, 1 << 20, 124 << 10, false)[0].is_some());
+}
+
+#[test]
+fn reads_completing_out_of_order_still_trigger_read_ahead() {
+    // 4 KiB reads at iodepth 8 completing last-first: no read starts where the one counted
+    // before it ended, yet they are one stream.
+    let mut ra: Readahead<u32> = Readahead::new(64 << 20);
+    let mut first_plan = None;
+    for i in (0..8u64).rev() {
+        let plans = ra.observe(i * 4096, 4096, 7 * 4096, false);
+        if first_plan.is_none() {
+            first_plan = plans[0];
+        }
+    }
+    let p = first_plan.expect("a reordered sequential stream reads ahead");
+    // Ahead of the furthest end the stream reached, not of the late read that triggered it.
+    assert_eq!(p.start, 8 * 4096);
+    assert_eq!(p.len, PREFETCH_BYTES);
+}
+
+#[test]
+fn a_strided_or_random_reader_is_not_a_stream() {
+    // 4 KiB every 64 KiB: each read near the last, but covering 1/16 of the range.
+    let mut ra: Readahead<u32> = Readahead::new(1 << 30);
+    for i in 0..64u64 {
+        let plans = ra.observe(i * 65536, 4096, 0, false);
+        assert!(
+            plans.iter().all(Option::is_none),
+            "strided read {i} read ahead"
+        );
+    }
+    let mut rng = Rng(0x5eed);
+    for i in 0..10_000 {
+        let at = rng.below((1 << 30) / 4096) * 4096;
+        let plans = ra.observe(at, 4096, 0, false);
+        assert!(
+            plans.iter().all(Option::is_none),
+            "random read {i} read ahead"
+        );
+    }
+}
+
+#[test]
+fn the_window_bounds_read_ahead_and_zero_turns_it_off() {
+    let mb = 1u64 << 20;
+    let mut ra: Readahead<u32> = Readahead::new(256 << 20);
+    ra.set_window(0);
+    for i in 0..32u64 {
+        assert!(
+            ra.observe(i * mb, 1 << 20, 0, false)
+                .iter()
+                .all(Option::is_none),
+            "read-ahead with the window at 0 (read {i})"
+        );
+    }
+    // A 1 MiB window: 512 KiB pieces, never past the reader's position plus 1 MiB.
+    ra.set_window(mb);
+    let mut io = 0;
+    for i in 32..64u64 {
+        let reader = (i + 1) * mb;
+        for p in ra.observe(i * mb, 1 << 20, 0, false).into_iter().flatten() {
+            assert_eq!(p.len as u64, mb / 2);
+            assert!(
+                p.start >= reader && p.start + p.len as u64 <= reader + mb,
+                "{p:?}"
+            );
+            io += 1;
+            ra.submitted(p.slot, io);
+        }
+        ra.reap(|_| Some(true), |_| {});
+    }
+    assert!(io >= 32, "a 1 MiB window reads ahead ({io} reads)");
+    // Larger than the buffers hold: capped.
+    ra.set_window(u64::MAX);
+    let plans = ra.observe(64 * mb, 1 << 20, 0, false);
+    assert!(plans.iter().flatten().all(|p| p.len == PREFETCH_BYTES));
 }
