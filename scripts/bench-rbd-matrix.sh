@@ -30,9 +30,10 @@
 # adds serve options to it alone (e.g. VARIANT_BIN=target/release/logcache
 # VARIANT_SET="--set writeback_io_depth=64").
 #
-# ROUNDS=N runs each matrix row N times, the configs in a different order each round (the first
-# config of round r is the r-th), so a machine whose load changes within a row does not favour
-# whichever config comes first: one line per run, ratios taken from the medians.
+# ROUNDS=N runs each matrix row (and each latency row) N times, the configs in a different order
+# each round (the first config of round r is the r-th), so a machine whose load changes within a
+# row does not favour whichever config comes first: one line per run, ratios taken from the
+# medians.
 #
 # usage: scripts/bench-rbd-matrix.sh [SECONDS] [OUT]
 #   env: BS="4k 64k 1m 4m" RW="randwrite write randread read" DEPTHS="1 32" BG="0 4 16"
@@ -213,7 +214,8 @@ if [ $reads_started -eq 1 ]; then
 fi
 phase latency || BG=""
 for n in $BG; do
-    for c in $CONFIGS; do
+    # shellcheck disable=SC2046
+    for c in $(for round in $(seq 1 "$ROUNDS"); do rotate "$((round - 1))" $CONFIGS; done); do
         name=$(lc_name "$c")
         [ -n "$name" ] && "$bin" drain --control "$dir/$name.ctl" >/dev/null 2>&1
         bgjob=()
