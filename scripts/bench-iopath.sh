@@ -18,7 +18,7 @@
 #   logcache-hdd    logcache (write-back) in front of it; nothing is written, so every read
 #                   of the randread-miss job is a miss to the disk
 #   logcache-wt     logcache with --set cache_mode=write-through in front of it
-#   logcache-hdd-b, logcache-wt-b  the same with the binary LOGCACHE_BIN_B (an A/B of two
+#   logcache-b, logcache-hdd-b, logcache-wt-b  the same with the binary LOGCACHE_BIN_B (an A/B of two
 #                   builds in one alternated run, e.g. the NBD backing client before a change)
 #
 # The data (DATA_MIB, written sequentially through each server) is in place first; logcache's
@@ -97,13 +97,16 @@ start() { # $1 server name
         "$run_bin" serve --cache "$dir/$s-cache.img" --backing "$backing" --socket "$sock" \
             --set cache_mode="$mode" >"$dir/$s.log" 2>&1 &
         ;;
-    logcache | logcache-sync)
-        local engine=io_uring
+    logcache | logcache-sync | logcache-b)
+        local engine=io_uring run_bin=$bin
         [ "$s" = logcache-sync ] && engine=sync
+        if [ "$s" = logcache-b ]; then
+            run_bin=${LOGCACHE_BIN_B:?"give LOGCACHE_BIN_B for the -b servers"}
+        fi
         truncate -s 8G "$dir/$s-backing.img"
         truncate -s 4G "$dir/$s-cache.img"
-        "$bin" format --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" >/dev/null
-        "$bin" serve --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" \
+        "$run_bin" format --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" >/dev/null
+        "$run_bin" serve --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" \
             --socket "$sock" --io-engine "$engine" >"$dir/$s.log" 2>&1 &
         ;;
     nbdkit-file)

@@ -34,6 +34,11 @@ struct Gated {
 
 impl Gated {
     fn start(name: &str) -> Gated {
+        Gated::start_with(name, false)
+    }
+
+    /// With `cache_gated`, the gate stands in front of the cache device instead.
+    fn start_with(name: &str, cache_gated: bool) -> Gated {
         let dir = TestDir::new(name);
         let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(CACHE_BYTES));
         let backing_mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(BACKING_BYTES));
@@ -42,8 +47,15 @@ impl Gated {
         backing_mem
             .write_at(&pattern(99, (8 * MIB) as usize), 0)
             .unwrap();
-        let gate = Arc::new(GateDevice::new(backing_mem));
-        let (engine, server, socket) = serve_engine(&dir, cache, gate.clone());
+        let (gate, engine, server, socket) = if cache_gated {
+            let gate = Arc::new(GateDevice::new(cache));
+            let (engine, server, socket) = serve_engine(&dir, gate.clone(), backing_mem);
+            (gate, engine, server, socket)
+        } else {
+            let gate = Arc::new(GateDevice::new(backing_mem));
+            let (engine, server, socket) = serve_engine(&dir, cache, gate.clone());
+            (gate, engine, server, socket)
+        };
         Gated {
             _dir: dir,
             gate,
@@ -207,6 +219,78 @@ fn a_partly_cached_read_never_holds_up_the_reader() {
     let mut model = cached.clone();
     model.extend_from_slice(&backing[BLOCK as usize..2 * BLOCK as usize]);
     assert_eq!(data, model);
+}
+
+/// A large write (its payload bigger than the reader's input buffer) runs on a worker, so one
+/// waiting for room in the log holds up nothing behind it: with the cache device's writes held
+/// at the gate, 1 MiB writes fill the engine's 8 MiB of RAM buffers and the later ones wait,
+/// yet a read sent after them all is answered (from RAM) while they wait; none of the waiting
+/// writes is acknowledged before the log moves, and once it does, every write is, and every
+/// byte reads back. (Run on the reader, the first waiting write held the read behind it.)
+#[test]
+fn a_large_write_waiting_for_room_holds_up_nothing_behind_it() {
+    let gated = Gated::start_with("large-write-room", true);
+    let mut client = RawClient::go(&gated.socket, true, false);
+    let small = pattern(6, BLOCK as usize);
+    client.send_request(&request(NbdCommand::Write, 1, 0, BLOCK as u32), &small);
+    assert_eq!(read_structured_reply(&mut client), (1, false, Vec::new()));
+
+    gated.gate.hold(OpKind::Write);
+    let waits_before = gated.engine.stats().counters.write_waits;
+    const WRITES: u64 = 12;
+    let mut model = HashMap::new();
+    for i in 0..WRITES {
+        let data = pattern(10 + i, MIB as usize);
+        let offset_bytes = (1 + i) * MIB;
+        client.send_request(
+            &request(NbdCommand::Write, 100 + i, offset_bytes, MIB as u32),
+            &data,
+        );
+        model.insert(100 + i, (offset_bytes, data));
+    }
+    let deadline = Instant::now() + HELD;
+    while gated.engine.stats().counters.write_waits == waits_before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(
+        gated.engine.stats().counters.write_waits > waits_before,
+        "no write waited for room (RAM buffers larger than the writes?)"
+    );
+    client.send_request(&request(NbdCommand::Read, 50, 0, BLOCK as u32), &[]);
+    let mut acknowledged = Vec::new();
+    loop {
+        let (cookie, failed, data) = read_structured_reply(&mut client);
+        assert!(!failed, "request {cookie} failed");
+        if cookie == 50 {
+            assert_eq!(data, small);
+            break;
+        }
+        acknowledged.push(cookie);
+    }
+    assert!(
+        (acknowledged.len() as u64) < WRITES,
+        "every write was acknowledged before the log could move: none waited"
+    );
+    assert_eq!(
+        gated.gate.passed(OpKind::Write),
+        0,
+        "the gate let a write by"
+    );
+
+    gated.gate.release(OpKind::Write);
+    while (acknowledged.len() as u64) < WRITES {
+        let (cookie, failed, _) = read_structured_reply(&mut client);
+        assert!(!failed, "write {cookie} failed");
+        assert!(model.contains_key(&cookie), "unexpected reply {cookie}");
+        acknowledged.push(cookie);
+    }
+    acknowledged.sort_unstable();
+    assert_eq!(acknowledged, (100..100 + WRITES).collect::<Vec<_>>());
+    for (offset_bytes, data) in model.values() {
+        let mut out = vec![0u8; data.len()];
+        gated.engine.read(*offset_bytes, &mut out).unwrap();
+        assert!(out == *data, "the write at {offset_bytes} reads back wrong");
+    }
 }
 
 /// A connection closed while reads wait at the device and a write-through write waits for the
