@@ -38,6 +38,8 @@ pub(crate) struct Inner {
     pub drive: Drive,
     /// `OpenOptions::writeback_sorted`.
     pub writeback_sorted: bool,
+    /// `OpenOptions::clean_holes_per_backing_sync`.
+    pub clean_holes_per_backing_sync: u64,
     pub tunables: Tunables,
     pub recovery: RecoveryReport,
     /// Serialises inline flusher rounds in manual mode.

@@ -82,8 +82,13 @@ pub struct Counters {
     /// Write requests handled in write-through and write-around mode.
     pub write_through_writes: u64,
     pub write_around_writes: u64,
-    /// Syncs of the backing device asked for by flushes (after writes that bypassed the log).
+    /// Syncs of the backing device for writes that bypassed the log: by flushes, and by the
+    /// flusher every `clean_holes_per_backing_sync` clean entries written as holes.
     pub backing_syncs: u64,
+    /// Clean block entries (write-through copies, promotions) the flusher wrote as holes, and
+    /// partly dirty ones it wrote with only their dirty sectors valid, no backing sync covering
+    /// their clean sectors yet: after a crash those sectors are read from the backing device.
+    pub clean_entries_holed: u64,
 }
 
 impl Counters {
@@ -150,6 +155,7 @@ impl Counters {
             ("write_through_writes", self.write_through_writes),
             ("write_around_writes", self.write_around_writes),
             ("backing_syncs", self.backing_syncs),
+            ("clean_entries_holed", self.clean_entries_holed),
         ]
     }
 }

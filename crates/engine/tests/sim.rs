@@ -12,7 +12,9 @@
 //!   before each reclaim go through the gate too; exports, read in pieces while the other
 //!   threads change the disk, every sector checked against the export's moment) or lets one held IO through. Some kinds of IO are slow in a schedule (released
 //!   rarely while anything else can run): a slow cache sync, a slow backing zeroing, a slow
-//!   backing device. Some schedules fail IOs with EIO (a read error on one block);
+//!   backing device. Some schedules fail IOs with EIO (a read error on one block), and half
+//!   of those fail backing-device flushes often too (the flusher's backing syncs for clean
+//!   copies, issue 20);
 //! - every read is checked when it returns: no sector older than the newest write acknowledged
 //!   before the read was sent, nor newer than anything sent (`common::history`);
 //! - a request may fail only once a fault was injected (or the power is off), and no request
@@ -515,6 +517,13 @@ struct Totals {
     /// the most IOs through the gate meanwhile (`HANG_IOS`') and the longest wall time
     /// (`HANG_WALL`'s).
     longest_wait: (Duration, u64, Duration),
+    /// Backing-device flushes failed by `release_one` (the flusher's syncs for clean copies,
+    /// flushes' own syncs, writeback's), and clean copies the log left out for want of a
+    /// backing sync (`clean_entries_holed`, write-through copies among them): issue 20's path.
+    backing_flush_faults: u64,
+    /// ... of them the flusher's (its backing syncs for clean copies).
+    flusher_backing_flush_faults: u64,
+    clean_entries_holed: u64,
     /// Cache-loss cycles, per mode of `MODES`.
     losses: [u64; 3],
     /// ... after which the engine had failed (with a reason), per mode.
@@ -588,6 +597,12 @@ struct Case<'a> {
     fixed_mode: bool,
     /// The cache device has failed for good: every cache IO released fails.
     cache_dead: bool,
+    /// In a cycle with faults, backing-device flushes also fail about once in this many (0:
+    /// no more often than other IOs), from a stream of their own: the flusher's backing syncs
+    /// for clean copies fail, in write-through mode too, and flushes must report it (issue
+    /// 20).
+    backing_flush_odds: u64,
+    backing_flush_rng: Rng,
 }
 
 impl Case<'_> {
@@ -743,11 +758,22 @@ impl Case<'_> {
         } else {
             &held[self.rng.below(held.len() as u64) as usize]
         };
+        let backing_flush = op.device == "backing" && op.kind == OpKind::Flush;
         let fail = (self.cache_dead && op.device == "cache")
-            || (fault_odds > 0 && self.rng.chance(1, fault_odds));
+            || (fault_odds > 0 && self.rng.chance(1, fault_odds))
+            || (fault_odds > 0
+                && backing_flush
+                && self.backing_flush_odds > 0
+                && self.backing_flush_rng.chance(1, self.backing_flush_odds));
         if fail {
             self.shared.faulted.store(true, Ordering::SeqCst);
             self.totals.faults += 1;
+            if backing_flush {
+                self.totals.backing_flush_faults += 1;
+                if op.thread == "logcache-flusher" {
+                    self.totals.flusher_backing_flush_faults += 1;
+                }
+            }
         }
         let what = format!(
             "{} {} {:?} {}+{} {}",
@@ -781,11 +807,17 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
     } else {
         rng.range(1, 20) as u32
     };
+    // How often the flusher syncs the backing device for clean entries instead of writing them
+    // as holes (every chunk, often, by default): drawn from a generator of its own, so the
+    // schedule a seed drew before this choice existed stays the same.
+    let clean_holes_per_backing_sync =
+        [0, 1, 3, 256][Rng::new(seed ^ 0x0068_6f6c_6573).below(4) as usize];
     let opts = OpenOptions {
         ram_buffer_bytes: segment * rng.range(2, 4),
         seal_interval_ms: Some(seal_interval_ms),
         // Fewer decisions by the wall clock: a replay then takes the same path more often.
         promote_pause_after_relocation: Duration::ZERO,
+        clean_holes_per_backing_sync,
         ..OpenOptions::default()
     };
     let pair = SimPair::new(cache_bytes, 4 << 20, segment);
@@ -808,7 +840,8 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
     if std::env::var("LOGCACHE_SIM_VERBOSE").is_ok() {
         eprintln!(
             "sim: seed {seed}: segment {segment} B, cache {cache_bytes} B, region {region_sectors} \
-             sectors, seal interval {seal_interval_ms} ms, {cycles} cycle(s)"
+             sectors, seal interval {seal_interval_ms} ms, clean holes per backing sync \
+             {clean_holes_per_backing_sync}, {cycles} cycle(s)"
         );
     }
     // The engine's locks, waits and clock go through the scheduler (one engine thread at a
@@ -833,6 +866,8 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         slow_odds: 1,
         fixed_mode: loss,
         cache_dead: false,
+        backing_flush_odds: 0,
+        backing_flush_rng: Rng::new(seed ^ 0x0062_666c_7573_68),
     };
     for cycle in 0..cycles {
         case.totals.cycles += 1;
@@ -872,6 +907,11 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             .collect();
         let fault_odds = if case.rng.chance(1, 4) {
             case.rng.range(20, 200)
+        } else {
+            0
+        };
+        case.backing_flush_odds = if fault_odds > 0 && case.backing_flush_rng.chance(1, 2) {
+            case.backing_flush_rng.range(2, 8)
         } else {
             0
         };
@@ -1034,6 +1074,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         // same after a cache loss whose mark failed part way (cache-loss seed 4021: the
         // record synced, a later write of the mark failed, the engine stayed failed).
         let before_cut = e.stats();
+        case.totals.clean_entries_holed += before_cut.counters.clean_entries_holed;
         let gave_up = before_cut.cache_failed.is_some()
             || (before_cut.failed.is_some() && before_cut.writeback_lag_bytes == 0);
         let must_refuse = !loss && before_cut.serving_alone;
@@ -1822,6 +1863,13 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.losses_failed_clean
     );
     eprintln!(
+        "sim: {} backing flushes failed ({} of them the flusher's), {} clean copies left out of \
+         the log for want of a backing sync",
+        totals.backing_flush_faults,
+        totals.flusher_backing_flush_faults,
+        totals.clean_entries_holed
+    );
+    eprintln!(
         "sim: with requests running and none completing, the longest wait for timers: {:.1?} \
          (a hang at {HANG:?}), the most IOs through the gate: {} (a hang at {HANG_IOS}), the \
          longest wait: {:.1?} (a hang at {HANG_WALL:?})",
@@ -1866,6 +1914,17 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         "no zero window ({}) or no seal check under ring pressure ({}) in {} schedules",
         totals.zero_windows,
         totals.seal_checks_under_pressure,
+        seeds.len()
+    );
+    // Issue 20's path: clean copies left out of the log, and the flusher's backing syncs for
+    // them failing.
+    assert!(
+        seeds.len() < CI_SCHEDULES as usize
+            || (totals.clean_entries_holed > 0 && totals.flusher_backing_flush_faults > 0),
+        "no clean copy left out of the log ({}) or no failed backing sync of the flusher's ({}) \
+         in {} schedules",
+        totals.clean_entries_holed,
+        totals.flusher_backing_flush_faults,
         seeds.len()
     );
     assert!(

@@ -9,6 +9,7 @@ use crate::sync::MutexGuard;
 
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE_BYTES;
+use crate::geometry::CacheBlock;
 use crate::inner::{fail_cache, mark_failed, Inner};
 use crate::reclaim;
 use crate::state::{self, SealedChunk, State};
@@ -114,61 +115,70 @@ fn step<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
 ) -> Result<(MutexGuard<'a, State>, bool)> {
-    // Chunks may say "the backing device holds this" (write-through blocks): that must not
-    // reach the cache device before the backing device has it for sure. The sync covers only
-    // bypass writes done when it starts, so this round takes only the chunks queued by then: a
-    // chunk sealed during the sync may hold a clean entry whose backing write ended after the
-    // sync began (issue 19); it waits for the next round's sync.
-    let mut take_max = CHUNKS_PER_ROUND_MAX;
-    if let (false, Some(target)) = (st.ring.queue_is_empty(), st.bypass.sync_owed()) {
-        take_max = take_max.min(st.ring.queued_count());
+    // Chunks may say "the backing device holds this" (clean blocks: write-through copies,
+    // promotions, relocations): that must not reach the cache device before the backing
+    // device has it for sure. A chunk whose clean entries no backing sync covers yet
+    // (`vouch_gen`) is written with them as holes; the backing device is synced for them only
+    // once `clean_holes_per_backing_sync` were holed since its last sync. A backing sync per
+    // round would be a barrier on the backing device every few write-through writes (an HDD
+    // then reorders among those few instead of its whole queue); a hole costs only the copy
+    // after a crash. Whether a chunk is covered is decided after the sync, per chunk: one
+    // sealed while it ran may hold a clean entry whose backing write ended after it began.
+    let synced_gen = st.bypass.synced_gen();
+    let needs_backing_sync = st
+        .ring
+        .queued()
+        .take(CHUNKS_PER_ROUND_MAX)
+        .any(|sc| sc.vouch_gen > synced_gen);
+    let holes_due = st.bypass.holes_since_sync() >= inner.clean_holes_per_backing_sync;
+    if let (true, true, Some(target)) = (needs_backing_sync, holes_due, st.bypass.sync_owed()) {
         drop(st);
         let res = inner.backing.flush();
         st = inner.state.lock();
-        if let Err(e) = res {
-            // The backing device is away (a remote server restarting, say): not a cache
-            // failure. The chunks wait in the queue; flushes waiting for them fail with this
-            // meanwhile, and the next round (after `IDLE_WAKE`) tries again.
-            st.counters.io_errors += 1;
-            // Flushes waiting hear of the first failure; a repeat changes nothing for them,
-            // and waking writers that wait for room would only send them back to wake us.
-            let first = st.bypass.sync_error().is_none();
-            st.bypass.set_sync_error(
-                Error::io(format!("syncing {}", inner.backing.describe()), e).to_string(),
-            );
-            drop(st);
-            if first {
-                inner.progress.notify_all();
+        match res {
+            Ok(()) => {
+                st.bypass.note_synced(target, inner.backing.reconnects());
+                st.counters.backing_syncs += 1;
             }
-            return Ok((inner.state.lock(), false));
+            Err(e) => {
+                // The backing device is away (a remote server restarting, say): not a cache
+                // failure, and nothing waits for this sync; the clean sectors stay out of the
+                // entries and the next try comes after as many more holes. The next flush
+                // fails with this (`sync_backing`): writes this sync covered have no sync
+                // that vouches for them, whatever a later one says.
+                st.counters.io_errors += 1;
+                st.bypass.note_sync_failed(
+                    Error::io(format!("syncing {}", inner.backing.describe()), e).to_string(),
+                );
+            }
         }
-        st.bypass.note_synced(target, inner.backing.reconnects());
-        st.counters.backing_syncs += 1;
     }
-    let batch = st.ring.take_queued(take_max);
+    let batch = st.ring.take_queued(CHUNKS_PER_ROUND_MAX);
+    let synced_gen = st.bypass.synced_gen();
     let synced_for_headers = st.seqs.synced();
     let mut progressed = !batch.is_empty();
     drop(st);
 
     let bytes: u64 = batch.iter().map(SealedChunk::size_bytes).sum();
-    let written = write_chunks(inner, &batch, synced_for_headers);
+    let mut crcs = Vec::new();
+    let written = write_chunks(inner, &batch, synced_for_headers, synced_gen, &mut crcs);
     let mut st = inner.state.lock();
-    if let Err(e) = written {
-        return Err(fail_cache(inner, st, e));
+    let unvouched = match written {
+        Ok(n) => n,
+        Err(e) => return Err(fail_cache(inner, st, e)),
+    };
+    // Publish the data checksums (for reads from the cache device; a block whose clean
+    // sectors were taken out of its entry is still cached, clean), then free fully written
+    // buffers.
+    for &(cb, crc) in &crcs {
+        st.blocks.set_crc(cb, crc);
     }
-    // Publish the data checksums (for reads from the cache device) from the chunks' own entries,
-    // then free fully written buffers.
     for sc in &batch {
-        // SAFETY: the flusher still owns the metadata blocks; buffers are released below.
-        let meta = unsafe { chunk_meta(inner, sc) };
-        let data_start = sc.start_block + sc.meta_blocks;
-        for (i, crc) in state::chunk_meta::data_crcs(meta, sc.data_count) {
-            let cb = inner.geo.cache_block(sc.slot, data_start + i);
-            st.blocks.set_crc(cb, crc);
-        }
         st.seqs.note_written(sc.seq);
         st.ring.note_written(sc);
     }
+    st.bypass.note_holed(unvouched);
+    st.counters.clean_entries_holed += unvouched;
     st.counters.chunks_written += batch.len() as u64;
     st.counters.chunk_bytes_written += bytes;
     st.release_written_buffers();
@@ -243,8 +253,17 @@ unsafe fn chunk_meta<'a>(inner: &'a Inner, sc: &SealedChunk) -> &'a mut [u8] {
 }
 
 /// Fills in a sealed chunk's checksums (data CRCs from its entries, `synced_seq`, the header
-/// CRC); returns its bytes and where they go on the cache device.
-fn prepare_chunk<'a>(inner: &'a Inner, sc: &SealedChunk, synced_seq: u64) -> (u64, &'a [u8]) {
+/// CRC), and takes its clean sectors out of its entries unless a backing sync covered its
+/// `vouch_gen` (covered up to `synced_gen`); pushes (cache block, data CRC) of each data entry
+/// to `crcs`; returns where its bytes go on the cache device, the bytes, and how many entries
+/// lost clean sectors.
+fn prepare_chunk<'a>(
+    inner: &'a Inner,
+    sc: &SealedChunk,
+    synced_seq: u64,
+    synced_gen: u64,
+    crcs: &mut Vec<(CacheBlock, u32)>,
+) -> (u64, &'a [u8], u64) {
     let meta_len = sc.meta_blocks as usize * BLOCK;
     let meta_off = sc.start_block as usize * BLOCK;
     let total_len = meta_len + sc.data_count as usize * BLOCK;
@@ -256,20 +275,52 @@ fn prepare_chunk<'a>(inner: &'a Inner, sc: &SealedChunk, synced_seq: u64) -> (u6
             .buffers
             .slice(sc.buffer, meta_off + meta_len, total_len - meta_len)
     };
-    state::chunk_meta::finish(meta, data, &inner.geo, synced_seq, sc.entry_count);
+    let unvouched = sc.vouch_gen > synced_gen;
+    let first_crc = crcs.len();
+    let n = state::chunk_meta::finish(
+        meta,
+        data,
+        &inner.geo,
+        synced_seq,
+        sc.entry_count,
+        unvouched,
+        crcs,
+    );
+    assert!(n == 0 || unvouched, "a covered chunk lost clean sectors");
+    // `finish` names data blocks by their index in the chunk.
+    let data_start = sc.start_block + sc.meta_blocks;
+    for (i, _) in &mut crcs[first_crc..] {
+        *i = inner.geo.cache_block(sc.slot, data_start + *i);
+    }
     // SAFETY: as above; the whole chunk is now immutable until its buffer is released.
     let whole = unsafe { inner.buffers.slice(sc.buffer, meta_off, total_len) };
-    (inner.geo.offset_of(sc.slot, sc.start_block), whole)
+    (
+        inner.geo.offset_of(sc.slot, sc.start_block),
+        whole,
+        u64::from(n),
+    )
 }
 
 /// Writes a round's chunks, in order; chunks that follow one another on the cache device (the
 /// ring's next slots, or the next chunk of a segment) go out as one vectored IO. With small
 /// segments that turns many small writes, each paying a syscall and a device round trip, into
-/// a few large ones.
-fn write_chunks(inner: &Inner, batch: &[SealedChunk], synced_seq: u64) -> Result<()> {
+/// a few large ones. `crcs` gets each data entry's (cache block, CRC); returns how many entries
+/// lost clean sectors (`prepare_chunk`).
+fn write_chunks(
+    inner: &Inner,
+    batch: &[SealedChunk],
+    synced_seq: u64,
+    synced_gen: u64,
+    crcs: &mut Vec<(CacheBlock, u32)>,
+) -> Result<u64> {
+    let mut unvouched = 0;
     let prepared: Vec<(u64, &[u8])> = batch
         .iter()
-        .map(|sc| prepare_chunk(inner, sc, synced_seq))
+        .map(|sc| {
+            let (off, bytes, n) = prepare_chunk(inner, sc, synced_seq, synced_gen, crcs);
+            unvouched += n;
+            (off, bytes)
+        })
         .collect();
     let mut i = 0;
     while i < prepared.len() {
@@ -295,7 +346,7 @@ fn write_chunks(inner: &Inner, batch: &[SealedChunk], synced_seq: u64) -> Result
         })?;
         i = j;
     }
-    Ok(())
+    Ok(unvouched)
 }
 
 /// Seals the open chunk and asks for a sync covering every chunk sealed so far: returns the
@@ -317,7 +368,6 @@ pub fn wait_synced(inner: &Inner, mut st: MutexGuard<'_, State>, target: u64) ->
     inner.flusher_wake.notify_one();
     while st.seqs.synced() < target {
         st.health.check_failed()?;
-        check_sync_error(&st)?;
         inner.progress.wait(&mut st);
     }
     Ok(())
@@ -332,21 +382,11 @@ pub fn sync_inline(inner: &Inner, target: u64) -> Result<()> {
         if st.seqs.synced() >= target {
             return Ok(());
         }
-        let (st, progressed) = step(inner, st)?;
-        check_sync_error(&st)?;
+        let (_st, progressed) = step(inner, st)?;
         assert!(
             progressed,
             "a flush target {target} the flusher cannot reach"
         );
-    }
-}
-
-/// A flush fails while the target waits behind chunks that need the backing device synced
-/// first and that sync fails.
-fn check_sync_error(st: &State) -> Result<()> {
-    match st.bypass.sync_error() {
-        Some(m) => Err(Error::io("a flush", std::io::Error::other(m.to_string()))),
-        None => Ok(()),
     }
 }
 

@@ -640,7 +640,8 @@ fn wait_for_older(inner: &Inner, seq: u64) -> Result<()> {
 
 /// Syncs the backing device if writes reached it outside writeback since its last sync. Fails
 /// once if a connection to it was replaced while such writes were unsynced (see
-/// `Bypass::note_synced`).
+/// `Bypass::note_synced`), or if a backing sync of the flusher's failed since the last flush
+/// (`Bypass::sync_failed`).
 pub fn sync_backing(inner: &Inner) -> Result<()> {
     let target = {
         let mut st = inner.state.lock();
@@ -660,9 +661,20 @@ pub fn sync_backing(inner: &Inner) -> Result<()> {
     report_lost_backing_writes(inner, &mut st)
 }
 
-/// The error a flush returns, once, after a backing sync found a replaced connection
-/// (`Bypass::note_synced`).
+/// The error a flush returns, once, after a backing sync of the flusher's failed or a backing
+/// sync found a replaced connection (`Bypass::note_synced`).
 fn report_lost_backing_writes(inner: &Inner, st: &mut State) -> Result<()> {
+    if let Some(msg) = st.bypass.take_sync_failed() {
+        // The flusher's backing sync failed after writes that bypassed the log: a later sync
+        // cannot promise them (`Bypass::sync_failed`). The flusher counted the error.
+        return Err(Error::io(
+            "a flush",
+            std::io::Error::other(format!(
+                "{msg}; writes that bypassed the cache before it may be lost, so this flush \
+                 cannot promise they are durable"
+            )),
+        ));
+    }
     if !st.bypass.take_writes_maybe_lost() {
         return Ok(());
     }

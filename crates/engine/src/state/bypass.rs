@@ -17,9 +17,13 @@ pub struct Bypass {
     /// `writes_maybe_lost`, and the next flush reports that as an error.
     reconnects_seen: u64,
     writes_maybe_lost: bool,
-    /// Why the flusher's last backing sync failed, while it retries: chunks that need it wait
-    /// in the queue, and flushes waiting for them fail with this instead of hanging.
-    sync_error: Option<String>,
+    /// Clean block entries the flusher wrote as holes since the last backing sync: it syncs
+    /// the backing device for them once there are `OpenOptions::clean_holes_per_backing_sync`.
+    holes_since_sync: u64,
+    /// Why a backing sync of the flusher's failed, until a flush reports it. A later sync
+    /// that succeeds cannot vouch for the writes the failed one covered (a device may drop
+    /// them with the error and report success next time), so the next flush fails once.
+    sync_failed: Option<String>,
     /// Writes to the backing device outside writeback in flight: read misses are not promoted
     /// meanwhile (they could read the old data).
     in_flight: u32,
@@ -162,6 +166,26 @@ impl Bypass {
         self.in_flight > 0
     }
 
+    /// Bypass writes ended so far: a clean entry logged now speaks of data no newer.
+    pub fn write_gen(&self) -> u64 {
+        self.write_gen
+    }
+
+    /// The newest generation a completed backing sync covers.
+    pub fn synced_gen(&self) -> u64 {
+        self.synced_gen
+    }
+
+    /// The flusher wrote `count` clean block entries as holes (no backing sync covered them).
+    pub fn note_holed(&mut self, count: u64) {
+        self.holes_since_sync += count;
+    }
+
+    /// Clean block entries written as holes since the last backing sync.
+    pub fn holes_since_sync(&self) -> u64 {
+        self.holes_since_sync
+    }
+
     /// The generation a backing sync started now would cover, if one is owed.
     pub fn sync_owed(&self) -> Option<u64> {
         debug_assert!(self.synced_gen <= self.write_gen);
@@ -178,7 +202,7 @@ impl Bypass {
             "a sync past the last bypass write"
         );
         self.synced_gen = self.synced_gen.max(target);
-        self.sync_error = None;
+        self.holes_since_sync = 0;
         if reconnects != self.reconnects_seen {
             self.reconnects_seen = reconnects;
             self.writes_maybe_lost = true;
@@ -190,12 +214,16 @@ impl Bypass {
         std::mem::take(&mut self.writes_maybe_lost)
     }
 
-    /// The flusher's backing sync failed with `msg`; it retries.
-    pub fn set_sync_error(&mut self, msg: String) {
-        self.sync_error = Some(msg);
+    /// The flusher's backing sync failed with `msg`: it tries again after as many more
+    /// holes, and the next flush reports `msg` (see `sync_failed`).
+    pub fn note_sync_failed(&mut self, msg: String) {
+        self.holes_since_sync = 0;
+        self.sync_failed = Some(msg);
     }
 
-    pub fn sync_error(&self) -> Option<&str> {
-        self.sync_error.as_deref()
+    /// Why a backing sync of the flusher's failed since the last call, if one did (reported
+    /// once).
+    pub fn take_sync_failed(&mut self) -> Option<String> {
+        self.sync_failed.take()
     }
 }

@@ -1,14 +1,14 @@
 //! A log chunk's metadata from seal to write, in one place: `encode` fills it in under the
 //! state lock when the open chunk is sealed (header and entries: all but what only the flusher
-//! knows), `finish` completes it on the flusher (data CRCs computed from the data blocks,
-//! `synced_seq`, the header CRC), and `data_crcs` hands the CRCs back for reads from the cache
-//! device. The bytes themselves are `format::chunk`'s.
+//! knows), `finish` completes it on the flusher (data CRCs computed from the data blocks, and
+//! handed back for reads from the cache device; clean sectors no backing sync vouches for
+//! taken out of the entries; `synced_seq`, the header CRC). The bytes themselves are `format::chunk`'s.
 //!
 //! Why this is in `state/` and not `log/`: sealing happens inside `State`, under the lock, and
 //! is called from `State::reserve_block` and `State::add_range` when the open chunk's entries
 //! are full (a writer's reservation seals in the same lock hold). `log/` sits above `state/`
 //! (the flusher locks `State`), so a chunk writer in `log/` would make `state` import `log`: a
-//! cycle. The flusher's half (`finish`, `data_crcs`) stays here beside `encode` so the chunk's
+//! cycle. The flusher's half (`finish`) stays here beside `encode` so the chunk's
 //! metadata has one home.
 
 use crate::format::chunk::{self, ChunkHeader, Entry, KIND_DATA};
@@ -46,25 +46,55 @@ pub fn encode(
 }
 
 /// Completes a sealed chunk's metadata before it is written: each data entry's CRC over its
-/// block in `data`, the newest `synced_seq`, and the header CRC over header and entries.
-pub fn finish(meta: &mut [u8], data: &[u8], geo: &Geometry, synced_seq: u64, entry_count: u32) {
+/// block in `data`, the newest `synced_seq`, and the header CRC over header and entries. Every
+/// data entry's (data block index, CRC) goes to `crcs`, for reads from the cache device.
+///
+/// With `unvouched` (no backing sync covers what the chunk's clean sectors say the backing
+/// device holds), no entry may say so: a clean entry is written as a hole, and a partly dirty
+/// one (a write-back write of part of a block whose cached copy was clean) keeps only its
+/// dirty sectors valid. After a crash those sectors are read from the backing device, which
+/// then holds whatever it kept. (Left valid, the clean sectors of a partly dirty entry were
+/// served after a crash although the backing device had lost them, and read older data once
+/// the block was written back and dropped: CI's crash seed 11569655912972376080.) Returns how
+/// many entries lost their clean sectors.
+pub fn finish(
+    meta: &mut [u8],
+    data: &[u8],
+    geo: &Geometry,
+    synced_seq: u64,
+    entry_count: u32,
+    unvouched: bool,
+    crcs: &mut Vec<(u32, u32)>,
+) -> u32 {
     let data_count = data.len() / BLOCK;
     assert_eq!(data.len(), data_count * BLOCK);
+    let mut unvouched_entries = 0;
     for i in 0..data_count {
-        let e = chunk::entry_at(meta, i);
-        if e.kind == KIND_DATA {
-            let crc = geo.block_crc(e.lba, &data[i * BLOCK..(i + 1) * BLOCK]);
+        let mut e = chunk::entry_at(meta, i);
+        if e.kind != KIND_DATA {
+            continue;
+        }
+        assert_eq!(e.dirty_mask & !e.valid_mask, 0, "a dirty sector not valid");
+        let crc = geo.block_crc(e.lba, &data[i * BLOCK..(i + 1) * BLOCK]);
+        crcs.push((i as u32, crc));
+        let clean_sectors = e.valid_mask & !e.dirty_mask;
+        if unvouched && clean_sectors != 0 {
+            unvouched_entries += 1;
+            e = if e.dirty_mask == 0 {
+                Entry::hole()
+            } else {
+                Entry {
+                    data_crc: crc,
+                    valid_mask: e.dirty_mask,
+                    ..e
+                }
+            };
+            chunk::put_entry(meta, i, &e);
+        } else {
             chunk::put_entry_crc(meta, i, crc);
         }
     }
     chunk::put_synced_seq(meta, synced_seq);
     chunk::seal(meta, geo.format_id, entry_count as u16);
-}
-
-/// The data CRCs `finish` recorded, as (data block index, CRC) for each data entry.
-pub fn data_crcs(meta: &[u8], data_count: u32) -> impl Iterator<Item = (u32, u32)> + '_ {
-    (0..data_count).filter_map(move |i| {
-        let e = chunk::entry_at(meta, i as usize);
-        (e.kind == KIND_DATA).then_some((i, e.data_crc))
-    })
+    unvouched_entries
 }

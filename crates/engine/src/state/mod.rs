@@ -360,6 +360,17 @@ impl State {
             flags: if flush_before { FLAG_FLUSH_BEFORE } else { 0 },
         };
         let (geo, blocks) = (&self.geo, &self.blocks);
+        // A valid sector that is not dirty says "the backing device holds this", in a clean
+        // block or in a partly dirty one alike.
+        let has_clean = (0..o.data_count).any(|i| {
+            let c = geo.cache_block(o.slot, o.data_start() + i);
+            blocks.lba_of(c).is_some() && blocks.valid(c) & !blocks.dirty(c) != 0
+        });
+        let vouch_gen = if has_clean {
+            self.bypass.write_gen()
+        } else {
+            0
+        };
         let block_entries = (0..o.data_count).map(|i| {
             let c = geo.cache_block(o.slot, o.data_start() + i);
             match blocks.lba_of(c) {
@@ -395,6 +406,7 @@ impl State {
                 meta_blocks: o.meta_blocks,
                 data_count: o.data_count,
                 entry_count,
+                vouch_gen,
             },
             self.seqs.next(),
         );

@@ -145,6 +145,11 @@ pub struct SealedChunk {
     pub data_count: u32,
     /// Block entries plus range entries.
     pub entry_count: u32,
+    /// 0 if no block entry of the chunk has a clean valid sector; else the bypass write
+    /// generation at its seal (`Bypass::write_gen`): its clean sectors may speak of backing
+    /// data that new, so they stay in its entries only once a backing sync covers it (else
+    /// clean entries become holes and partly dirty ones keep only their dirty sectors).
+    pub vouch_gen: u64,
 }
 
 impl SealedChunk {
@@ -551,9 +556,9 @@ impl Ring {
         self.queue.is_empty()
     }
 
-    /// Sealed chunks waiting for the flusher.
-    pub fn queued_count(&self) -> usize {
-        self.queue.len()
+    /// The sealed chunks waiting for the flusher, oldest first.
+    pub fn queued(&self) -> impl Iterator<Item = &SealedChunk> {
+        self.queue.iter()
     }
 
     /// Takes up to `max` sealed chunks, oldest first, for the flusher to write.
