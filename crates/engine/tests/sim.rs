@@ -867,7 +867,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         fixed_mode: loss,
         cache_dead: false,
         backing_flush_odds: 0,
-        backing_flush_rng: Rng::new(seed ^ 0x0062_666c_7573_68),
+        backing_flush_rng: Rng::new(seed ^ 0x6266_6c75_7368),
     };
     for cycle in 0..cycles {
         case.totals.cycles += 1;
@@ -1916,15 +1916,16 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.seal_checks_under_pressure,
         seeds.len()
     );
-    // Issue 20's path: clean copies left out of the log, and the flusher's backing syncs for
-    // them failing.
+    // Issue 20's path: clean copies left out of the log, and backing syncs failing. (CI's
+    // seeds 0..150 fail no backing sync of the flusher's itself, which is rarer: 11 in a
+    // sweep of 260 schedules; defects::a_flush_fails_after_the_flushers_backing_sync_failed
+    // covers it.)
     assert!(
         seeds.len() < CI_SCHEDULES as usize
-            || (totals.clean_entries_holed > 0 && totals.flusher_backing_flush_faults > 0),
-        "no clean copy left out of the log ({}) or no failed backing sync of the flusher's ({}) \
-         in {} schedules",
+            || (totals.clean_entries_holed > 0 && totals.backing_flush_faults > 0),
+        "no clean copy left out of the log ({}) or no failed backing flush ({}) in {} schedules",
         totals.clean_entries_holed,
-        totals.flusher_backing_flush_faults,
+        totals.backing_flush_faults,
         seeds.len()
     );
     assert!(
