@@ -179,7 +179,11 @@ impl Start {
     pub fn wait(self) -> bool {
         #[cfg(feature = "sim")]
         if let Some((h, t)) = self.ticket {
-            return h.start_wait(t);
+            let go = h.start_wait(t);
+            if go {
+                sim::injected_panic();
+            }
+            return go;
         }
         true
     }
@@ -219,6 +223,35 @@ pub mod sim {
 
     static INSTALLED: AtomicBool = AtomicBool::new(false);
     static HOOK: parking_lot::RwLock<Option<Arc<dyn Hook>>> = parking_lot::RwLock::new(None);
+    /// `inject_panic`'s thread name, while armed.
+    static PANIC_ARMED: AtomicBool = AtomicBool::new(false);
+    static PANIC_IN: parking_lot::Mutex<Option<String>> = parking_lot::Mutex::new(None);
+
+    /// Arms (or disarms, `None`) one panic: the next engine thread named `thread` to pass the
+    /// seam (a lock, a wait, its start) panics there. For the simulation's own test that a
+    /// panicking background thread fails the schedule instead of hanging it or going unseen.
+    pub fn inject_panic(thread: Option<&str>) {
+        *PANIC_IN.lock() = thread.map(str::to_string);
+        PANIC_ARMED.store(thread.is_some(), Ordering::SeqCst);
+    }
+
+    /// Whether the armed panic fired (and was disarmed by it).
+    pub fn injected_panic_fired() -> bool {
+        !PANIC_ARMED.load(Ordering::SeqCst) && PANIC_IN.lock().is_some()
+    }
+
+    pub(crate) fn injected_panic() {
+        if !PANIC_ARMED.load(Ordering::Relaxed) {
+            return;
+        }
+        let name = std::thread::current().name().unwrap_or("").to_string();
+        if PANIC_IN.lock().as_deref() != Some(name.as_str()) {
+            return;
+        }
+        if PANIC_ARMED.swap(false, Ordering::SeqCst) {
+            panic!("injected panic in {name} (sync::sim::inject_panic)");
+        }
+    }
 
     /// Installs (or removes) the process's scheduler: one simulation per process.
     pub fn install(hook: Option<Arc<dyn Hook>>) {
@@ -237,6 +270,7 @@ pub mod sim {
     /// runs at a time, so it is still free when the caller takes it next.
     pub(crate) fn wait_free<L: ?Sized>(lock: &L, taken: impl Fn(&L) -> bool) {
         let Some(h) = hook() else { return };
+        injected_panic();
         while h.scheduled() && taken(lock) {
             h.lock_wait(lock as *const L as *const () as usize);
         }
@@ -253,6 +287,7 @@ pub mod sim {
         timeout: Option<Duration>,
     ) -> Option<bool> {
         let h = hook()?;
+        injected_panic();
         let ticket = h.wait_begin(cv as *const _ as usize, timeout);
         let mutex = MutexGuard::mutex(guard);
         Some(MutexGuard::unlocked(guard, || {

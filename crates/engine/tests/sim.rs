@@ -83,9 +83,13 @@ use parking_lot::Mutex;
 
 const KIB: u64 = 1024;
 /// Seeds CI runs (plus one chosen by the clock).
-const CI_SCHEDULES: u64 = 150;
+const CI_SCHEDULES: u64 = 1_900;
+/// One schedule in this many is long (5-120 requests per cycle, as every schedule was before
+/// the mix); the others send 5-`SHORT_REQUESTS_MAX`. Why the mix: docs/RELIABILITY.md.
+const LONG_ODDS: u64 = 6;
+const SHORT_REQUESTS_MAX: u64 = 24;
 /// Cache-loss seeds CI runs.
-const CI_LOSS_SCHEDULES: u64 = 45;
+const CI_LOSS_SCHEDULES: u64 = 100;
 /// Steps after a cache loss by which every request and background IO must have stopped.
 const DEAD_STEPS_MAX: u64 = 20_000;
 /// The cache modes a cache-loss schedule fixes (`Case::fixed_mode`).
@@ -110,6 +114,10 @@ const HANG_WALL: Duration = Duration::from_secs(120);
 const SETTLE_MAX: Duration = Duration::from_secs(60);
 /// How long the idle phase waits for the periodic seal.
 const SEAL_WAIT: Duration = Duration::from_secs(20);
+/// ... or this long on the virtual clock (the seam's; 100 times the longest seal interval
+/// drawn): a probe sealed with an earlier chunk used to wait out the whole `SEAL_WAIT` of
+/// real time, firing timers.
+const SEAL_WAIT_VIRTUAL_NS: u64 = 2_000_000_000;
 
 #[derive(Clone, Debug)]
 enum Req {
@@ -488,6 +496,8 @@ const SLOW_CANDIDATES: [(&str, OpKind); 6] = [
 #[derive(Default)]
 struct Totals {
     steps: u64,
+    /// Schedules (ordinary, not cache-loss) drawn long (`LONG_ODDS`).
+    long_schedules: u64,
     /// Engine threads let go at their seam, timers fired, and runs of seam steps cut short.
     sync_steps: u64,
     timers_fired: u64,
@@ -643,6 +653,8 @@ impl Case<'_> {
                  running now: {:?})",
                 stall::running_threads()
             );
+            // A thread that panicked is asleep for good: say so now, not as a hang later.
+            check_thread_panics();
             if run >= SYNC_RUN_MAX {
                 // Threads that keep waking each other (a livelock) do not stop the IO.
                 self.totals.sync_runs_cut += 1;
@@ -687,6 +699,7 @@ impl Case<'_> {
     }
 
     fn check_errors(&self) {
+        check_thread_panics();
         let errors = self.shared.errors.lock();
         if let Some(first) = errors.first() {
             panic!("{first}");
@@ -784,13 +797,78 @@ impl Case<'_> {
     }
 }
 
+/// Panics of every thread but the one driving the simulation (the engine's flusher,
+/// writeback, its IO helpers, `cache-failed`, the request threads), with the thread's name:
+/// recorded by the panic hook `watch_thread_panics` installs, failing the schedule at the next
+/// look (`check_thread_panics`). Without it a panicking background thread showed up as a hang
+/// much later, or not at all (the engine catches the flusher's and writeback's panics and
+/// only fails itself; a panic after a power cut, or on `cache-failed`, went unseen).
+static THREAD_PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Installs the panic hook (once) and names the calling thread as the driver, whose own
+/// panics are the schedule's failures already.
+fn watch_thread_panics() {
+    static DRIVER: std::sync::OnceLock<std::thread::ThreadId> = std::sync::OnceLock::new();
+    let me = std::thread::current().id();
+    assert_eq!(
+        *DRIVER.get_or_init(|| me),
+        me,
+        "one driver thread per process"
+    );
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            default(info);
+            let t = std::thread::current();
+            if Some(&t.id()) != DRIVER.get() {
+                let what = info
+                    .payload()
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                let at = info.location().map(|l| l.to_string()).unwrap_or_default();
+                THREAD_PANICS.lock().push(format!(
+                    "thread {} panicked at {at}: {what}",
+                    t.name().unwrap_or("unnamed")
+                ));
+            }
+        }));
+    });
+}
+
+struct DeadOnUnwind(Scheduler);
+
+impl Drop for DeadOnUnwind {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.set_mode(GateMode::Dead);
+            let _ = self.0.settle(SETTLE_MAX);
+        }
+    }
+}
+
+/// Fails the schedule if a thread other than the driver panicked since it began.
+fn check_thread_panics() {
+    if let Some(first) = THREAD_PANICS.lock().first() {
+        panic!("a background thread panicked: {first}");
+    }
+}
+
 /// Runs schedule `seed`; `loss`: a cache-loss schedule (see the file's comment).
 fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
+    watch_thread_panics();
+    THREAD_PANICS.lock().clear();
     let mut rng = Rng::new(seed);
     // The cache loss draws from its own stream: the plain schedules stay as they were.
     let mut loss_rng = Rng::new(seed ^ 0x6c6f_7373_6361_6368);
     // And the probes after a cycle's requests (the seal under pressure, the zero window).
     let mut probe_rng = Rng::new(seed ^ 0x7072_6f62_6573);
+    // Long or short, from a stream of its own (the rest of the schedule draws as before).
+    // Cache-loss schedules are all long: the death needs requests around it.
+    let long = loss || Rng::new(seed ^ 0x6c65_6e67_7468).chance(1, LONG_ODDS);
+    totals.long_schedules += u64::from(long && !loss);
     let segment = [32 * KIB, 64 * KIB][rng.below(2) as usize];
     let cache_bytes = (1 << 20) + segment * rng.range(8, 32);
     let cache_data_bytes = live_bytes_max(cache_bytes, segment);
@@ -823,6 +901,9 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
     let pair = SimPair::new(cache_bytes, 4 << 20, segment);
     pair.write_original(region_sectors);
     let sched = Scheduler::new();
+    // A failing schedule unwinds with threads still held at the gate: the power goes off so
+    // they end (their IO fails) before the next schedule installs its own scheduler.
+    let _dead_on_unwind = DeadOnUnwind(sched.clone());
     let cache: Arc<SchedDevice> = Arc::new(SchedDevice::new(pair.cache(), "cache", sched.clone()));
     let backing: Arc<SchedDevice> =
         Arc::new(SchedDevice::new(pair.backing(), "backing", sched.clone()));
@@ -915,7 +996,11 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         } else {
             0
         };
-        let mut requests_left = case.rng.range(5, 120);
+        // A short schedule draws its request count from a smaller range with the same one
+        // draw, so a long one is the schedule the seed drew before the mix.
+        let mut requests_left = case
+            .rng
+            .range(5, if long { 120 } else { SHORT_REQUESTS_MAX });
         // The power may fail at any step, or only after the last request.
         let crash_odds = case.rng.range(20, 1000);
         let cut_when_done = case.rng.chance(1, 2);
@@ -1213,6 +1298,8 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         }
         e.crash();
     }
+    // The last engine's threads were joined by its `crash`: a panic on the way out counts.
+    check_thread_panics();
     assert_eq!(sched.timed_out(), 0, "an IO passed the gate by timeout");
     case.totals.reads_checked += shared.reads_checked.load(Ordering::Relaxed);
     case.totals.zero_claims_checked += shared.zero_claims_checked.load(Ordering::Relaxed);
@@ -1494,6 +1581,7 @@ fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker], under_pressur
     // happen within SEAL_WAIT, the probe may still be durable (sealed with an earlier chunk):
     // the power cut that follows decides, counting it durable.
     let until = Instant::now() + SEAL_WAIT;
+    let until_ns = case.sched.clock_ns() + SEAL_WAIT_VIRTUAL_NS;
     loop {
         case.settle();
         case.check_errors();
@@ -1503,6 +1591,7 @@ fn seal_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker], under_pressur
         }
         if (s.next_seq > before.next_seq && s.synced_seq + 1 >= s.next_seq)
             || Instant::now() >= until
+            || case.sched.clock_ns() >= until_ns
         {
             break;
         }
@@ -1525,8 +1614,15 @@ fn unstalled(case: &Case<'_>, stalled: &dyn Fn(&HeldOp) -> bool) -> Vec<HeldOp> 
         .collect()
 }
 
-/// Looks in a row with nothing but stalled IO held after which [`drive`] gives up.
+/// Looks in a row with nothing but stalled IO held after which [`drive`] gives up; or, on the
+/// virtual clock, once it moved `QUIET_VIRTUAL_NS` (twice writeback's one-second retry, the
+/// longest timed wait that can let work go on) over at least `QUIET_LOOKS_MIN` looks. Each
+/// look fires the earliest timer; with the seam, 200 looks were mostly timers of 10-100 ms
+/// firing with nothing to do (no quiet stretch in 100 schedules was followed by IO), and
+/// every zero window and failed fill ended that way, about a tenth of a CI run's time.
 const QUIET_LOOKS: u32 = 200;
+const QUIET_LOOKS_MIN: u32 = 8;
+const QUIET_VIRTUAL_NS: u64 = 2_000_000_000;
 /// Waits for room in the ring, with the head not moving, after which a zero window stops
 /// sending rewrites (`zero_window_check`).
 const ROOM_WAITS_MAX: u64 = 20;
@@ -1541,6 +1637,7 @@ fn drive(
     mut done: impl FnMut(&mut Case<'_>) -> bool,
 ) -> bool {
     let mut quiet = 0;
+    let mut quiet_since_ns = 0;
     loop {
         case.settle();
         case.check_errors();
@@ -1550,8 +1647,12 @@ fn drive(
         case.settle();
         let held = unstalled(case, stalled);
         if held.is_empty() {
+            if quiet == 0 {
+                quiet_since_ns = case.sched.clock_ns();
+            }
             quiet += 1;
-            if quiet > QUIET_LOOKS {
+            let virtual_ns = case.sched.clock_ns() - quiet_since_ns;
+            if quiet > QUIET_LOOKS || (quiet > QUIET_LOOKS_MIN && virtual_ns >= QUIET_VIRTUAL_NS) {
                 return false;
             }
             case.idle();
@@ -1724,6 +1825,56 @@ fn env_u64(var: &str) -> Option<u64> {
     })
 }
 
+/// A panic injected into each kind of engine thread (at its next lock, wait or start:
+/// `sync::sim::inject_panic`) fails the schedule with that thread's name and message, not a
+/// hang and not nothing. Each kind is tried on seeds until one runs such a thread (IO
+/// helpers need a writeback depth above one; `cache-failed` a cache-loss schedule).
+fn injected_panics_fail_their_schedule() {
+    let started = Instant::now();
+    for (thread, loss) in [
+        ("logcache-flusher", false),
+        ("logcache-writeback", false),
+        ("logcache-io", false),
+        ("cache-failed", true),
+    ] {
+        let mut fired = false;
+        for seed in 0..40 {
+            logcache_engine::sync::sim::inject_panic(Some(thread));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_case(seed, loss, &mut Totals::default())
+            }));
+            fired = logcache_engine::sync::sim::injected_panic_fired();
+            logcache_engine::sync::sim::inject_panic(None);
+            if !fired {
+                assert!(
+                    r.is_ok(),
+                    "{thread}, seed {seed}: failed with no panic injected"
+                );
+                continue;
+            }
+            let msg = r
+                .err()
+                .and_then(|e| {
+                    e.downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                })
+                .unwrap_or_else(|| panic!("{thread}, seed {seed}: the injected panic passed"));
+            assert!(
+                msg.contains("a background thread panicked")
+                    && msg.contains(&format!("thread {thread} panicked"))
+                    && msg.contains("injected panic"),
+                "{thread}, seed {seed}: the schedule failed otherwise: {msg}"
+            );
+            eprintln!("sim: a panic injected into {thread} failed seed {seed}: {msg}");
+            break;
+        }
+        assert!(fired, "no schedule of 40 ran a {thread} thread");
+    }
+    THREAD_PANICS.lock().clear();
+    eprintln!("sim: injected panics checked in {:.1?}", started.elapsed());
+}
+
 #[test]
 fn concurrent_schedules_keep_every_read_and_crash_contract() {
     let fixed = env_u64("LOGCACHE_SIM_SEED");
@@ -1761,6 +1912,9 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
                 .filter(|&&s| s < count)
                 .map(|&s| (s, false)),
         );
+    }
+    if fixed.is_none() {
+        injected_panics_fail_their_schedule();
     }
     let mut failures: Vec<(u64, String)> = Vec::new();
     let mut totals = Totals::default();
@@ -1825,12 +1979,13 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.sync_steps, totals.timers_fired, totals.sync_runs_cut
     );
     eprintln!(
-        "sim: {} schedules, {} cycles, {} requests, {} steps, {} injected faults, {} seal checks, \
+        "sim: {} schedules ({} long), {} cycles, {} requests, {} steps, {} injected faults, {} seal checks, \
          {} reads checked, {} sectors called zero checked, {} exports checked ({} blocks kept for them), \
          {} cuts during a zeroing, {} detached after an injected cache fault, {} ms waiting for \
          timers, {} seal checks under ring pressure, {} zero windows ({} filled the ring, the head \
          passed {}), in {:.1} s",
         seeds.len(),
+        totals.long_schedules,
         totals.cycles,
         totals.requests,
         totals.steps,

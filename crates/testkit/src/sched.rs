@@ -31,7 +31,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
+use std::thread::Thread;
 
 use crate::fault::OpKind;
 use logcache_io::BlockDevice;
@@ -87,7 +88,8 @@ enum Verdict {
 struct Gate {
     mode: GateMode,
     next_ticket: u64,
-    held: Vec<(HeldOp, Verdict)>,
+    /// With the thread waiting for each (woken alone when its verdict changes).
+    held: Vec<(HeldOp, Verdict, Thread)>,
     /// The engine's own blocking points (`logcache_engine::sync`): locks found taken,
     /// condition-variable waits, thread starts.
     sync: Vec<SyncOp>,
@@ -126,6 +128,8 @@ struct SyncOp {
     progress: u64,
     timer_fired: bool,
     verdict: Verdict,
+    /// The thread stopped here: woken alone when its verdict changes.
+    waiter: Thread,
 }
 
 /// A thread stopped at the engine's seam the scheduler may let go now.
@@ -148,8 +152,10 @@ struct Shared {
     /// Time zero of the virtual clock.
     epoch: Instant,
     driver: Mutex<Option<std::thread::ThreadId>>,
+    /// Each waiting thread parks (`std::thread::park`) and is unparked alone when its verdict
+    /// changes: a release wakes one thread, not every held one (on a loaded machine each
+    /// needless wake-up was a context switch `settle` had to wait out).
     gate: Mutex<Gate>,
-    changed: Condvar,
     /// Bumped on every arrival, release and [`Scheduler::touch`]: `settle` waits until it stays.
     version: AtomicU64,
 }
@@ -182,7 +188,6 @@ impl Scheduler {
                     timed_out: 0,
                     released: 0,
                 }),
-                changed: Condvar::new(),
                 version: AtomicU64::new(0),
             }),
         }
@@ -198,7 +203,7 @@ impl Scheduler {
             } else {
                 Verdict::Go
             };
-            for (_, v) in g.held.iter_mut().filter(|(_, v)| *v == Verdict::Wait) {
+            for (_, v, _) in g.held.iter_mut().filter(|(_, v, _)| *v == Verdict::Wait) {
                 *v = verdict;
             }
             // Unscheduled, the seam behaves as plain locks and condition variables: lock
@@ -209,9 +214,13 @@ impl Scheduler {
                 }
             }
         }
+        // Every waiter looks again (a timed wait's real deadline counts from now on).
+        let waiters: Vec<Thread> = (g.held.iter().map(|h| h.2.clone()))
+            .chain(g.sync.iter().map(|op| op.waiter.clone()))
+            .collect();
         drop(g);
         self.touch();
-        self.shared.changed.notify_all();
+        waiters.iter().for_each(Thread::unpark);
     }
 
     pub fn mode(&self) -> GateMode {
@@ -229,8 +238,8 @@ impl Scheduler {
         let mut v: Vec<HeldOp> = g
             .held
             .iter()
-            .filter(|(_, v)| *v == Verdict::Wait)
-            .map(|(op, _)| op.clone())
+            .filter(|(_, v, _)| *v == Verdict::Wait)
+            .map(|(op, _, _)| op.clone())
             .collect();
         v.sort_by(|a, b| a.key().cmp(&b.key()));
         v
@@ -240,19 +249,20 @@ impl Scheduler {
     /// not held (any more).
     pub fn release(&self, ticket: u64, fail: bool) -> bool {
         let mut g = self.shared.gate.lock();
-        let Some((_, v)) = g
+        let Some((_, v, waiter)) = g
             .held
             .iter_mut()
-            .find(|(op, v)| op.ticket == ticket && *v == Verdict::Wait)
+            .find(|(op, v, _)| op.ticket == ticket && *v == Verdict::Wait)
         else {
             return false;
         };
         *v = if fail { Verdict::Fail } else { Verdict::Go };
+        let waiter = waiter.clone();
         g.released += 1;
         g.progress += 1;
         drop(g);
         self.touch();
-        self.shared.changed.notify_all();
+        waiter.unpark();
         true
     }
 
@@ -337,9 +347,10 @@ impl Scheduler {
             g.progress += 1;
         }
         g.sync[i].verdict = Verdict::Go;
+        let waiter = g.sync[i].waiter.clone();
         drop(g);
         self.touch();
-        self.shared.changed.notify_all();
+        waiter.unpark();
         true
     }
 
@@ -363,6 +374,9 @@ impl Scheduler {
     /// Names the calling thread as the one driving the scheduler: its locks are plain ones
     /// (it only looks while every other thread is stopped).
     pub fn set_driver(&self) {
+        // `settle` sleeps 20-200 us at a time: the default 50 us timer slack would stretch
+        // each of those sleeps, thousands of them per schedule.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
         *self.shared.driver.lock() = Some(std::thread::current().id());
     }
 
@@ -397,12 +411,16 @@ impl Scheduler {
         let mut g = self.shared.gate.lock();
         let scheduled = g.mode == GateMode::Scheduled;
         let mut any = false;
+        // Scheduled, a notified wait only becomes ready (the scheduler lets it go): nobody
+        // needs waking until then.
+        let mut woken = Vec::new();
         for op in g.sync.iter_mut().filter(|op| {
             op.kind == SyncKind::Wait && op.id == cv && op.verdict == Verdict::Wait && !op.notified
         }) {
             op.notified = true;
             if !scheduled {
                 op.verdict = Verdict::Go;
+                woken.push(op.waiter.clone());
             }
             any = true;
             if !all {
@@ -412,7 +430,7 @@ impl Scheduler {
         drop(g);
         if any {
             self.touch();
-            self.shared.changed.notify_all();
+            woken.iter().for_each(Thread::unpark);
         }
     }
 
@@ -453,6 +471,7 @@ impl Scheduler {
             progress: g.progress,
             timer_fired: false,
             verdict: Verdict::Wait,
+            waiter: std::thread::current(),
         };
         g.sync.push(op);
         ticket
@@ -460,7 +479,7 @@ impl Scheduler {
 
     /// Waits until the seam's op `ticket` is let go; true if its timer fired. Unscheduled, a
     /// timed wait fires at its real deadline.
-    fn wait_sync(&self, mut g: parking_lot::MutexGuard<'_, Gate>, ticket: u64) -> bool {
+    fn wait_sync<'a>(&'a self, mut g: parking_lot::MutexGuard<'a, Gate>, ticket: u64) -> bool {
         loop {
             let i = g
                 .sync
@@ -471,6 +490,8 @@ impl Scheduler {
                 let op = g.sync.remove(i);
                 return op.timer_fired;
             }
+            // A new thread's start was registered by its spawner: the waiter is this thread.
+            g.sync[i].waiter = std::thread::current();
             let real = g.sync[i].real_deadline;
             if g.mode != GateMode::Scheduled && real.is_some_and(|d| Instant::now() >= d) {
                 // Not scheduled (opening the engine, checking after a crash): real time
@@ -482,8 +503,20 @@ impl Scheduler {
                 Some(d) if g.mode != GateMode::Scheduled => d,
                 _ => Instant::now() + HOLD_MAX,
             };
-            self.shared.changed.wait_until(&mut g, until);
+            g = Self::park_until(g, until, &self.shared.gate);
         }
+    }
+
+    /// Parks the calling thread (the gate unlocked meanwhile) until it is unparked or `until`
+    /// passes, and locks the gate again. Wakes may be spurious: callers look again.
+    fn park_until<'a>(
+        g: parking_lot::MutexGuard<'a, Gate>,
+        until: Instant,
+        gate: &'a Mutex<Gate>,
+    ) -> parking_lot::MutexGuard<'a, Gate> {
+        drop(g);
+        std::thread::park_timeout(until.saturating_duration_since(Instant::now()));
+        gate.lock()
     }
 
     /// Waits until the process is quiescent: every other thread (but the main one) asleep, and
@@ -539,6 +572,7 @@ impl Scheduler {
                 len_bytes,
             },
             Verdict::Wait,
+            std::thread::current(),
         ));
         self.touch();
         let until = Instant::now() + HOLD_MAX;
@@ -546,19 +580,19 @@ impl Scheduler {
             let i = g
                 .held
                 .iter()
-                .position(|(op, _)| op.ticket == ticket)
+                .position(|(op, _, _)| op.ticket == ticket)
                 .expect("a held operation stays listed until it leaves");
             let v = g.held[i].1;
             if v != Verdict::Wait {
                 g.held.swap_remove(i);
                 break v;
             }
-            if self.shared.changed.wait_until(&mut g, until).timed_out() {
+            if Instant::now() >= until {
                 g.timed_out += 1;
-                let i = g.held.iter().position(|(op, _)| op.ticket == ticket);
-                g.held.swap_remove(i.expect("still listed"));
+                g.held.swap_remove(i);
                 break Verdict::Go;
             }
+            g = Self::park_until(g, until, &self.shared.gate);
         };
         drop(g);
         match verdict {
@@ -574,12 +608,22 @@ fn eio() -> io::Error {
 
 /// Whether every thread of this process but the caller and the main thread is asleep ('S':
 /// in a futex, a condition variable, a channel).
+///
+/// Each thread's stat file stays open between looks (one `pread` per thread instead of an
+/// open, a read and a close: `settle` looks thousands of times per schedule, and on a loaded
+/// machine its system time was most of the simulation's CPU).
 fn others_asleep() -> bool {
+    use std::os::unix::fs::FileExt;
+    static STATS: Mutex<Vec<(i32, std::fs::File)>> = Mutex::new(Vec::new());
     let me = unsafe { libc::gettid() };
     let pid = std::process::id() as i32;
     let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
         return true;
     };
+    let mut stats = STATS.lock();
+    let mut seen = Vec::with_capacity(stats.len() + 4);
+    let mut buf = [0u8; 512];
+    let mut asleep = true;
     for entry in dir.flatten() {
         let Some(tid) = entry
             .file_name()
@@ -591,18 +635,38 @@ fn others_asleep() -> bool {
         if tid == me || tid == pid {
             continue;
         }
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue; // The thread exited meanwhile.
+        seen.push(tid);
+        if !asleep {
+            continue; // Only listing the threads, to forget the ones gone.
+        }
+        let i = match stats.iter().position(|(t, _)| *t == tid) {
+            Some(i) => i,
+            None => match std::fs::File::open(entry.path().join("stat")) {
+                Ok(f) => {
+                    stats.push((tid, f));
+                    stats.len() - 1
+                }
+                Err(_) => continue, // The thread exited meanwhile.
+            },
+        };
+        // A thread that exited reads as an error (its id may since be another thread's: that
+        // one is opened afresh next time, once this entry is forgotten).
+        let Ok(n) = stats[i].1.read_at(&mut buf, 0) else {
+            stats.swap_remove(i);
+            continue;
         };
         // "tid (comm) S ...": the state follows the last ')' (comm may hold one).
+        let stat = &buf[..n];
         let state = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].trim_start().chars().next());
-        if !matches!(state, Some('S') | Some('Z') | Some('X') | None) {
-            return false;
+            .iter()
+            .rposition(|&b| b == b')')
+            .and_then(|i| stat[i + 1..].iter().find(|b| !b.is_ascii_whitespace()));
+        if !matches!(state, Some(b'S') | Some(b'Z') | Some(b'X') | None) {
+            asleep = false;
         }
     }
-    true
+    stats.retain(|(t, _)| seen.contains(t));
+    asleep
 }
 
 /// A [`BlockDevice`] wrapper whose every operation passes the [`Scheduler`]'s gate.

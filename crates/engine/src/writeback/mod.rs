@@ -40,7 +40,7 @@ pub fn run(inner: &Inner) {
     let mut pacer = Pacer::new(crate::sync::now());
     let mut st = inner.state.lock();
     loop {
-        if st.health.is_failed() || st.health.closing() {
+        if stopping(&st) {
             break;
         }
         let now = crate::sync::now();
@@ -59,7 +59,9 @@ pub fn run(inner: &Inner) {
         else {
             drain::maybe_persist(inner, &mut st, &mut pacer, now);
             record::write_pending(inner, &mut st);
-            inner.writeback_wake.wait_for(&mut st, POLL);
+            if !stopping(&st) {
+                inner.writeback_wake.wait_for(&mut st, POLL);
+            }
             continue;
         };
         let started = crate::sync::now();
@@ -71,9 +73,11 @@ pub fn run(inner: &Inner) {
                 st.writeback.set_error(Some(e.to_string()));
                 inner.progress.notify_all();
                 // The backing device failed; try again later rather than spin.
-                inner
-                    .writeback_wake
-                    .wait_for(&mut st, Duration::from_secs(1));
+                if !stopping(&st) {
+                    inner
+                        .writeback_wake
+                        .wait_for(&mut st, Duration::from_secs(1));
+                }
                 continue;
             }
         };
@@ -85,7 +89,9 @@ pub fn run(inner: &Inner) {
                 st.seqs.want_sync(written);
                 inner.flusher_wake.notify_one();
             }
-            inner.writeback_wake.wait_for(&mut st, POLL / 10);
+            if !stopping(&st) {
+                inner.writeback_wake.wait_for(&mut st, POLL / 10);
+            }
             continue;
         }
         if let Some(rate) = rate_blocks_per_s {
@@ -99,4 +105,12 @@ pub fn run(inner: &Inner) {
     }
     // Record the final position in the close checkpoint (done by close, which reads it).
     drop(st);
+}
+
+/// The engine failed or is closing: the loop ends at its top. Checked again before each wait,
+/// since a batch or a position write released the lock: a stop that came meanwhile (its
+/// notification already spent) would otherwise keep `close` or a crash waiting out the wait
+/// (up to the 1 s error retry).
+fn stopping(st: &crate::state::State) -> bool {
+    st.health.is_failed() || st.health.closing()
 }
