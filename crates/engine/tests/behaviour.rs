@@ -478,17 +478,8 @@ fn a_cache_device_error_with_dirty_data_serves_the_rest_from_the_backing_device(
         "the backing device does not hold the disk"
     );
     e.close().unwrap();
-    fault.heal();
-    let refused = Engine::open(fault.clone(), backing, OpenOptions::default())
-        .err()
-        .map(|e| e.to_string());
     let counted = format!("{} bytes", s.lost_at_failure_bytes);
-    assert!(
-        refused
-            .as_deref()
-            .is_some_and(|m| m.contains("detached") && m.contains(&counted)),
-        "{refused:?}"
-    );
+    assert_old_cache_refused(&fault, backing, &counted);
 }
 
 /// Issue 25: dirty data only in RAM when the cache device fails (flushed blocks whose segment
@@ -548,16 +539,7 @@ fn dirty_data_still_in_ram_when_the_cache_device_fails_is_written_to_the_backing
     e.drain(|_| {})
         .expect("nothing lost: the backing device holds the disk");
     e.close().unwrap();
-    fault.heal();
-    let refused = Engine::open(fault.clone(), backing, OpenOptions::default())
-        .err()
-        .map(|e| e.to_string());
-    assert!(
-        refused
-            .as_deref()
-            .is_some_and(|m| m.contains("detached") && m.contains("no data was lost")),
-        "{refused:?}"
-    );
+    assert_old_cache_refused(&fault, backing, "no data was lost");
 }
 
 /// Issue 25: a write-zeroes whose zeros reached the backing device but whose superblock write
@@ -661,6 +643,21 @@ fn marking_the_backing_device_detached_is_retried_and_an_unfinished_mark_names_d
 
 /// A cache device (64 KiB segments, in memory) whose faults a test injects, formatted for
 /// `backing`, and options for opening it with threads and no periodic seal.
+/// The cache device healed, the old cache is refused (the backing device was detached), the
+/// message saying `says`.
+fn assert_old_cache_refused(fault: &Arc<FaultDevice>, backing: Arc<dyn BlockDevice>, says: &str) {
+    fault.heal();
+    let refused = Engine::open(fault.clone(), backing, OpenOptions::default())
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|m| m.contains("detached") && m.contains(says)),
+        "{refused:?}"
+    );
+}
+
 fn failing_cache_for(backing: &Arc<dyn BlockDevice>) -> (Arc<FaultDevice>, OpenOptions) {
     let fault = Arc::new(FaultDevice::new(Arc::new(MemDevice::new(
         MIB + 16 * SEG_64K,

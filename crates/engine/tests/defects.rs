@@ -64,6 +64,22 @@ fn gated_engine(pair: &SimPair) -> (Arc<GateDevice>, Engine) {
     (backing, e)
 }
 
+/// An engine whose cache device can be made to fail (`FaultDevice`), over `backing`, with the
+/// options `gated_engine` uses.
+fn failing_cache_engine(
+    pair: &SimPair,
+    backing: Arc<dyn BlockDevice>,
+) -> (Arc<FaultDevice>, Engine) {
+    let cache = Arc::new(FaultDevice::new(pair.cache()));
+    let opts = OpenOptions {
+        ram_buffer_bytes: 4 * SEG_64K,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(cache.clone(), backing, opts).unwrap();
+    (cache, e)
+}
+
 /// Starts a write-zeroes of block `lba` and waits until its backing zeroing is held.
 fn held_zeroing(
     e: &Engine,
@@ -1135,13 +1151,7 @@ fn a_detached_label_without_its_record_is_refused_as_detached() {
 #[test]
 fn a_cache_device_failing_reads_does_not_leave_a_write_zeroes_waiting_for_writeback() {
     let pair = SimPair::new(MIB + 32 * SEG_64K, 16 * MIB, SEG_64K);
-    let cache = Arc::new(FaultDevice::new(pair.cache()));
-    let opts = OpenOptions {
-        ram_buffer_bytes: 4 * SEG_64K,
-        seal_interval_ms: Some(0),
-        ..OpenOptions::default()
-    };
-    let e = Engine::open(cache.clone(), pair.backing(), opts).unwrap();
+    let (cache, e) = failing_cache_engine(&pair, pair.backing());
     // Writeback waits until asked: the dirty block stays in the log.
     e.set_tunable("writeback_idle_ms", "0").unwrap();
     e.set_tunable("writeback_threshold_percent", "100").unwrap();
@@ -1189,13 +1199,7 @@ fn a_write_zeroes_failed_with_the_cache_keeps_its_blocks_in_the_lost_set() {
     let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
     let lba = 300u64;
     pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
-    let cache = Arc::new(FaultDevice::new(pair.cache()));
-    let opts = OpenOptions {
-        ram_buffer_bytes: 4 * SEG_64K,
-        seal_interval_ms: Some(0),
-        ..OpenOptions::default()
-    };
-    let e = Engine::open(cache.clone(), pair.backing(), opts).unwrap();
+    let (cache, e) = failing_cache_engine(&pair, pair.backing());
     // Sorted order: the logged range drops the dirty copy outright (in flush-epoch order an
     // older epoch's copy stays as a shadow, which the lost set counts anyway).
     e.set_tunable("writeback_order", "sorted").unwrap();
@@ -1233,14 +1237,8 @@ fn a_write_zeroes_failed_with_the_cache_keeps_its_blocks_in_the_lost_set() {
 #[test]
 fn a_power_cut_during_the_cache_loss_switch_answers_the_waiting_request() {
     let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
-    let cache = Arc::new(FaultDevice::new(pair.cache()));
     let backing = Arc::new(GateDevice::new(pair.backing()));
-    let opts = OpenOptions {
-        ram_buffer_bytes: 4 * SEG_64K,
-        seal_interval_ms: Some(0),
-        ..OpenOptions::default()
-    };
-    let e = Engine::open(cache.clone(), backing.clone(), opts).unwrap();
+    let (cache, e) = failing_cache_engine(&pair, backing.clone());
     e.set_tunable("writeback_threshold_percent", "100").unwrap();
     e.write(10 * 4096, &[0x5a; 4096], false).unwrap();
     e.flush().unwrap();
