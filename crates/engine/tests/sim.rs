@@ -1322,15 +1322,15 @@ fn check_backing(
     shared.epochs.lock().check_except(&vals, skip).map(|_| ())
 }
 
-/// Per sector of the region, whether `runs` (first sector, count) cover it.
+/// Per sector of the region, whether `runs` (first sector, count) cover it. Runs past the
+/// region are the probes' ballast (`Req::Ballast`, which the model does not follow): a cycle's
+/// probe leaves it dirty, and a cache given up in a later cycle counts it lost (seeds 50383,
+/// 50433, 50799 with `LOGCACHE_SIM_CYCLES=2` failed on an assertion here).
 fn lost_mask(runs: &[(u64, u64)], region_sectors: u64) -> Vec<bool> {
     let mut mask = vec![false; region_sectors as usize];
     for &(first, count) in runs {
-        assert!(
-            first + count <= region_sectors,
-            "lost sectors outside the region"
-        );
-        mask[first as usize..(first + count) as usize].fill(true);
+        let end = (first + count).min(region_sectors);
+        mask[first.min(end) as usize..end as usize].fill(true);
     }
     mask
 }
