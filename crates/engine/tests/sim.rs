@@ -90,6 +90,10 @@ const LONG_ODDS: u64 = 6;
 const SHORT_REQUESTS_MAX: u64 = 24;
 /// Cache-loss seeds CI runs.
 const CI_LOSS_SCHEDULES: u64 = 100;
+/// Cache-loss seeds outside CI's range that once failed, run in every CI-kind run (50030:
+/// the switch wrote an older shadow of a block a write-zeroes under way had dropped, and
+/// marked it found; docs/RELIABILITY.md).
+const FOUND_LOSS_SEEDS: [u64; 1] = [50_030];
 /// Steps after a cache loss by which every request and background IO must have stopped.
 const DEAD_STEPS_MAX: u64 = 20_000;
 /// The cache modes a cache-loss schedule fixes (`Case::fixed_mode`).
@@ -1905,6 +1909,9 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         .collect();
     // A run of CI's kind replays a few of its seeds once more: each trace must equal the
     // first run's (checked below, as for LOGCACHE_SIM_REPEAT).
+    if fixed.is_none() && env_u64("LOGCACHE_SIM_LOSS_SEED").is_none() {
+        runs.extend(FOUND_LOSS_SEEDS.iter().map(|&s| (s, true)));
+    }
     if fixed.is_none() {
         runs.extend(
             REPLAY_CHECK_SEEDS

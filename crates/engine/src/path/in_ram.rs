@@ -42,7 +42,8 @@ pub struct InRam {
 /// Copies out the dirty blocks in RAM (under the state lock, as reads do: sealed blocks never
 /// change, the open chunk changes only under the lock). Their sectors are the ones
 /// `path::lost::collect` counts lost for them in the same hold: an index copy's dirty sectors,
-/// a shadow's dirty sectors its newer copy does not hold clean. A shadow is taken only if its
+/// a shadow's dirty sectors its newer copy does not hold clean; none in a block a write-zeroes
+/// under way covers. A shadow is taken only if its
 /// newer copy is in RAM too (RAM holds the end of the log, so it always is; a newer copy lost
 /// on the device must not be passed by older data found again).
 pub fn collect(inner: &Inner, st: &State) -> InRam {
@@ -62,6 +63,14 @@ pub fn collect(inner: &Inner, st: &State) -> InRam {
             let Some(lba) = st.blocks.dirty_lba(c) else {
                 continue;
             };
+            // A write-zeroes under way may already have dropped this block's newer copies
+            // (a shadow left here is older than its zeros): its blocks stay lost until the
+            // request, tried again from the backing device alone, writes the zeros
+            // (`path::lost::collect`). Writing this copy and marking it found would serve
+            // data older than both (sim cache-loss seed 50030).
+            if st.bypass.zeroing_any(lba, lba + 1) {
+                continue;
+            }
             let newer = st.blocks.lookup(lba).filter(|&n| n != c);
             if newer.is_some_and(|n| st.locate(n) == Location::Disk) {
                 debug_assert!(false, "a shadow in RAM whose newer copy is on the device");

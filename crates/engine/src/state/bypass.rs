@@ -150,13 +150,13 @@ impl Bypass {
         self.writing.iter().any(|&(f, e)| f < end && first < e)
     }
 
-    /// Whether a zero range being applied covers a block of `[first, end)`.
     /// Block ranges (first, end) being zeroed: logged or about to be, not yet on the backing
     /// device.
     pub fn zeroing_ranges(&self) -> &[(u64, u64)] {
         &self.zeroing
     }
 
+    /// Whether a zero range being applied covers a block of `[first, end)`.
     pub fn zeroing_any(&self, first: u64, end: u64) -> bool {
         self.zeroing.iter().any(|&(f, e)| f < end && first < e)
     }
