@@ -58,6 +58,12 @@ impl Blocks {
         self.index.get(lba)
     }
 
+    /// Hints the CPU to load the index slot `lookup(lba)` will probe first (a hint only).
+    #[inline]
+    pub fn prefetch(&self, lba: u64) {
+        self.index.prefetch(lba);
+    }
+
     #[inline]
     pub fn lba_of(&self, c: CacheBlock) -> Option<u64> {
         self.index.lba_of(c)
