@@ -2079,7 +2079,7 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         seeds.len()
     );
     // Issue 20's path: clean copies left out of the log, and backing syncs failing. (CI's
-    // seeds 0..150 fail no backing sync of the flusher's itself, which is rarer: 11 in a
+    // first 150 seeds fail no backing sync of the flusher's itself, which is rarer: 11 in a
     // sweep of 260 schedules; defects::a_flush_fails_after_the_flushers_backing_sync_failed
     // covers it.)
     assert!(

@@ -9,11 +9,11 @@
 //! them from the input buffer into its RAM segment in about a microsecond per block. (A larger
 //! one is received into a buffer of its own, which a worker takes without a copy: its copy into
 //! the segment, hundreds of µs for 1 MiB, then overlaps the receipt of the next request, and
-//! one waiting for room in the log does not stop the reader.) And a READ the cache holds entirely (RAM or the cache
-//! device, at most 1 MiB) when no other request waits in the input buffer: handing it to a
-//! worker would cost a second thread wake-up per request, and nothing queues behind it (a
-//! READ that needs the backing device is refused by the engine untouched and goes to a
-//! worker). Write replies, and the reader's other inline replies (errors, CACHE), accumulate
+//! one waiting for room in the log does not stop the reader.) And a READ the cache holds
+//! entirely (RAM or the cache device, at most 1 MiB) when no other request waits in the input
+//! buffer: handing it to a worker would cost a second thread wake-up per request, and nothing
+//! queues behind it (a READ that needs the backing device is refused by the engine untouched
+//! and goes to a worker). Write replies, and the reader's other inline replies (errors, CACHE), accumulate
 //! in a buffer and go out in one `send` when the reader is about to wait for more input (or
 //! the batch is large), so a burst costs one syscall each way; an inline READ's reply goes
 //! out at once, after that batch.
