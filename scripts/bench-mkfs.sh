@@ -5,12 +5,15 @@
 #
 #   scripts/bench-mkfs.sh [ROUNDS]      (release binaries in target/release; needs root)
 #
+# BIN=DIR takes logcache and logcache-bench from DIR; SIZE (default 16G) is the disk's size,
+# CACHE_SIZE (default 2G) the cache file's (bench/run's `mkfs` experiment sets them).
+#
 # Prints one line per run: "<fs> <hdd|logcache> <seconds>".
 set -eu
 rounds=${1:-2}
 bin=${BIN:-target/release}
 dir=$(mktemp -d /var/tmp/bench-mkfs.XXXXXX)
-size=16G
+size=${SIZE:-16G}
 hdd_sock=$dir/hdd.sock
 lc_sock=$dir/lc.sock
 pids=""
@@ -51,7 +54,7 @@ mkfs_on() {
     losetup -d "$loop"
     fusermount3 -u "$dir/mnt"
     wait "$fuse" || true
-    echo "$end - $start" | bc
+    awk -v s="$start" -v e="$end" 'BEGIN { printf "%.3f\n", e - s }'
 }
 
 "$bin/logcache-bench" sim-hdd --file "$dir/hdd.img" --size $size --socket "$hdd_sock" \
@@ -59,7 +62,7 @@ mkfs_on() {
 pids="$pids $!"
 wait_for "$hdd_sock"
 hdd_uri="nbd+unix:///?socket=$hdd_sock"
-truncate -s 2G "$dir/cache.img"
+truncate -s "${CACHE_SIZE:-2G}" "$dir/cache.img"
 
 for r in $(seq "$rounds"); do
     for fs in xfs ext4; do

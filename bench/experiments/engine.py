@@ -43,14 +43,18 @@ def run(ctx):
 
 
 def summary(res):
-    one = [r for r in res["rows"] if r["threads"] == 1]
-    if not one:
-        return []
-    ok = [r for r in one if r["writes_per_sec"] >= 1e6 and r["p50_us"] <= 1.0]
-    best = max(one, key=lambda r: r["writes_per_sec"])
-    return [["engine: ≥ 1,000,000 writes/s with p50 ≤ 1 µs, one writer (bench engine)",
-             f"{best['writes_per_sec']:,.0f}/s, p50 {best['p50_us']:.2f} µs",
-             f"met in {len(ok)} of {len(one)} run(s)" if ok else "**not met**"]]
+    out = []
+    for threads, what in ((1, "one writer"), (2, "two writers")):
+        runs = [r for r in res["rows"] if r["threads"] == threads]
+        if not runs:
+            continue
+        ok = [r for r in runs if r["writes_per_sec"] >= 1e6 and r["p50_us"] <= 1.0]
+        best = max(runs, key=lambda r: r["writes_per_sec"])
+        out.append([f"engine: ≥ 1,000,000 writes/s with p50 ≤ 1 µs, {what} (bench engine)",
+                    f"{best['writes_per_sec']:,.0f}/s, p50 {best['p50_us']:.2f} µs",
+                    f"met in {len(ok)} of {len(runs)} run(s)" if ok else "**not met**",
+                    {"issue20": f"engine-{threads}", "also_general": True}])
+    return out
 
 
 def render(res, charts):

@@ -23,7 +23,7 @@ REPO = os.path.dirname(BENCH_DIR)
 
 # Report order. Each module lives in bench/experiments/<name>.py.
 EXPERIMENTS = ["seed000", "peers", "writeback", "scaling", "matrix", "segments", "latency",
-               "engine", "iopath"]
+               "engine", "iopath", "mkfs"]
 
 MODES = ("smoke", "quick", "full")
 
@@ -103,7 +103,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="bench/run", description=__doc__)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                   help="every experiment at small sizes; under 5 minutes")
+                   help="every experiment at small sizes; about 7 minutes")
     g.add_argument("--full", dest="mode", action="store_const", const="full",
                    help="every experiment at full sizes; long")
     g.add_argument("--smoke", dest="mode", action="store_const", const="smoke",
