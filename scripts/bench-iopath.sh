@@ -10,8 +10,17 @@
 #                   cache=none reads through the page cache (buffered pread, then a
 #                   POSIX_FADV_DONTNEED that leaves most pages resident: fincore showed 458 of
 #                   512 MiB resident after its read jobs), so its reads are partly RAM speed
+#                   (strace of 1.32.5: the file is opened without O_DIRECT; each read is a
+#                   pread64 followed by fadvise64(POSIX_FADV_DONTNEED) of the same range, each
+#                   write a pwrite64 then sync_file_range(SYNC_FILE_RANGE_WRITE))
+#   nbdkit-file-cold the same, on its own file, with the page cache dropped (`echo 3 >
+#                   /proc/sys/vm/drop_caches`, needs root) right before each of its
+#                   measurements: its reads start from the disk, not from pages left resident
+#                   (each row records `resident_mib`, the file's pages in RAM before the job)
 #   qemu-nbd-direct qemu-nbd --cache=none --aio=io_uring (O_DIRECT): the cache device's own
 #                   speed through the same protocol, as logcache reads it
+#   device          no server: fio's io_uring engine, O_DIRECT, on a file of its own on the
+#                   same file system, the same job: the device's ceiling (no protocol, no copy)
 # and, for the jobs against the slow device (not in the default; each has its own EMULATED
 # 7200 rpm disk, `logcache-bench sim-hdd` over a sparse 8 GiB file, an emulation):
 #   hdd             the emulated HDD alone: the reference of the two HDD jobs
@@ -113,6 +122,16 @@ start() { # $1 server name
         truncate -s 4G "$dir/$s.img"
         nbdkit -f -U "$sock" file file="$dir/$s.img" cache=none >"$dir/$s.log" 2>&1 &
         ;;
+    nbdkit-file-cold)
+        truncate -s 4G "$dir/$s.img"
+        nbdkit -f -U "$sock" file file="$dir/$s.img" cache=none >"$dir/$s.log" 2>&1 &
+        ;;
+    device)
+        # fio on the file itself: no process to wait for; its URI is the file's path.
+        truncate -s 4G "$dir/$s.img"
+        uri[$s]="$dir/$s.img"
+        return
+        ;;
     qemu-nbd-direct)
         truncate -s 4G "$dir/$s.img"
         qemu-nbd -f raw -k "$sock" -t -e 4 --cache=none --aio=io_uring "$dir/$s.img" \
@@ -126,11 +145,23 @@ start() { # $1 server name
 }
 for s in $servers; do start "$s"; done
 
-fio_run() { # $1 uri, $2 name, rest: fio options; prints the fio JSON file's path
-    local out="$dir/fio-$2.json"
-    fio --name="$2" --ioengine=nbd --uri="$1" --output-format=json --output="$out" \
-        "${@:3}" >/dev/null
+fio_run() { # $1 uri (or, for `device`, a file's path), $2 name, rest: fio options; prints
+    # the fio JSON file's path
+    local out="$dir/fio-$2.json" target
+    if [[ $1 == /* ]]; then
+        target=(--ioengine=io_uring --direct=1 --filename="$1")
+    else
+        target=(--ioengine=nbd --uri="$1")
+    fi
+    fio --name="$2" "${target[@]}" --output-format=json --output="$out" "${@:3}" >/dev/null
     echo "$out"
+}
+resident_mib() { # $1 server: its file's pages in the page cache, MiB (nbdkit's only)
+    case $1 in
+    nbdkit-file*) fincore --bytes --noheadings --output RES "$dir/$1.img" |
+        awk '{printf "%d", $1 / 1048576}' ;;
+    *) echo null ;;
+    esac
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
@@ -167,26 +198,35 @@ runs_on() { # $1 server, $2 job: whether the job is measured on that server
     esac
 }
 measure() { # $1 server, $2 job name, $3 fio options, $4 round
-    local before after out p=${pid[$1]} size="${data_mib}M" seed=""
+    local before after out p=${pid[$1]:-} size="${data_mib}M" seed=""
     # The HDD jobs: new offsets every run (fio repeats its random sequence by default, even
     # with another --randseed here, and logcache keeps what a miss read: 2,453 of 4,627 reads
     # of three runs were hits), so a read is a miss unless it meets one of the few thousand
     # blocks read before out of the disk's two million.
     is_hdd "$1" && size="${hdd_gib}G" seed="--randrepeat=0"
-    before=$(cpu_ticks "$p")
+    if [[ $1 == *-cold ]]; then
+        sync
+        echo 3 >/proc/sys/vm/drop_caches
+    fi
+    local resident
+    resident=$(resident_mib "$1")
+    before=$( [ -n "$p" ] && cpu_ticks "$p" || echo 0)
     # shellcheck disable=SC2086
     out=$(fio_run "${uri[$1]}" "$2-$1" $3 $seed --size="$size" --time_based --runtime="$runtime")
-    after=$(cpu_ticks "$p")
-    /usr/bin/python3 - "$out" "$1" "$2" "$4" "$((after - before))" "$hz" "$state" <<'EOF'
+    after=$( [ -n "$p" ] && cpu_ticks "$p" || echo 0)
+    /usr/bin/python3 - "$out" "$1" "$2" "$4" "$((after - before))" "$hz" "$state" "$resident" <<'EOF'
 import json, sys
-path, server, job, rnd, ticks, hz, state = sys.argv[1:]
+path, server, job, rnd, ticks, hz, state, resident = sys.argv[1:]
 j = json.load(open(path))["jobs"][0]
 side = j["write"] if "write" in job else j["read"]
 ios = side["total_ios"]
 cpu_us = int(ticks) * 1e6 / int(hz)
+# `device` has no server process: no server CPU.
+cpu = None if server == "device" else round(cpu_us / max(ios, 1), 2)
 print(json.dumps({"server": server, "job": job, "round": int(rnd), "state": state,
                   "iops": round(side["iops"]), "mb_s": round(side["bw_bytes"] / 1e6, 1),
-                  "ios": ios, "server_cpu_us_per_io": round(cpu_us / max(ios, 1), 2)}))
+                  "ios": ios, "server_cpu_us_per_io": cpu,
+                  "resident_mib": json.loads(resident)}))
 EOF
 }
 results="$dir/results.jsonl"
@@ -218,9 +258,10 @@ for job in jobs:
     unit = "MB/s" if key == "mb_s" else "IOPS"
     med = lambda v, f: f.format(statistics.median(v)) if v else "–"
     cells = [med(pick(job, s, key), "{:,.0f} " + unit) for s in servers]
-    cpu = [med(pick(job, s, "server_cpu_us_per_io"), "{:.1f}") for s in servers]
+    cpu = [med([c for c in pick(job, s, "server_cpu_us_per_io") if c is not None], "{:.1f}")
+           for s in servers]
     print(f"| {job} | " + " | ".join(cells) + " | " + " / ".join(cpu) + " |")
-for ref in ("nbdkit-file", "qemu-nbd-direct", "hdd"):
+for ref in ("nbdkit-file", "nbdkit-file-cold", "qemu-nbd-direct", "device", "hdd"):
     if ref not in servers:
         continue
     others = [s for s in servers if s.startswith("logcache")]
