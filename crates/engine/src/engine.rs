@@ -29,6 +29,7 @@ use crate::io::BlockDevice;
 use crate::log::checkpoint::{self, SuperblockWriter};
 use crate::log::flusher;
 use crate::open::{self, recover};
+use crate::path::read::CachedRead;
 use crate::path::{alone, bypass, read, write};
 use crate::state::buffers::SegmentBuffers;
 use crate::stats::Stats;
@@ -277,6 +278,40 @@ impl Engine {
         match read::read_if_cached(&self.inner, offset_bytes, buf) {
             Err(_) if self.took_over() => Ok(false),
             r => r,
+        }
+    }
+
+    /// Serves each read as [`read_if_cached`](Self::read_if_cached) would, their cache-device
+    /// IOs submitted together as one batch; each read's outcome is in its `served`.
+    pub fn read_batch_if_cached(&self, reads: &mut [CachedRead<'_>]) {
+        let mut tried = false;
+        for read in reads.iter_mut() {
+            read.served = self
+                .check_range(read.offset_bytes, read.buf.len() as u64)
+                .map(|()| true);
+            tried |= read.served.is_ok();
+        }
+        if !tried {
+            return;
+        }
+        if self.alone() {
+            for read in reads.iter_mut().filter(|r| r.served.is_ok()) {
+                read.served = Ok(false);
+            }
+            return;
+        }
+        read::read_batch_if_cached(&self.inner, reads);
+        // A read that failed in the cached path is tried again on the backing device alone,
+        // if that serves now (a bad range keeps its error).
+        if reads.iter().any(|r| r.served.is_err()) && self.took_over() {
+            for read in reads.iter_mut() {
+                let in_range = self
+                    .check_range(read.offset_bytes, read.buf.len() as u64)
+                    .is_ok();
+                if read.served.is_err() && in_range {
+                    read.served = Ok(false);
+                }
+            }
         }
     }
 

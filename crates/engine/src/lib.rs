@@ -45,5 +45,6 @@ pub use engine::{Engine, OpenOptions};
 pub use error::{Error, Result};
 pub use export::Export;
 pub use open::create::{format_cache, FormatOptions};
+pub use path::read::CachedRead;
 pub use stats::{Counters, RecoveryReport, Stats};
 pub use status::{Extent, ExtentKind};

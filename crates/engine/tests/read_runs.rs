@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{Engine, Error};
+use logcache_engine::{CachedRead, Engine, Error};
 use logcache_testkit::fault::{FaultDevice, FaultKind, OpKind};
 
 const MIB: u64 = 1 << 20;
@@ -412,4 +412,75 @@ fn a_device_read_failing_in_the_middle_of_a_batched_multi_run_read_fails_the_req
     assert!(e.read(8 * BLOCK, &mut out[..4096]).is_err());
     assert_eq!(e.segment_pins(), 0);
     e.close().unwrap();
+}
+
+/// A worker's batch of cached-only reads (`read_batch_if_cached`): each read gets its own
+/// outcome, as if read alone. Hits on the cache device and in RAM, two reads of the same
+/// blocks and adjacent reads (their blocks never merged into one run across reads) are served;
+/// a miss and a partly cached block are declined untouched; a read past the end fails with its
+/// own error; a dirty block whose copy cannot be read fails only the read holding it.
+#[test]
+fn a_batch_of_cached_reads_gives_each_read_its_own_outcome() {
+    let cache_bytes = MIB + 16 * MIB;
+    let pair = SimPair::new(cache_bytes, 64 * MIB, MIB);
+    let (e, model) = every_kind_of_copy(&pair, false);
+    let dirty_at = cache_offset_of(&pair, cache_bytes, &block_of(30));
+    e.close().unwrap();
+    let fault = Arc::new(FaultDevice::new(pair.cache()));
+    let cache: Arc<dyn BlockDevice> = fault.clone();
+    let e = Engine::open(cache, pair.backing(), manual(4 * MIB)).unwrap();
+    e.write(20 * BLOCK, &[0xA0; 4096], false).unwrap(); // a RAM copy again
+    let ranges = [
+        (0, 4 * BLOCK),           // cache device, one run
+        (4 * BLOCK, 2 * BLOCK),   // right after it: its own run
+        (0, 4 * BLOCK),           // the same blocks again
+        (19 * BLOCK, 3 * BLOCK),  // around the RAM copy
+        (80 * BLOCK, BLOCK),      // a miss: declined
+        (70 * BLOCK, BLOCK),      // sectors the cache never held: declined
+        (28 * BLOCK, 4 * BLOCK),  // holds block 30, whose copy fails (dirty): its error
+        (u64::MAX - 4095, BLOCK), // past the end: its own error
+        (40 * BLOCK + 512, 1536), // sub-block, unaligned in its block
+    ];
+    fault.fail_range(OpKind::Read, dirty_at, BLOCK, FaultKind::Io);
+    let mut bufs: Vec<Vec<u8>> = ranges
+        .iter()
+        .map(|&(_, len)| vec![0x55u8; len as usize])
+        .collect();
+    let backing_reads = pair.backing.read_count();
+    let reads_before = e.stats().counters.reads;
+    let mut reads: Vec<CachedRead> = ranges
+        .iter()
+        .zip(bufs.iter_mut())
+        .map(|(&(offset, _), buf)| CachedRead::new(offset, buf))
+        .collect();
+    e.read_batch_if_cached(&mut reads);
+    let served: Vec<_> = reads.into_iter().map(|r| r.served).collect();
+    for (i, ((offset, len), outcome)) in ranges.iter().zip(&served).enumerate() {
+        let (offset, len) = (*offset as usize, *len as usize);
+        match i {
+            4 | 5 => {
+                assert!(matches!(outcome, Ok(false)), "read {i}: {outcome:?}");
+                assert!(
+                    bufs[i].iter().all(|&b| b == 0x55),
+                    "declined read {i} wrote"
+                );
+            }
+            6 => assert!(matches!(outcome, Err(Error::Io { .. })), "{outcome:?}"),
+            7 => assert!(outcome.is_err(), "past the end: {outcome:?}"),
+            _ => {
+                assert!(matches!(outcome, Ok(true)), "read {i}: {outcome:?}");
+                assert!(bufs[i] == model[offset..offset + len], "read {i} differs");
+            }
+        }
+    }
+    assert_eq!(
+        e.stats().counters.reads,
+        reads_before + 6,
+        "each served read counted once (the failing one too)"
+    );
+    assert_eq!(
+        pair.backing.read_count(),
+        backing_reads,
+        "a batch of cached reads read the backing device"
+    );
 }

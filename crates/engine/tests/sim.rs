@@ -75,7 +75,7 @@ use common::epoch_log::EpochLog;
 use common::history::{decode, fill_pattern, Effect, History, Token, Val};
 use common::stall::{self, Stall};
 use common::*;
-use logcache_engine::{Engine, Extent, ExtentKind, OpenOptions};
+use logcache_engine::{CachedRead, Engine, Extent, ExtentKind, OpenOptions};
 use logcache_testkit::fault::OpKind;
 use logcache_testkit::rng::Rng;
 use logcache_testkit::sched::{GateMode, HeldOp, SchedDevice, Scheduler};
@@ -258,6 +258,76 @@ impl Shared {
     }
 }
 
+/// A read served the way a connection's worker serves the READs queued together: split into
+/// up to three pieces, plus a second read of the first piece into a buffer of its own (two
+/// reads of the same sectors in one batch), all through `read_batch_if_cached` (their cache
+/// device reads submitted as one batch); each piece the cache declined is then read alone.
+/// Both reads are checked against the model.
+fn batch_read(e: &Engine, sh: &Shared, first: u64, count: u64) -> logcache_engine::Result<()> {
+    let (ri, ri_again) = {
+        let mut m = sh.model.lock();
+        (m.begin_read(), m.begin_read())
+    };
+    let mut buf = vec![0u8; count as usize * SECTOR];
+    // Piece boundaries from the request itself (the schedule's randomness is elsewhere).
+    let cut_a = (first.wrapping_mul(7) % count) as usize;
+    let cut_b = cut_a + ((first.wrapping_mul(13) + count) % (count - cut_a as u64)) as usize;
+    let first_piece_sectors = if cut_a > 0 { cut_a } else { count as usize };
+    let mut again = vec![0u8; first_piece_sectors * SECTOR];
+    let r = {
+        let (a, rest) = buf.split_at_mut(cut_a * SECTOR);
+        let (b, c) = rest.split_at_mut((cut_b - cut_a) * SECTOR);
+        let mut reads = Vec::new();
+        let mut at = first * 512;
+        for piece in [a, b, c] {
+            let len = piece.len() as u64;
+            if len > 0 {
+                reads.push(CachedRead::new(at, piece));
+            }
+            at += len;
+        }
+        reads.push(CachedRead::new(first * 512, &mut again));
+        e.read_batch_if_cached(&mut reads);
+        let mut r = Ok(());
+        for read in reads {
+            let one = match read.served {
+                Ok(true) => Ok(()),
+                Ok(false) => e.read(read.offset_bytes, read.buf),
+                Err(err) => Err(err),
+            };
+            if r.is_ok() {
+                r = one;
+            }
+        }
+        r
+    };
+    let decoded = |from: u64, b: &[u8]| -> Vec<_> {
+        b.chunks(SECTOR)
+            .enumerate()
+            .map(|(i, b)| decode(from + i as u64, b))
+            .collect()
+    };
+    let (vals, vals_again) = if r.is_ok() {
+        (decoded(first, &buf), decoded(first, &again))
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let mut m = sh.model.lock();
+    for (ri, vals, sectors) in [
+        (ri, vals, count),
+        (ri_again, vals_again, again.len() as u64 / 512),
+    ] {
+        if let Err(msg) = m.end_read(ri, first as usize, &vals) {
+            sh.errors.lock().push(format!(
+                "a batched read of {sectors} sectors from {first} (pieces cut at {cut_a}, {cut_b}): {msg}"
+            ));
+        }
+    }
+    drop(m);
+    sh.reads_checked.fetch_add(1, Ordering::Relaxed);
+    r
+}
+
 /// Runs one request and records it in the model.
 fn run_req(e: &Engine, sh: &Shared, req: Req) {
     let what = format!("{req:?}");
@@ -279,11 +349,13 @@ fn run_req(e: &Engine, sh: &Shared, req: Req) {
             sh.ended(&t, r.is_ok(), fua);
             r
         }
+        Req::Read { first, count } if first % 4 == 1 => batch_read(e, sh, first, count),
         Req::Read { first, count } => {
             let ri = sh.model.lock().begin_read();
             let mut buf = vec![0u8; count as usize * SECTOR];
             // Half the reads (by offset) go the way a connection's reader serves them: the
-            // cached-only read first, the full read when the cache lacks a sector.
+            // cached-only read first, the full read when the cache lacks a sector (a quarter
+            // go as a worker's batch, `batch_read`).
             let r = if first % 2 == 0 {
                 match e.read_if_cached(first * 512, &mut buf) {
                     Ok(true) => Ok(()),

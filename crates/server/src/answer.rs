@@ -61,36 +61,84 @@ fn read_into_reply<'a>(
     request: &Request,
     read: impl FnOnce(u64, &mut [u8]) -> logcache_engine::Result<bool>,
 ) -> Option<&'a [u8]> {
-    let structured = connection.session.structured;
-    let length_bytes = request.length_bytes as usize;
-    header.clear();
-    reply::push_read_header(
-        header,
-        structured,
-        request.cookie,
-        request.offset_bytes,
-        request.length_bytes,
-    );
-    let total_bytes = DATA_ALIGN_BYTES + header.len() + length_bytes;
-    if out.len() < total_bytes {
-        out.resize(total_bytes, 0);
+    let layout = ReadLayout::new(connection, out, header, request);
+    match read(request.offset_bytes, layout.data(out)) {
+        Ok(true) => Some(layout.finish(connection, out, header, request, Ok(()))),
+        Ok(false) => None,
+        Err(error) => Some(layout.finish(connection, out, header, request, Err(error))),
     }
-    let misalignment = (out.as_ptr() as usize + header.len()) % DATA_ALIGN_BYTES;
-    let start = (DATA_ALIGN_BYTES - misalignment) % DATA_ALIGN_BYTES;
-    let data_start = start + header.len();
-    debug_assert_eq!((out.as_ptr() as usize + data_start) % DATA_ALIGN_BYTES, 0);
-    let data = &mut out[data_start..data_start + length_bytes];
-    match read(request.offset_bytes, data) {
-        Ok(true) => {}
-        Ok(false) => return None,
-        Err(error) => {
-            header.clear();
-            push_result(header, structured, request.cookie, Err(error));
-            return Some(header_as_reply(out, header));
+}
+
+/// Where a READ reply lies in its buffer: the header (already in `header`) goes just before
+/// the data, which starts on a 4 KiB boundary so the engine reads the cache device straight
+/// into it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ReadLayout {
+    start: usize,
+    data_start: usize,
+    length_bytes: usize,
+}
+
+impl ReadLayout {
+    /// Builds the reply header in `header` and makes room in `out` (which only grows: it is
+    /// never zero-filled again).
+    pub(crate) fn new(
+        connection: &Connection,
+        out: &mut Vec<u8>,
+        header: &mut Vec<u8>,
+        request: &Request,
+    ) -> ReadLayout {
+        let length_bytes = request.length_bytes as usize;
+        header.clear();
+        reply::push_read_header(
+            header,
+            connection.session.structured,
+            request.cookie,
+            request.offset_bytes,
+            request.length_bytes,
+        );
+        let total_bytes = DATA_ALIGN_BYTES + header.len() + length_bytes;
+        if out.len() < total_bytes {
+            out.resize(total_bytes, 0);
+        }
+        let misalignment = (out.as_ptr() as usize + header.len()) % DATA_ALIGN_BYTES;
+        let start = (DATA_ALIGN_BYTES - misalignment) % DATA_ALIGN_BYTES;
+        let data_start = start + header.len();
+        debug_assert_eq!((out.as_ptr() as usize + data_start) % DATA_ALIGN_BYTES, 0);
+        ReadLayout {
+            start,
+            data_start,
+            length_bytes,
         }
     }
-    out[start..data_start].copy_from_slice(header);
-    Some(&out[start..data_start + length_bytes])
+
+    /// The data's place in `out` (the buffer `new` laid out).
+    pub(crate) fn data(self, out: &mut [u8]) -> &mut [u8] {
+        &mut out[self.data_start..self.data_start + self.length_bytes]
+    }
+
+    /// Once the data is read (`Ok`) or the read failed: the whole reply, a slice of `out`.
+    pub(crate) fn finish<'a>(
+        self,
+        connection: &Connection,
+        out: &'a mut [u8],
+        header: &mut Vec<u8>,
+        request: &Request,
+        result: logcache_engine::Result<()>,
+    ) -> &'a [u8] {
+        if let Err(error) = result {
+            header.clear();
+            push_result(
+                header,
+                connection.session.structured,
+                request.cookie,
+                Err(error),
+            );
+            return header_as_reply(out, header);
+        }
+        out[self.start..self.data_start].copy_from_slice(header);
+        &out[self.start..self.data_start + self.length_bytes]
+    }
 }
 
 /// An error reply built in `header`, returned as the reply slice (copied into `out`).

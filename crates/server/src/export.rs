@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use logcache_engine::io::BlockDevice;
 use logcache_engine::status::device_status;
-use logcache_engine::{Engine, Error, Extent, Result};
+use logcache_engine::{CachedRead, Engine, Error, Extent, Result};
 
 pub(crate) trait Export: Send + Sync {
     fn size_bytes(&self) -> u64;
@@ -18,6 +18,13 @@ pub(crate) trait Export: Send + Sync {
     /// 1 MiB), else returns `Ok(false)` having done nothing: a connection's reader serves such
     /// reads itself.
     fn read_if_cached(&self, offset_bytes: u64, out: &mut [u8]) -> Result<bool>;
+    /// Serves each read as `read_if_cached` would (its outcome in `served`), their device IOs
+    /// submitted together where the export can: a worker's batch of queued READs.
+    fn read_batch_if_cached(&self, reads: &mut [CachedRead<'_>]) {
+        for read in reads.iter_mut() {
+            read.served = self.read_if_cached(read.offset_bytes, read.buf);
+        }
+    }
     /// With `fua`, returns once the data is durable.
     fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()>;
     /// The range reads as zeros afterwards (durable after a later flush).
@@ -76,6 +83,10 @@ impl Export for Engine {
 
     fn read_if_cached(&self, offset_bytes: u64, out: &mut [u8]) -> Result<bool> {
         Engine::read_if_cached(self, offset_bytes, out)
+    }
+
+    fn read_batch_if_cached(&self, reads: &mut [CachedRead<'_>]) {
+        Engine::read_batch_if_cached(self, reads)
     }
 
     fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {

@@ -29,6 +29,15 @@ pub const INLINE_READ_MAX_BYTES: u32 = 1 << 20;
 /// once. A cached read is one device read per run; 16 keeps a queue of 32 mostly in flight on a
 /// few cores without a thread per request (nbdkit's default pool is 16 too).
 pub const MAX_WORKERS_PER_CONNECTION: usize = 16;
+/// A worker that takes a small READ also takes the small READs queued right behind it, up to
+/// this many in all, and serves them as one batch: their cache-device reads go to the kernel in
+/// one submission (one system call, one doorbell for the device) instead of one `pread` and one
+/// thread wake-up each (a profile of 4 KiB reads at iodepth 32 spent 13% of the server's
+/// samples in the virtio doorbell, 34% in task switches).
+pub const MAX_BATCHED_READS: usize = 8;
+/// Largest READ a batch takes (larger ones are few per second and their own IO is large): it
+/// bounds the reply buffers a worker keeps for a batch.
+pub const BATCHED_READ_MAX_BYTES: u32 = 64 << 10;
 /// Worker threads per connection when the export is slow (a plain device) and every command
 /// runs on a worker: as many as fio's usual queue depth, so a disk that reorders its queue
 /// sees all of a client's requests at once.

@@ -433,7 +433,7 @@ fn handle(
         Command::Read | Command::Write | Command::Flush | Command::Trim | Command::WriteZeroes => {
             let payload =
                 (request.command == Command::Write).then(|| payload.into_owned(connection));
-            workers.submit(Job { request, payload });
+            workers.submit(Job::new(request, payload));
             return;
         }
         // A prefetch hint: the export reads on demand, so there is nothing to do.
@@ -441,10 +441,7 @@ fn handle(
         // The engine answers from its index and the backing device's hole map, which on a
         // remote backing device is a round trip: a worker's job.
         Command::BlockStatus => {
-            workers.submit(Job {
-                request,
-                payload: None,
-            });
+            workers.submit(Job::new(request, None));
             return;
         }
         // `validate` rejects these, and DISC never gets here.

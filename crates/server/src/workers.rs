@@ -16,13 +16,16 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+use logcache_engine::{CachedRead, Result};
 use logcache_nbd::request::{Command, Request};
 use parking_lot::{Condvar, Mutex};
 
+use crate::answer::ReadLayout;
 use crate::connection::Connection;
 use crate::limits::{
-    BUFFER_KEEP_BYTES, MAX_IN_FLIGHT_BYTES_PER_CONNECTION, MAX_IN_FLIGHT_JOBS_PER_CONNECTION,
-    MAX_WORKERS_PER_CONNECTION, MAX_WORKERS_PER_SLOW_CONNECTION,
+    BATCHED_READ_MAX_BYTES, BUFFER_KEEP_BYTES, MAX_BATCHED_READS,
+    MAX_IN_FLIGHT_BYTES_PER_CONNECTION, MAX_IN_FLIGHT_JOBS_PER_CONNECTION,
+    MAX_WORKERS_PER_CONNECTION, MAX_WORKERS_PER_SLOW_CONNECTION, SECTOR_BYTES,
 };
 use crate::{answer, ops};
 
@@ -30,9 +33,19 @@ use crate::{answer, ops};
 pub(crate) struct Job {
     pub request: Request,
     pub payload: Option<Vec<u8>>,
+    /// A READ a batch already tried from the cache alone and handed back: not batched again.
+    declined: bool,
 }
 
 impl Job {
+    pub(crate) fn new(request: Request, payload: Option<Vec<u8>>) -> Job {
+        Job {
+            request,
+            payload,
+            declined: false,
+        }
+    }
+
     /// The memory the job holds while queued or running: its payload, or its read's reply.
     fn cost_bytes(&self) -> usize {
         match self.request.command {
@@ -128,7 +141,10 @@ impl WorkerPool {
         queue.in_flight_jobs += 1;
         queue.in_flight_bytes += job.cost_bytes();
         queue.jobs.push_back(job);
-        let needs_worker = queue.jobs.len() > queue.idle_workers;
+        // A worker may take several READs at once and hand back those the cache lacks: enough
+        // threads for every job in flight (up to the cap) lets those run side by side then.
+        let needs_worker = queue.jobs.len() > queue.idle_workers
+            || queue.in_flight_jobs > self.threads.len();
         let wakes_idle = queue.idle_workers > 0;
         drop(queue);
         if needs_worker && self.threads.len() < self.max_threads && self.spawn() {
@@ -193,9 +209,35 @@ fn finished(shared: &Shared, queue: &mut Queue, cost_bytes: usize) {
 fn work(shared: &Shared, connection: &Connection) {
     let _guard = PanicGuard(connection);
     let mut buffers = Buffers::default();
+    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCHED_READS);
     let mut queue = shared.queue.lock();
     loop {
         if let Some(job) = queue.jobs.pop_front() {
+            if batchable(&job) {
+                batch.push(job);
+                while batch.len() < MAX_BATCHED_READS && queue.jobs.front().is_some_and(batchable)
+                {
+                    batch.push(queue.jobs.pop_front().expect("checked above"));
+                }
+                drop(queue);
+                run_reads(connection, &mut batch, &mut buffers);
+                queue = shared.queue.lock();
+                for cost_bytes in buffers.finished_costs.drain(..) {
+                    finished(shared, &mut queue, cost_bytes);
+                }
+                // The READs the cache could not serve alone go back to the front of the queue,
+                // in order, for any worker (misses wait on the backing device: in flight
+                // together, not one after another here).
+                let handed_back = batch.len();
+                while let Some(mut job) = batch.pop() {
+                    job.declined = true;
+                    queue.jobs.push_front(job);
+                }
+                for _ in 1..handed_back.min(queue.idle_workers + 1) {
+                    shared.wake.notify_one();
+                }
+                continue;
+            }
             drop(queue);
             let cost_bytes = job.cost_bytes();
             run(connection, job, &mut buffers);
@@ -212,12 +254,113 @@ fn work(shared: &Shared, connection: &Connection) {
 }
 
 /// A worker's reusable buffers: its read replies, other replies (and read reply headers), and
-/// the covering range of an unaligned read.
+/// the covering range of an unaligned read; and for a batch of READs, each one's reply and
+/// header, layout, read and outcome.
 #[derive(Default)]
 struct Buffers {
     out: Vec<u8>,
     header: Vec<u8>,
     scratch: Vec<u8>,
+    batch_outs: Vec<Vec<u8>>,
+    batch_headers: Vec<Vec<u8>>,
+    layouts: Vec<ReadLayout>,
+    reads: Vec<CachedRead<'static>>,
+    served: Vec<Result<bool>>,
+    /// The cost of each job of the batch whose reply was sent.
+    finished_costs: Vec<usize>,
+}
+
+/// A READ a worker may serve in a batch: small and whole sectors (what the export's cached
+/// read takes as it is), and not handed back by a batch before.
+fn batchable(job: &Job) -> bool {
+    let request = &job.request;
+    !job.declined
+        && request.command == Command::Read
+        && request.length_bytes <= BATCHED_READ_MAX_BYTES
+        && request.offset_bytes % SECTOR_BYTES == 0
+        && u64::from(request.length_bytes) % SECTOR_BYTES == 0
+}
+
+/// Serves a batch of READs (`batchable`, one or more) and sends each reply: the ones the cache
+/// holds with their device reads submitted together (`Export::read_batch_if_cached`). A batch
+/// of one the cache lacks is read the ordinary way here; in a larger batch those are left in
+/// `batch` (in order) for the caller to hand back. Each sent reply's cost goes to
+/// `buffers.finished_costs`.
+fn run_reads(connection: &Connection, batch: &mut Vec<Job>, buffers: &mut Buffers) {
+    debug_assert!(!batch.is_empty() && batch.len() <= MAX_BATCHED_READS);
+    let Buffers {
+        batch_outs: outs,
+        batch_headers: headers,
+        layouts,
+        reads,
+        served,
+        ..
+    } = buffers;
+    if outs.len() < batch.len() {
+        outs.resize_with(batch.len(), Vec::new);
+        headers.resize_with(batch.len(), Vec::new);
+    }
+    layouts.clear();
+    for (i, job) in batch.iter().enumerate() {
+        debug_assert!(batchable(job) && job.payload.is_none());
+        layouts.push(ReadLayout::new(
+            connection,
+            &mut outs[i],
+            &mut headers[i],
+            &job.request,
+        ));
+    }
+    let mut batch_reads = recycle_reads(std::mem::take(reads));
+    for ((out, layout), job) in outs.iter_mut().zip(layouts.iter()).zip(batch.iter()) {
+        batch_reads.push(CachedRead::new(job.request.offset_bytes, layout.data(out)));
+    }
+    connection
+        .server
+        .export
+        .read_batch_if_cached(&mut batch_reads);
+    served.clear();
+    served.extend(batch_reads.drain(..).map(|r| r.served));
+    *reads = recycle_reads(batch_reads);
+    let alone = batch.len() == 1;
+    let mut kept = 0;
+    for i in 0..batch.len() {
+        let request = batch[i].request;
+        let outcome = std::mem::replace(&mut served[i], Ok(false));
+        // A failed send already cut the connection; the reader notices and ends it.
+        let _ = match outcome {
+            // The cache lacks some of it: handed back, or (alone) the ordinary read here,
+            // which may wait on the backing device.
+            Ok(false) if !alone => {
+                batch.swap(kept, i);
+                kept += 1;
+                continue;
+            }
+            Ok(false) => connection.sink.send(answer::read_aligned(
+                connection,
+                &mut outs[i],
+                &mut headers[i],
+                &mut buffers.scratch,
+                &request,
+            )),
+            outcome => connection.sink.send(layouts[i].finish(
+                connection,
+                &mut outs[i],
+                &mut headers[i],
+                &request,
+                outcome.map(drop),
+            )),
+        };
+        buffers.finished_costs.push(batch[i].cost_bytes());
+    }
+    batch.truncate(kept);
+}
+
+/// Empties `reads` and hands its allocation back with another lifetime, so a worker keeps one
+/// `Vec` for every batch (no allocation per batch) although each borrows other buffers. The
+/// types differ only in lifetime, so `collect` reuses the allocation in place.
+fn recycle_reads<'b>(mut reads: Vec<CachedRead<'_>>) -> Vec<CachedRead<'b>> {
+    reads.clear();
+    reads.into_iter().map(|_| unreachable!("emptied")).collect()
 }
 
 /// Executes one job and sends its reply.

@@ -29,6 +29,8 @@ pub(crate) const WINDOW_BLOCKS: usize = 256;
 /// A block of the window whose newest copy is on the cache device, pinned until read.
 #[derive(Clone, Copy, Debug)]
 struct Planned {
+    /// Which read of the batch it belongs to (0 outside `read_batch_if_cached`).
+    req: u32,
     lba: u64,
     c: CacheBlock,
     crc: u32,
@@ -101,6 +103,95 @@ pub fn read_if_cached(inner: &Inner, offset_bytes: u64, buf: &mut [u8]) -> Resul
         return Ok(false);
     }
     with_scratch(|s| read_windows(inner, offset_bytes, buf, true, s))
+}
+
+/// One read of a batch ([`read_batch_if_cached`]).
+pub struct CachedRead<'a> {
+    pub offset_bytes: u64,
+    pub buf: &'a mut [u8],
+    /// Once the batch returned: what `read_if_cached` would have returned for this read alone.
+    pub served: Result<bool>,
+}
+
+impl<'a> CachedRead<'a> {
+    pub fn new(offset_bytes: u64, buf: &'a mut [u8]) -> CachedRead<'a> {
+        CachedRead {
+            offset_bytes,
+            buf,
+            served: Ok(true),
+        }
+    }
+}
+
+/// Serves each read as [`read_if_cached`] would, with the cache-device IOs of all of them
+/// submitted as one batch (one system call through the io_uring read engine, one doorbell for
+/// the device): what a worker uses for the reads queued together on a connection. The blocks
+/// of all the reads are looked up under one hold of the state lock, at most `WINDOW_BLOCKS` of
+/// them (a read that would pass that is declined, `Ok(false)`, like one the cache lacks).
+/// A read whose `served` is an error on entry is left as it is.
+pub fn read_batch_if_cached(inner: &Inner, reads: &mut [CachedRead<'_>]) {
+    with_scratch(|s| {
+        {
+            let mut st = inner.state.lock();
+            for (req, read) in reads.iter_mut().enumerate() {
+                if read.served.is_ok() {
+                    read.served = plan_cached(inner, &mut st, req, read.offset_bytes, read.buf, s);
+                }
+            }
+        }
+        // Every planned block is pinned: `read_planned` unpins each, whatever happens.
+        read_planned(inner, reads, s);
+    });
+}
+
+/// Under the state lock: if the cache holds every sector of the read and its blocks fit what
+/// is left of the window, counts it, copies its RAM blocks and plans (pins) its cache-device
+/// blocks as request `req`: `Ok(true)`. Else `Ok(false)`, having done nothing.
+fn plan_cached(
+    inner: &Inner,
+    st: &mut State,
+    req: usize,
+    offset_bytes: u64,
+    buf: &mut [u8],
+    s: &mut Scratch,
+) -> Result<bool> {
+    check_usable(st)?;
+    let len_bytes = buf.len() as u64;
+    let blocks =
+        (offset_bytes + len_bytes).div_ceil(BLOCK_SIZE_BYTES) - offset_bytes / BLOCK_SIZE_BYTES;
+    if buf.len() > WINDOW_BLOCKS * BLOCK
+        || s.planned.len() + blocks as usize > WINDOW_BLOCKS
+        || !all_cached(st, offset_bytes, len_bytes)
+    {
+        return Ok(false);
+    }
+    // Counted as `read_windows` counts a request (the promotion decision keeps the stream
+    // detector's view the same; a hit promotes nothing).
+    st.counters.reads += 1;
+    st.counters.read_bytes += len_bytes;
+    let _ = promote::decide(inner, st, offset_bytes, len_bytes);
+    let from = s.planned.len();
+    let mut done = 0usize;
+    while done < buf.len() {
+        let pos = offset_bytes + done as u64;
+        let in_block = (pos % BLOCK_SIZE_BYTES) as usize;
+        let len = (BLOCK - in_block).min(buf.len() - done);
+        let dst = &mut buf[done..done + len];
+        let cached = lookup_block(inner, st, pos / BLOCK_SIZE_BYTES, in_block, dst, done, s);
+        assert!(
+            cached,
+            "all_cached said the cache holds lba {}",
+            pos / BLOCK_SIZE_BYTES
+        );
+        done += len;
+    }
+    // Every wanted sector is cached: nothing for the backing device.
+    assert!(s.partials.is_empty() && s.misses.is_empty());
+    let req = u32::try_from(req).expect("a batch of at most WINDOW_BLOCKS reads");
+    for p in &mut s.planned[from..] {
+        p.req = req;
+    }
+    Ok(true)
 }
 
 fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
@@ -201,8 +292,10 @@ fn read_windows(
             debug_assert!(done > window_start);
         }
         // Every planned block is pinned: `read_planned` unpins each, whatever happens.
-        let planned = read_planned(inner, offset_bytes, buf, s);
-        planned?;
+        let mut target = [CachedRead::new(offset_bytes, &mut *buf)];
+        read_planned(inner, &mut target, s);
+        let [CachedRead { served, .. }] = target;
+        served?;
         if done == buf.len() {
             if let Some(start) = miss_start.take() {
                 s.misses.push((start, done));
@@ -266,6 +359,7 @@ fn lookup_block(
             // Pinned under the lock, so the segment cannot be reclaimed before the read.
             inner.pins[slot as usize].fetch_add(1, Ordering::AcqRel);
             s.planned.push(Planned {
+                req: 0,
                 lba,
                 c,
                 crc: st.blocks.crc(c),
@@ -293,9 +387,10 @@ fn lookup_block(
 }
 
 /// Reads the planned blocks, one device IO per run of blocks adjacent both on the cache device
-/// and in the request, all runs of the window as one batch (in flight together where the
-/// device can), then checks each block's CRC. Unpins every planned block.
-fn read_planned(inner: &Inner, offset_bytes: u64, buf: &mut [u8], s: &mut Scratch) -> Result<()> {
+/// and in their request, all runs as one batch (in flight together where the device can), then
+/// checks each block's CRC. `targets` are the requests, by `Planned::req`; a request's failure
+/// replaces its `served` (its later runs are then only unpinned). Unpins every planned block.
+fn read_planned(inner: &Inner, targets: &mut [CachedRead<'_>], s: &mut Scratch) {
     s.runs.clear();
     let mut i = 0;
     while i < s.planned.len() {
@@ -310,38 +405,40 @@ fn read_planned(inner: &Inner, offset_bytes: u64, buf: &mut [u8], s: &mut Scratc
         });
         i = end;
     }
-    let result = if s.runs.is_empty() {
-        Ok(())
-    } else {
-        read_runs(inner, offset_bytes, buf, s)
-    };
+    if !s.runs.is_empty() {
+        read_runs(inner, targets, s);
+    }
     for p in &s.planned {
         let (slot, _) = inner.geo.split(p.c);
         let pins_before = inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
         assert!(pins_before > 0, "segment pin count underflow");
     }
-    result
 }
 
-/// Whether `b` follows `a` both in the request and on the cache device.
+/// Whether `b` follows `a` both in the same request and on the cache device.
 fn adjacent(inner: &Inner, a: &Planned, b: &Planned) -> bool {
-    b.lba == a.lba + 1
+    b.req == a.req
+        && b.lba == a.lba + 1
         && inner.geo.block_offset(b.c) == inner.geo.block_offset(a.c) + BLOCK_SIZE_BYTES
 }
 
-/// Reads every run with one batch: a run goes straight into the request's buffer when it is
+/// Reads every run with one batch: a run goes straight into its request's buffer when it is
 /// whole, aligned blocks, else into its own part of the aligned scratch (planned block `i`
-/// at `i * BLOCK`, so runs never share scratch). Then each run is checked in request order.
-fn read_runs(inner: &Inner, offset_bytes: u64, buf: &mut [u8], s: &mut Scratch) -> Result<()> {
-    let buf_addr = buf.as_ptr() as usize;
-    let scratch = s
-        .run
-        .get_or_insert_with(|| AlignedBuf::new(WINDOW_BLOCKS * BLOCK));
+/// at `i * BLOCK`, so runs never share scratch). Then each run is checked in order.
+fn read_runs(inner: &Inner, targets: &mut [CachedRead<'_>], s: &mut Scratch) {
+    let scratch_bytes = (s.planned.len() * BLOCK).max(WINDOW_BLOCKS * BLOCK);
+    if s.run.as_ref().is_none_or(|b| b.len() < scratch_bytes) {
+        s.run = Some(AlignedBuf::new(scratch_bytes));
+    }
+    let scratch = s.run.as_mut().expect("made above");
     let mut ops = recycle_read_ops(std::mem::take(&mut s.ops));
     {
-        // Runs come in request order, so each takes its part of `buf` (or of the scratch)
-        // from what the runs before it left.
-        let mut buf_rest: &mut [u8] = buf;
+        // Runs come in request order, and within a request in buffer order, so each takes its
+        // part of its request's buffer (or of the scratch) from what the runs before it left.
+        let mut targets_rest = targets.iter_mut();
+        let mut current: Option<u32> = None;
+        let mut buf_addr = 0usize;
+        let mut buf_rest: &mut [u8] = &mut [];
         let mut buf_at = 0usize;
         let mut scratch_rest: &mut [u8] = &mut scratch[..];
         let mut scratch_at = 0usize;
@@ -350,6 +447,18 @@ fn read_runs(inner: &Inner, offset_bytes: u64, buf: &mut [u8], s: &mut Scratch) 
             debug_assert!(count > 0 && count <= WINDOW_BLOCKS);
             let first = s.planned[run.from];
             let last = s.planned[run.to - 1];
+            debug_assert_eq!(first.req, last.req);
+            while current != Some(first.req) {
+                let next = current.map_or(0, |r| r + 1);
+                let buf = &mut *targets_rest
+                    .next()
+                    .expect("a run of a request past the batch")
+                    .buf;
+                current = Some(next);
+                buf_addr = buf.as_ptr() as usize;
+                buf_rest = &mut buf[..];
+                buf_at = 0;
+            }
             let run_bytes = count * BLOCK;
             let whole = first.in_block == 0 && last.len == BLOCK;
             run.direct = whole && (buf_addr + first.dst_start) % 4096 == 0;
@@ -379,9 +488,18 @@ fn read_runs(inner: &Inner, offset_bytes: u64, buf: &mut [u8], s: &mut Scratch) 
     debug_assert_eq!(s.outcomes.len(), s.runs.len());
     for r in 0..s.runs.len() {
         let outcome = std::mem::replace(&mut s.outcomes[r], Ok(()));
-        check_run(inner, offset_bytes, buf, s, r, outcome)?;
+        let target = &mut targets[s.planned[s.runs[r].from].req as usize];
+        debug_assert!(
+            !matches!(target.served, Ok(false)),
+            "a run of a declined read"
+        );
+        if target.served.is_err() {
+            continue;
+        }
+        if let Err(e) = check_run(inner, target.offset_bytes, target.buf, s, r, outcome) {
+            target.served = Err(e);
+        }
     }
-    Ok(())
 }
 
 /// After run `r`'s IO: each block's CRC checked and its bytes put in place. A block that
