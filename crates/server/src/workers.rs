@@ -143,8 +143,8 @@ impl WorkerPool {
         queue.jobs.push_back(job);
         // A worker may take several READs at once and hand back those the cache lacks: enough
         // threads for every job in flight (up to the cap) lets those run side by side then.
-        let needs_worker = queue.jobs.len() > queue.idle_workers
-            || queue.in_flight_jobs > self.threads.len();
+        let needs_worker =
+            queue.jobs.len() > queue.idle_workers || queue.in_flight_jobs > self.threads.len();
         let wakes_idle = queue.idle_workers > 0;
         drop(queue);
         if needs_worker && self.threads.len() < self.max_threads && self.spawn() {
@@ -215,8 +215,7 @@ fn work(shared: &Shared, connection: &Connection) {
         if let Some(job) = queue.jobs.pop_front() {
             if batchable(&job) {
                 batch.push(job);
-                while batch.len() < MAX_BATCHED_READS && queue.jobs.front().is_some_and(batchable)
-                {
+                while batch.len() < MAX_BATCHED_READS && queue.jobs.front().is_some_and(batchable) {
                     batch.push(queue.jobs.pop_front().expect("checked above"));
                 }
                 drop(queue);
