@@ -210,10 +210,12 @@ fn work(shared: &Shared, connection: &Connection) {
     let _guard = PanicGuard(connection);
     let mut buffers = Buffers::default();
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCHED_READS);
+    // A slow export (a plain device) serves nothing from a cache: its READs are never batched.
+    let batches = !connection.server.export.is_slow();
     let mut queue = shared.queue.lock();
     loop {
         if let Some(job) = queue.jobs.pop_front() {
-            if batchable(&job) {
+            if batches && batchable(&job) {
                 batch.push(job);
                 while batch.len() < MAX_BATCHED_READS && queue.jobs.front().is_some_and(batchable) {
                     batch.push(queue.jobs.pop_front().expect("checked above"));
