@@ -43,6 +43,11 @@ impl Histogram {
         self.total += 1;
     }
 
+    /// Samples recorded.
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
     pub fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
             *a += b;

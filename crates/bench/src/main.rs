@@ -3,7 +3,8 @@
 //!
 //! - `sim-hdd`: an EMULATED hard disk served over NBD, for tests and benchmarks;
 //! - `engine`: the engine's own ceiling (4 KiB random writes on memory devices, no NBD);
-//! - `drain`: writeback's drain time to an emulated disk, sorted versus unsorted.
+//! - `drain`: writeback's drain time to an emulated disk, sorted versus unsorted;
+//! - `read`: reads through the engine (or the backing device alone) in-process, no NBD.
 //!
 //! Benchmarks print figures, never tests. Errors are one `logcache-bench:` line, like
 //! `logcache`'s.
@@ -11,6 +12,7 @@
 mod drain;
 mod engine;
 mod histogram;
+mod read;
 mod sim_hdd;
 
 use std::process::ExitCode;
@@ -42,6 +44,9 @@ enum Command {
     /// Drain time of the same random 4 KiB dirty data to an emulated 7200 rpm disk, sorted
     /// versus unsorted, and foreground write latency while writeback runs.
     Drain(drain::DrainBenchArgs),
+    /// Reads through the engine in this process (no NBD) from a formatted cache and its backing
+    /// device, every read a miss, or from the backing device alone: the miss path's own cost.
+    Read(read::ReadBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +61,7 @@ fn main() -> ExitCode {
         Command::SimHdd(a) => sim_hdd::run(&a),
         Command::Engine(a) => engine::run(&a),
         Command::Drain(a) => drain::run(&a),
+        Command::Read(a) => read::run(&a),
     };
     finish(result, "logcache-bench")
 }
