@@ -10,6 +10,7 @@
 #            lc-native  fio's nbd engine on logcache serve --backing rbd:... (read_cache off)
 #            qnbd-none  fio's nbd engine on qemu-nbd --cache=none: the same hop, librbd behind it
 #            null       fio's nbd engine on nbdkit null: the NBD hop with nothing behind it
+#            rbd-inproc-nora, lc-inproc-nora (in HOP_CONFIGS): the same with read-ahead off
 #   latency  seed 004's foreground 4 KiB random writer (iodepth 1) on lc-native beside 0/4/16
 #            background jobs (4 KiB random writes, iodepth 8), several ways:
 #            shared     one fio process for both (bench-rbd-matrix.sh's latency phase)
@@ -26,7 +27,7 @@
 #            and 16 readers (serve has at most 16 workers per connection).
 #
 # usage: scripts/bench-rbd-limits.sh [SECONDS] [OUT]
-#   env: PHASES="hop latency misses" ROUNDS=3 HOP_DEPTHS="1 32" BG="0 4 16" HOGS="2 4"
+#   env: PHASES="hop latency misses" ROUNDS=3 HOP_DEPTHS="1 32" HOP_CONFIGS=... BG="0 4 16" HOGS="2 4"
 #        LAT_WAYS="shared bg-nice fg-rt" PERF=1 (perf record of serve during one misses run)
 # One line per run (appended to OUT, default /var/tmp/rbd-limits.txt):
 #   hop CONFIG IODEPTH MBps osd_cpu lc_cpu busy
@@ -40,6 +41,7 @@ out=${2:-/var/tmp/rbd-limits.txt}
 PHASES=${PHASES:-hop latency misses}
 ROUNDS=${ROUNDS:-3}
 HOP_DEPTHS=${HOP_DEPTHS:-1 32}
+HOP_CONFIGS=${HOP_CONFIGS:-rbd-alone rbd-inproc lc-inproc lc-native qnbd-none null}
 BG=${BG:-0 4 16}
 HOGS=${HOGS:-2 4}
 LAT_WAYS=${LAT_WAYS:-shared bg-nice fg-rt}
@@ -54,7 +56,10 @@ bench=$root/target/release/logcache-bench
 dir=$(mktemp -d /var/tmp/lcrbdl.XXXXXX)
 pids=()
 cleanup() {
-    for p in "${pids[@]}" ${lc_native:-} ${lc_qnbd:-}; do kill "$p" 2>/dev/null || true; done
+    # SIGKILL for logcache: its caches are scratch, and a clean stop waits for writeback to a
+    # cluster that may be gone.
+    for p in ${lc_native:-} ${lc_qnbd:-}; do kill -KILL "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     "$root/scripts/ceph-down.sh" "$dir/ceph" || true
     rm -rf "$dir"
@@ -122,6 +127,11 @@ busy_ticks() { # -> "busy total" jiffies of the whole machine
     awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t }' /proc/stat
 }
 hz=$(getconf CLK_TCK)
+osd_alive() {
+    kill -0 "$osd_pid" 2>/dev/null && return 0
+    echo "bench-rbd-limits: ceph-osd exited (the disk full?); see $dir/ceph/log; the last figure is void" >&2
+    exit 1
+}
 # measure PID CMD...: runs CMD; prints its stdout, then "osd_cpu lc_cpu busy" for the run.
 # PID is the logcache process to account (0: CMD itself is the logcache process; its CPU is
 # taken from the rusage figure logcache-bench prints, so lc_cpu is "-" here).
@@ -137,6 +147,11 @@ measure() {
     o1=$(ticks "$osd_pid")
     l1=$([ "$lcpid" -gt 0 ] && ticks "$lcpid" || echo 0)
     read -r b1 t1 < <(busy_ticks)
+    # A figure taken while the OSD was gone (it aborts when the disk fills) means nothing.
+    kill -0 "$osd_pid" 2>/dev/null || {
+        echo "bench-rbd-limits: ceph-osd exited during the run; see $dir/ceph/log" >&2
+        exit 1
+    }
     echo "$outp"
     awk -v o="$((o1 - o0))" -v l="$((l1 - l0))" -v b="$((b1 - b0))" -v t="$((t1 - t0))" \
         -v s="$s0" -v e="$s1" -v hz="$hz" -v has="$lcpid" 'BEGIN {
@@ -171,15 +186,16 @@ read_run() {
         "--uri=nbd+unix:///?socket=$dir/native.sock") ;;
     lc-qnbd) r=$(measure "$lc_qnbd" "${fio[@]}" --ioengine=nbd \
         "--uri=nbd+unix:///?socket=$dir/qnbd.sock") ;;
-    lc-inproc* | rbd-inproc)
-        local target=engine threads=$depth
-        [ "$c" = rbd-inproc ] && target=backing
+    lc-inproc* | rbd-inproc*)
+        local target=engine threads=$depth ra=16384
+        [[ $c == rbd-inproc* ]] && target=backing
         [ "$c" = lc-inproc16 ] && threads=16
+        [[ $c == *-nora ]] && ra=0
         local kib=${bs%[km]}
         [[ $bs == *m ]] && kib=$((kib * 1024))
         r=$(measure 0 "$bench" read --target "$target" --cache "$dir/li.img" \
             --backing "$inproc_spec" --pattern "$pattern" --bs-kib "$kib" \
-            --iodepth "$threads" --region-mib 512 --seconds "$secs" --json)
+            --iodepth "$threads" --region-mib 512 --seconds "$secs" --read-ahead-kib "$ra" --json)
         m=$(echo "$r" | head -n 1 | /usr/bin/python3 -c 'import json,sys; v=json.load(sys.stdin); print("%.1f %.2f" % (v["mb_s"], v["cpu_seconds"] / v["seconds"]))')
         set -- $m $(echo "$r" | tail -n 1)
         echo "$1 $3 $2 $5"
@@ -197,8 +213,9 @@ fi
 if phase hop; then
     for depth in $HOP_DEPTHS; do
         for round in $(seq 1 "$ROUNDS"); do
-            for c in $(rotate "$((round - 1))" rbd-alone rbd-inproc lc-inproc lc-native qnbd-none null); do
-                echo "hop $c $depth $(read_run "$c" read 1m "$depth")" | tee -a "$out"
+            # shellcheck disable=SC2086
+            for c in $(rotate "$((round - 1))" $HOP_CONFIGS); do
+                echo "hop $c $depth $(read_run "$c" read 1m "$depth")" | tee -a "$out"; osd_alive
             done
         done
     done
@@ -208,7 +225,7 @@ if phase misses; then
     for bs in 1m 4k; do
         for round in $(seq 1 "$ROUNDS"); do
             for c in $(rotate "$((round - 1))" lc-native lc-qnbd rbd-alone lc-inproc lc-inproc16); do
-                echo "misses $c $bs 32 $(read_run "$c" randread "$bs" 32)" | tee -a "$out"
+                echo "misses $c $bs 32 $(read_run "$c" randread "$bs" 32)" | tee -a "$out"; osd_alive
             done
         done
     done
@@ -217,8 +234,11 @@ if phase misses; then
         perfpid=$!
         read_run lc-native randread 1m 32 >/dev/null
         wait "$perfpid" || true
-        perf report -i "$dir/perf-native.data" --no-children --sort comm,dso,sym --stdio 2>/dev/null |
-            grep -v '^#' | grep '%' | head -n 40 >"${out%.txt}-perf-native.txt" || true
+        for sort in dso comm,dso dso,sym; do
+            echo "## perf report --sort $sort"
+            perf report -i "$dir/perf-native.data" --no-children -g none --sort "$sort" \
+                --stdio 2>/dev/null | grep -v '^#' | grep '%' | head -n 25
+        done >"${out%.txt}-perf-native.txt" || true
         echo "# perf of lc-native randread 1m qd32 in ${out%.txt}-perf-native.txt" | tee -a "$out"
     fi
     lc_stop qnbd
@@ -249,8 +269,26 @@ import json, sys
 t = open(sys.argv[1]).read()
 print("%.0f" % sum(x["write"]["iops"] for x in json.loads(t[t.index("{"):])["jobs"]))' "$1"
     }
+    bgpid=""
+    bgout=$dir/bg.json
+    bg_start() { # N [PREFIX...]: N background jobs in their own fio process, run under PREFIX
+        local n=$1
+        shift
+        # shellcheck disable=SC2046
+        "$@" fio --runtime="$secs" --time_based --randrepeat=0 --output-format=json \
+            --output="$bgout" $(bgjob "$n") >/dev/null &
+        bgpid=$!
+    }
+    bg_end() { # with background jobs of their own: waits for them, adds their IOPS to $f
+        [ -n "$bgpid" ] || return 0
+        wait "$bgpid"
+        bgpid=""
+        # shellcheck disable=SC2086
+        set -- $f
+        f="$1 $2 $3 $4 $(bg_iops "$bgout")"
+    }
     lat_run() { # WAY N -> the latency line's figures
-        local way=$1 n=$2 r bgpid="" bgout="$dir/bg.json" f
+        local way=$1 n=$2 r f
         "$bin" drain --control "$dir/native.ctl" >/dev/null 2>&1
         local common=(--runtime="$secs" --time_based --randrepeat=0 --output-format=json)
         case $way in
@@ -259,35 +297,19 @@ print("%.0f" % sum(x["write"]["iops"] for x in json.loads(t[t.index("{"):])["job
             r=$(measure "$lc_native" fio "${common[@]}" "${fg[@]}" $([ "$n" -gt 0 ] && bgjob "$n"))
             f=$(echo "$r" | sed '$d' | fg_summary) ;;
         bg-nice)
-            if [ "$n" -gt 0 ]; then
-                # shellcheck disable=SC2046
-                nice -n 19 fio "${common[@]}" --output="$bgout" $(bgjob "$n") >/dev/null &
-                bgpid=$!
-            fi
+            [ "$n" -gt 0 ] && bg_start "$n" nice -n 19
             r=$(measure "$lc_native" fio "${common[@]}" "${fg[@]}")
-            [ -n "$bgpid" ] && wait "$bgpid"
             f=$(echo "$r" | sed '$d' | fg_summary)
-            if [ -n "$bgpid" ]; then
-                set -- $f
-                f="$1 $2 $3 $4 $(bg_iops "$bgout")"
-            fi ;;
+            bg_end ;;
         fg-rt)
             # The background jobs in their own fio process at normal priority (a child of an
             # RT fio would be RT too).
-            if [ "$n" -gt 0 ]; then
-                # shellcheck disable=SC2046
-                fio "${common[@]}" --output="$bgout" $(bgjob "$n") >/dev/null &
-                bgpid=$!
-            fi
+            [ "$n" -gt 0 ] && bg_start "$n"
             chrt -f -a -p 10 "$lc_native" >/dev/null
             r=$(measure "$lc_native" chrt -f 10 fio "${common[@]}" "${fg[@]}")
             chrt -o -a -p 0 "$lc_native" >/dev/null
-            [ -n "$bgpid" ] && wait "$bgpid"
             f=$(echo "$r" | sed '$d' | fg_summary)
-            if [ -n "$bgpid" ]; then
-                set -- $f
-                f="$1 $2 $3 $4 $(bg_iops "$bgout")"
-            fi ;;
+            bg_end ;;
         hog)
             local hogs=() i
             for ((i = 0; i < n; i++)); do sha1sum /dev/zero & hogs+=($!); done
@@ -302,11 +324,11 @@ print("%.0f" % sum(x["write"]["iops"] for x in json.loads(t[t.index("{"):])["job
         for n in $BG; do
             for way in $(rotate "$((round - 1))" $LAT_WAYS); do
                 [ "$way" = bg-nice ] && [ "$n" -eq 0 ] && continue
-                echo "latency $way $n $(lat_run "$way" "$n")" | tee -a "$out"
+                echo "latency $way $n $(lat_run "$way" "$n")" | tee -a "$out"; osd_alive
             done
         done
         for h in $HOGS; do
-            echo "latency hog $h $(lat_run hog "$h")" | tee -a "$out"
+            echo "latency hog $h $(lat_run hog "$h")" | tee -a "$out"; osd_alive
         done
     done
     lc_stop native
