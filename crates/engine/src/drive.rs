@@ -27,25 +27,23 @@ pub fn start_threads(inner: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
     if !inner.drive.threads() {
         return Ok(threads);
     }
-    let i = inner.clone();
-    let start = crate::sync::Start::begin();
     threads.push(
-        std::thread::Builder::new()
-            .name("logcache-flusher".into())
-            .spawn(move || {
-                start.wait();
-                inner::run_background(&i, "flusher", flusher::run)
-            })
-            .map_err(|e| Error::io("starting the flusher thread", e))?,
+        inner::spawn_background(
+            inner,
+            "logcache-flusher",
+            "flusher",
+            inner::fail_on_panic,
+            |i| flusher::run(i),
+        )
+        .map_err(|e| Error::io("starting the flusher thread", e))?,
     );
-    let i = inner.clone();
-    let start = crate::sync::Start::begin();
-    let wb = std::thread::Builder::new()
-        .name("logcache-writeback".into())
-        .spawn(move || {
-            start.wait();
-            inner::run_background(&i, "writeback", writeback::run)
-        });
+    let wb = inner::spawn_background(
+        inner,
+        "logcache-writeback",
+        "writeback",
+        inner::fail_on_panic,
+        |i| writeback::run(i),
+    );
     match wb {
         Ok(t) => threads.push(t),
         Err(e) => {

@@ -51,6 +51,8 @@ pub const PROMOTE_PAUSE_AFTER_RELOCATION: Duration = Duration::from_secs(10);
 mod close_race_tests;
 #[cfg(test)]
 mod room_wake_tests;
+#[cfg(test)]
+mod thread_start_tests;
 
 #[derive(Clone, Debug)]
 pub struct OpenOptions {

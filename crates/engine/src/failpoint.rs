@@ -21,6 +21,19 @@ pub fn flusher_pass_done(_inner: &crate::inner::Inner) {
     _inner.failpoints.pass_done();
 }
 
+/// Whether background thread `thread_name`, spawned now by this thread, panics at its start
+/// (armed on the spawning thread with `panic_at_next_start`: parallel tests do not see it).
+#[inline(always)]
+pub fn panics_at_start(_thread_name: &str) -> bool {
+    #[cfg(test)]
+    return imp::panics_at_start(_thread_name);
+    #[cfg(not(test))]
+    false
+}
+
+#[cfg(test)]
+pub use imp::panic_at_next_start;
+
 #[cfg(test)]
 mod imp {
     use std::time::Duration;
@@ -65,6 +78,27 @@ mod imp {
             *self.flusher_passes.lock() += 1;
             self.flusher_passed.notify_all();
         }
+    }
+
+    std::thread_local! {
+        static PANIC_AT_START: std::cell::RefCell<Option<String>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    /// The next background thread named `thread_name` this thread spawns panics at its start.
+    pub fn panic_at_next_start(thread_name: &str) {
+        PANIC_AT_START.with(|p| *p.borrow_mut() = Some(thread_name.to_string()));
+    }
+
+    pub(super) fn panics_at_start(thread_name: &str) -> bool {
+        PANIC_AT_START.with(|p| {
+            let mut p = p.borrow_mut();
+            let hit = p.as_deref() == Some(thread_name);
+            if hit {
+                *p = None;
+            }
+            hit
+        })
     }
 
     pub(super) fn close_between_holds(inner: &Inner) {

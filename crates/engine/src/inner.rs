@@ -189,27 +189,69 @@ impl TurnWake {
     }
 }
 
-/// Runs a background thread's loop (`name`: "flusher", "writeback"). A panic fails the engine
-/// with its message before unwinding: a thread that died quietly would leave every flush and
-/// every writer waiting for room waiting forever, with status saying all is well.
-pub fn run_background(inner: &Inner, name: &str, body: fn(&Inner)) {
+/// Spawns background thread `thread_name` (`what` in messages: "flusher", "writeback") with
+/// its whole body, its start included (the simulation's start wait), under `run_background`:
+/// a panic anywhere in it fails the engine with its message, so status reports it. A thread
+/// whose start panicked outside that used to die with the engine still "healthy".
+pub fn spawn_background(
+    inner: &Arc<Inner>,
+    thread_name: &str,
+    what: &'static str,
+    on_panic: fn(&Inner, &mut State, String),
+    body: impl FnOnce(&Arc<Inner>) + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let i = inner.clone();
+    let start = crate::sync::Start::begin();
+    let panic_at_start = crate::failpoint::panics_at_start(thread_name);
+    std::thread::Builder::new()
+        .name(thread_name.into())
+        .spawn(move || {
+            run_background(&i, what, on_panic, move |i| {
+                // Whether the simulation's power was cut before it started: the thread's
+                // first step finds the engine failed (or its IO failing) then anyway.
+                let _ = start.wait();
+                assert!(
+                    !panic_at_start,
+                    "failpoint: the {what} thread panics at its start"
+                );
+                body(i)
+            })
+        })
+}
+
+/// `spawn_background`'s `on_panic` for threads whose panic leaves no other duty undone: the
+/// engine fails with the message, unless it already failed (the first cause is kept).
+pub fn fail_on_panic(inner: &Inner, st: &mut State, why: String) {
+    if !st.health.is_failed() {
+        mark_failed(inner, st, why);
+    }
+}
+
+/// Runs a background thread's body. A panic calls `on_panic` with its message under the state
+/// lock (failing the engine) before unwinding: a thread that died quietly would leave every
+/// flush and every writer waiting for room waiting forever, with status saying all is well.
+fn run_background(
+    inner: &Arc<Inner>,
+    what: &str,
+    on_panic: fn(&Inner, &mut State, String),
+    body: impl FnOnce(&Arc<Inner>),
+) {
     let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(inner))) else {
         return;
     };
-    let what = panic
+    let msg = panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "no message".into());
     let mut st = inner.state.lock();
-    if !st.health.is_failed() {
-        mark_failed(
-            inner,
-            &mut st,
-            format!("the {name} thread panicked: {what}"),
-        );
-    }
+    on_panic(inner, &mut st, format!("the {what} thread panicked: {msg}"));
+    assert!(
+        st.health.is_failed(),
+        "a background thread's panic fails the engine"
+    );
     drop(st);
+    inner.progress.notify_all();
     inner.flusher_wake.notify_all();
     inner.writeback_wake.notify_all();
     std::panic::resume_unwind(panic);

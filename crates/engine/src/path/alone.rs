@@ -68,22 +68,31 @@ pub fn took_over(inner: &Inner) -> bool {
 /// which the switch waits for. If it cannot start, the engine stays failed.
 pub fn start_take_over(inner: &Inner, st: &mut State) {
     let spawned = match inner.me.upgrade() {
-        Some(me) => {
-            let start = crate::sync::Start::begin();
-            std::thread::Builder::new()
-                .name("cache-failed".into())
-                .spawn(move || {
-                    // Even after a simulated power cut: requests wait for its decision.
-                    start.wait();
-                    take_over(&me)
-                })
-                .map(drop)
-                .map_err(|e| e.to_string())
-        }
+        // Even after a simulated power cut it runs: requests wait for its decision.
+        Some(me) => crate::inner::spawn_background(
+            &me,
+            "cache-failed",
+            "cache-failed",
+            switch_panicked,
+            take_over,
+        )
+        .map(drop)
+        .map_err(|e| e.to_string()),
         None => Err("the engine is going away".into()),
     };
     if let Err(why) = spawned {
         refuse(inner, st, format!("starting the switch failed: {why}"));
+    }
+}
+
+/// The switch's thread panicked (`inner::spawn_background`): if it had not decided, nobody
+/// will, so the engine stays failed and the requests waiting for the decision get their error
+/// (they waited for ever); status says why.
+fn switch_panicked(inner: &Inner, st: &mut State, why: String) {
+    if inner.alone.load(Ordering::Acquire) == DECIDING {
+        refuse(inner, st, why);
+    } else {
+        crate::inner::fail_on_panic(inner, st, why);
     }
 }
 
