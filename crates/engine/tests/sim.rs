@@ -88,6 +88,9 @@ const CI_SCHEDULES: u64 = 1_900;
 /// the mix); the others send 5-`SHORT_REQUESTS_MAX`. Why the mix: docs/RELIABILITY.md.
 const LONG_ODDS: u64 = 6;
 const SHORT_REQUESTS_MAX: u64 = 24;
+/// One cycle in this many of those with neither a seal check nor a zero window ends in a
+/// write-around window (`write_around_window_check`, issue 19's defect 2).
+const WRITE_AROUND_WINDOW_ODDS: u64 = 6;
 /// Cache-loss seeds CI runs.
 const CI_LOSS_SCHEDULES: u64 = 100;
 /// Cache-loss seeds outside CI's range that once failed, run in every CI-kind run (50030:
@@ -597,6 +600,9 @@ struct Totals {
     zero_windows_filled: u64,
     /// ... in which the head passed the zero range's segment (defect 1: never, with the fix).
     zero_windows_passed: u64,
+    /// Write-around windows opened (`write_around_window_check`): a read miss of a block
+    /// while a write-around of it waits for the cache sync of its drop range.
+    write_around_windows: u64,
     /// Steps spent waiting for a timer (no IO held, requests running).
     waits: u64,
     /// The longest time requests waited for timers with none completing (`HANG`'s margin),
@@ -1032,6 +1038,10 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         sched.set_mode(GateMode::Open);
         let e = Engine::open(cache.clone(), backing.clone(), opts.clone())
             .unwrap_or_else(|err| panic!("cycle {cycle}: open: {err}"));
+        // Dropped before `e` on a failure: the power goes off first, so the engine's threads,
+        // stopped at the gate, end when its last handle is dropped and joins them (a failure
+        // with every request thread idle, e.g. in a probe, hung there).
+        let _dead_before_drop = DeadOnUnwind(sched.clone());
         // The default threshold, a random one, or none (writeback only when writers wait
         // for room: dirty blocks stay dirty, so a zero range or a crash meets them).
         match case.rng.below(3) {
@@ -1246,6 +1256,8 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
             seal_check(&mut case, &e, &workers, under_pressure);
         } else if !loss && probe_rng.chance(1, 6) {
             zero_window_check(&mut case, &e, &workers);
+        } else if !loss && probe_rng.chance(1, WRITE_AROUND_WINDOW_ODDS) {
+            write_around_window_check(&mut case, &e, &workers);
         }
         if std::env::var("LOGCACHE_SIM_VERBOSE").is_ok() {
             eprintln!("sim: probe took {:?}", probe_started.elapsed());
@@ -1893,6 +1905,63 @@ fn zero_window_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
     }
 }
 
+/// Defect 2's window (issue 19), opened on purpose: a read miss while a write-around waits for
+/// the cache sync of its drop range must not promote the backing device's old data, which the
+/// write is about to replace (nothing would kill that clean copy afterwards). The cycle's
+/// requests finish; the engine switches to write-around (leaving write-back drains); with the
+/// cache device's syncs held, a write-around of one block L is sent and waits for the sync,
+/// then a read of L (a miss: the drop range dropped the cached copies) reads the backing
+/// device's old data; then every IO goes, and L is read again, checked like every read: the
+/// write was acknowledged before that read was sent, so a stale promoted copy fails it (and,
+/// logged, it would survive the power cut that follows).
+fn write_around_window_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
+    let blocks = case.region_sectors / 8;
+    let gone = |s: &logcache_engine::Stats| s.failed.is_some() || s.cache_failed.is_some();
+    if gone(&e.stats()) || blocks == 0 {
+        return;
+    }
+    // The requests still running finish first (a write of L in the window would close it).
+    if !drive(case, &|_| false, |_| workers.iter().all(|w| !w.busy())) {
+        return;
+    }
+    let (a, b) = (0, 1);
+    if e.mode() != "write-around" {
+        workers[a].start(Req::Mode("write-around"));
+        if !drive(case, &|_| false, |_| !workers[a].busy()) || e.mode() != "write-around" {
+            return;
+        }
+    }
+    let sync = |h: &HeldOp| h.device == "cache" && h.kind == OpKind::Flush;
+    let l = case.rng.below(blocks);
+    case.note(&format!("write-around window at block {l}"));
+    let id = case.shared.model.lock().next_write_id();
+    let t = case.shared.begin(l * 8, 8, Effect::Data(id));
+    workers[a].start(Req::Write { t, id, fua: false });
+    // The write waits for the held sync (or went the write-back way, L being dirty, and is
+    // done: no window).
+    if !drive(case, &sync, |c| {
+        !workers[a].busy() || c.sched.held().iter().any(sync)
+    }) || !workers[a].busy()
+    {
+        return;
+    }
+    case.totals.write_around_windows += 1;
+    workers[b].start(Req::Read {
+        first: l * 8,
+        count: 8,
+    });
+    if !drive(case, &sync, |_| !workers[b].busy())
+        || !drive(case, &|_| false, |_| workers.iter().all(|w| !w.busy()))
+    {
+        return;
+    }
+    workers[b].start(Req::Read {
+        first: l * 8,
+        count: 8,
+    });
+    drive(case, &|_| false, |_| !workers[b].busy());
+}
+
 fn env_u64(var: &str) -> Option<u64> {
     std::env::var(var).ok().map(|v| {
         v.trim()
@@ -2062,7 +2131,7 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
          {} reads checked, {} sectors called zero checked, {} exports checked ({} blocks kept for them), \
          {} cuts during a zeroing, {} detached after an injected cache fault, {} ms waiting for \
          timers, {} seal checks under ring pressure, {} zero windows ({} filled the ring, the head \
-         passed {}), in {:.1} s",
+         passed {}), {} write-around windows, in {:.1} s",
         seeds.len(),
         totals.long_schedules,
         totals.cycles,
@@ -2081,6 +2150,7 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.zero_windows,
         totals.zero_windows_filled,
         totals.zero_windows_passed,
+        totals.write_around_windows,
         started.elapsed().as_secs_f64()
     );
     eprintln!(
@@ -2141,13 +2211,17 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         "block status called no sector zero in {} schedules",
         seeds.len()
     );
-    // The probes for issue 19's defects 1 and 4 open their windows, not only never fail.
+    // The probes for issue 19's defects 1, 2 and 4 open their windows, not only never fail.
     assert!(
         seeds.len() < CI_SCHEDULES as usize
-            || (totals.zero_windows > 0 && totals.seal_checks_under_pressure > 0),
-        "no zero window ({}) or no seal check under ring pressure ({}) in {} schedules",
+            || (totals.zero_windows > 0
+                && totals.seal_checks_under_pressure > 0
+                && totals.write_around_windows > 0),
+        "no zero window ({}), no seal check under ring pressure ({}) or no write-around \
+         window ({}) in {} schedules",
         totals.zero_windows,
         totals.seal_checks_under_pressure,
+        totals.write_around_windows,
         seeds.len()
     );
     // Issue 20's path: clean copies left out of the log, and backing syncs failing. (CI's
