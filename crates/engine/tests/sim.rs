@@ -931,11 +931,36 @@ impl Drop for DeadOnUnwind {
     }
 }
 
-/// Fails the schedule if a thread other than the driver panicked since it began.
-fn check_thread_panics() {
-    if let Some(first) = THREAD_PANICS.lock().first() {
-        panic!("a background thread panicked: {first}");
+/// The engine of the cycle running, for `check_thread_panics` to say whether it failed.
+static LIVE_ENGINE: Mutex<Option<Engine>> = Mutex::new(None);
+
+/// Keeps a cycle's engine in `LIVE_ENGINE` until dropped (declared after the engine, so
+/// dropped before it).
+struct LiveEngine;
+
+impl LiveEngine {
+    fn watch(e: &Engine) -> LiveEngine {
+        *LIVE_ENGINE.lock() = Some(e.clone());
+        LiveEngine
     }
+}
+
+impl Drop for LiveEngine {
+    fn drop(&mut self) {
+        let e = LIVE_ENGINE.lock().take();
+        drop(e);
+    }
+}
+
+/// Fails the schedule if a thread other than the driver panicked since it began, saying
+/// whether the engine failed (status: an engine thread's panic must fail it, naming it).
+/// Called once the process is quiescent, so the panicking thread has unwound.
+fn check_thread_panics() {
+    let Some(first) = THREAD_PANICS.lock().first().cloned() else {
+        return;
+    };
+    let failed = LIVE_ENGINE.lock().as_ref().map(|e| e.stats().failed);
+    panic!("a background thread panicked: {first}; engine failed: {failed:?}");
 }
 
 /// Runs schedule `seed`; `loss`: a cache-loss schedule (see the file's comment).
@@ -1042,22 +1067,32 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         // stopped at the gate, end when its last handle is dropped and joins them (a failure
         // with every request thread idle, e.g. in a probe, hung there).
         let _dead_before_drop = DeadOnUnwind(sched.clone());
+        let _live = LiveEngine::watch(&e);
+        // A tunable refused because the engine failed during its open (a thread that panicked
+        // at its start) fails the schedule with that thread's panic, once it has unwound.
+        let tuned = |r: logcache_engine::Result<()>| {
+            if let Err(err) = r {
+                let _ = sched.settle(SETTLE_MAX);
+                check_thread_panics();
+                panic!("cycle {cycle}: a tunable after open: {err}");
+            }
+        };
         // The default threshold, a random one, or none (writeback only when writers wait
         // for room: dirty blocks stay dirty, so a zero range or a crash meets them).
         match case.rng.below(3) {
             0 => {}
             1 => {
                 let pct = case.rng.range(0, 50).to_string();
-                e.set_tunable("writeback_threshold_percent", &pct).unwrap();
+                tuned(e.set_tunable("writeback_threshold_percent", &pct));
             }
-            _ => e.set_tunable("writeback_threshold_percent", "100").unwrap(),
+            _ => tuned(e.set_tunable("writeback_threshold_percent", "100")),
         }
         let depth = case.rng.range(1, 4).to_string();
-        e.set_tunable("writeback_io_depth", &depth).unwrap();
-        e.set_tunable("writeback_idle_ms", "0").unwrap();
+        tuned(e.set_tunable("writeback_io_depth", &depth));
+        tuned(e.set_tunable("writeback_idle_ms", "0"));
         let mode = loss_rng.below(3) as usize;
         if loss {
-            e.set_tunable("cache_mode", MODES[mode]).unwrap();
+            tuned(e.set_tunable("cache_mode", MODES[mode]));
         }
         case.cache_dead = false;
         case.settle();
@@ -1976,11 +2011,11 @@ fn env_u64(var: &str) -> Option<u64> {
 /// helpers need a writeback depth above one; `cache-failed` a cache-loss schedule).
 fn injected_panics_fail_their_schedule() {
     let started = Instant::now();
-    for (thread, loss) in [
-        ("logcache-flusher", false),
-        ("logcache-writeback", false),
-        ("logcache-io", false),
-        ("cache-failed", true),
+    for (thread, loss, status_names) in [
+        ("logcache-flusher", false, Some("flusher")),
+        ("logcache-writeback", false, Some("writeback")),
+        ("logcache-io", false, None),
+        ("cache-failed", true, Some("cache-failed")),
     ] {
         let mut fired = false;
         for seed in 0..40 {
@@ -2011,6 +2046,17 @@ fn injected_panics_fail_their_schedule() {
                     && msg.contains("injected panic"),
                 "{thread}, seed {seed}: the schedule failed otherwise: {msg}"
             );
+            // The flusher and writeback panic at their start (their first seam, in the open),
+            // `cache-failed` before its switch decided: the engine must have failed, naming the
+            // thread (status), not run on without it (nor leave requests waiting for the
+            // switch). An IO helper's panic reaches writeback only when its batch ends.
+            if let Some(what) = status_names {
+                assert!(
+                    msg.contains("engine failed: Some(Some(")
+                        && msg.contains(&format!("the {what} thread panicked")),
+                    "{thread}, seed {seed}: the engine did not report the panic: {msg}"
+                );
+            }
             eprintln!("sim: a panic injected into {thread} failed seed {seed}: {msg}");
             break;
         }
