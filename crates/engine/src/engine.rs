@@ -29,6 +29,7 @@ use crate::io::BlockDevice;
 use crate::log::checkpoint::{self, SuperblockWriter};
 use crate::log::flusher;
 use crate::open::{self, recover};
+use crate::path::admission::{TurnWake, TURN_WAKE_SLOTS};
 use crate::path::read::CachedRead;
 use crate::path::{alone, bypass, read, write};
 use crate::state::buffers::SegmentBuffers;
@@ -201,7 +202,7 @@ impl Engine {
             flusher_wake: Condvar::new(),
             progress: Condvar::new(),
             writeback_wake: Condvar::new(),
-            room_turn: inner::TurnWake::new(),
+            room_turn: TurnWake::new(TURN_WAKE_SLOTS),
             buffers,
             pins,
             superblock,

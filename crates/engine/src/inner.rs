@@ -29,7 +29,7 @@ pub(crate) struct Inner {
     /// Wakes the writeback thread (drain requested, closing, writers short of room).
     pub writeback_wake: Condvar,
     /// Wakes writers queued for room when the turn passes (`admission`).
-    pub room_turn: TurnWake,
+    pub room_turn: crate::path::admission::TurnWake,
     pub buffers: SegmentBuffers,
     /// Per slot: readers currently reading blocks of this segment from the cache device.
     pub pins: Vec<AtomicU32>,
@@ -163,29 +163,6 @@ pub fn fail_cache_held(inner: &Inner, st: &mut State, e: &Error) {
     if alone {
         // On a thread of its own: this one may hold `backing_order`, which the switch waits for.
         crate::path::alone::start_take_over(inner, st);
-    }
-}
-
-/// Condition variables for queued writers, by ticket modulo this: passing the turn wakes the
-/// next ticket's holder (and whoever shares its variable), not every queued writer. With one
-/// variable, each pass woke all 63 other connections' writers under a 64-connection load and
-/// the futex traffic took more CPU than the copying.
-const TURN_WAKE_SLOTS: usize = 64;
-
-/// Where queued writers sleep (`Inner::room_turn`).
-pub struct TurnWake {
-    slots: Vec<Condvar>,
-}
-
-impl TurnWake {
-    pub fn new() -> TurnWake {
-        TurnWake {
-            slots: (0..TURN_WAKE_SLOTS).map(|_| Condvar::new()).collect(),
-        }
-    }
-
-    pub fn slot(&self, ticket: u64) -> &Condvar {
-        &self.slots[(ticket % TURN_WAKE_SLOTS as u64) as usize]
     }
 }
 

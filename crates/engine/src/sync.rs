@@ -10,17 +10,33 @@
 //! points where the running thread stops and the scheduler picks the next one from its seed,
 //! and [`now`] is the scheduler's virtual clock, moved only when it fires a timed wait. A seed
 //! then names one schedule, replayed exactly.
+//!
+//! With the `loom` feature the locks and condition variables are loom's instead (`loom.rs`),
+//! for the model checker's exhaustive tests of small protocols (the admission queue); the
+//! simulation's seam is off then, and such an engine runs only inside `loom::model`.
 
-use std::time::{Duration, Instant};
+#[cfg(not(feature = "loom"))]
+use std::time::Duration;
+use std::time::Instant;
 
+#[cfg(not(feature = "loom"))]
 pub use parking_lot::{MutexGuard, RwLockReadGuard, RwLockWriteGuard, WaitTimeoutResult};
 
+#[cfg(feature = "loom")]
+mod loom;
+#[cfg(feature = "loom")]
+pub use self::loom::{
+    unlocked, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
+
+#[cfg(not(feature = "loom"))]
 /// A mutual-exclusion lock (parking_lot's), whose guards are parking_lot's `MutexGuard`.
 #[derive(Default)]
 pub struct Mutex<T: ?Sized> {
     inner: parking_lot::Mutex<T>,
 }
 
+#[cfg(not(feature = "loom"))]
 impl<T> Mutex<T> {
     pub const fn new(value: T) -> Mutex<T> {
         Mutex {
@@ -33,6 +49,7 @@ impl<T> Mutex<T> {
     }
 }
 
+#[cfg(not(feature = "loom"))]
 impl<T: ?Sized> Mutex<T> {
     #[inline]
     pub fn lock(&self) -> MutexGuard<'_, T> {
@@ -42,6 +59,7 @@ impl<T: ?Sized> Mutex<T> {
     }
 }
 
+#[cfg(not(feature = "loom"))]
 /// Runs `f` with `guard`'s lock released, then takes it again (parking_lot's
 /// `MutexGuard::unlocked`, through this seam).
 #[inline]
@@ -59,12 +77,14 @@ pub fn unlocked<T: ?Sized, R>(guard: &mut MutexGuard<'_, T>, f: impl FnOnce() ->
     MutexGuard::unlocked(guard, f)
 }
 
+#[cfg(not(feature = "loom"))]
 /// A reader-writer lock (parking_lot's).
 #[derive(Default)]
 pub struct RwLock<T: ?Sized> {
     inner: parking_lot::RwLock<T>,
 }
 
+#[cfg(not(feature = "loom"))]
 impl<T: ?Sized> RwLock<T> {
     #[inline]
     pub fn read(&self) -> RwLockReadGuard<'_, T> {
@@ -81,12 +101,14 @@ impl<T: ?Sized> RwLock<T> {
     }
 }
 
+#[cfg(not(feature = "loom"))]
 /// A condition variable (parking_lot's) used with [`Mutex`]'s guards.
 #[derive(Default)]
 pub struct Condvar {
     inner: parking_lot::Condvar,
 }
 
+#[cfg(not(feature = "loom"))]
 impl Condvar {
     pub const fn new() -> Condvar {
         Condvar {
@@ -145,7 +167,7 @@ impl Condvar {
 /// clock directly.
 #[inline]
 pub fn now() -> Instant {
-    #[cfg(feature = "sim")]
+    #[cfg(all(feature = "sim", not(feature = "loom")))]
     if let Some(h) = sim::hook() {
         return h.now();
     }
@@ -157,7 +179,7 @@ pub fn now() -> Instant {
 /// its spawner); otherwise nothing (zero-sized).
 #[must_use]
 pub struct Start {
-    #[cfg(feature = "sim")]
+    #[cfg(all(feature = "sim", not(feature = "loom")))]
     ticket: Option<(std::sync::Arc<dyn sim::Hook>, u64)>,
 }
 
@@ -165,7 +187,7 @@ impl Start {
     #[inline]
     pub fn begin() -> Start {
         Start {
-            #[cfg(feature = "sim")]
+            #[cfg(all(feature = "sim", not(feature = "loom")))]
             ticket: sim::hook().map(|h| {
                 let t = h.start_begin();
                 (h, t)
@@ -177,7 +199,7 @@ impl Start {
     /// was cut before it started). Always true outside the simulation.
     #[inline]
     pub fn wait(self) -> bool {
-        #[cfg(feature = "sim")]
+        #[cfg(all(feature = "sim", not(feature = "loom")))]
         if let Some((h, t)) = self.ticket {
             let go = h.start_wait(t);
             if go {
@@ -191,7 +213,7 @@ impl Start {
 
 /// The simulation's seam: a scheduler installed with [`install`] takes over every blocking
 /// point of the module above. Test-only (feature `sim`).
-#[cfg(feature = "sim")]
+#[cfg(all(feature = "sim", not(feature = "loom")))]
 pub mod sim {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;

@@ -9,12 +9,38 @@
 //! first-come first-served by request. Writers that find no queue and room to spare never
 //! touch a ticket (the hot path stays one comparison).
 
-use crate::sync::MutexGuard;
+use crate::state::room::Room;
+use crate::sync::{Condvar, Mutex, MutexGuard};
 
-use crate::inner::Inner;
-use crate::state::State;
+/// Condition variables for queued writers, by ticket modulo this: passing the turn wakes the
+/// next ticket's holder (and whoever shares its variable), not every queued writer. With one
+/// variable, each pass woke all 63 other connections' writers under a 64-connection load and
+/// the futex traffic took more CPU than the copying.
+pub const TURN_WAKE_SLOTS: usize = 64;
+
+/// Where queued writers sleep (`Inner::room_turn`).
+pub struct TurnWake {
+    slots: Vec<Condvar>,
+}
+
+impl TurnWake {
+    /// `slot_count` variables (the engine's: `TURN_WAKE_SLOTS`; the loom tests take fewer, so
+    /// that tickets share one as tickets 64 apart do).
+    pub fn new(slot_count: usize) -> TurnWake {
+        assert!(slot_count > 0);
+        TurnWake {
+            slots: (0..slot_count).map(|_| Condvar::new()).collect(),
+        }
+    }
+
+    pub fn slot(&self, ticket: u64) -> &Condvar {
+        &self.slots[(ticket % self.slots.len() as u64) as usize]
+    }
+}
 
 /// A writer's place in the queue for room, from its first wait to the end of its request.
+/// The queue lives in the state behind the engine's state lock (`S`: the engine's `State`, or
+/// a loom test's model of it).
 #[derive(Debug, Default)]
 pub struct Turn {
     ticket: Option<u64>,
@@ -22,52 +48,61 @@ pub struct Turn {
 
 impl Turn {
     /// Whether this writer may reserve a block now: nobody queues, or it is this writer's turn.
-    pub fn may_reserve(&self, st: &State) -> bool {
+    pub fn may_reserve(&self, room: &Room) -> bool {
         match self.ticket {
             Some(t) => {
                 // Only the holder advances the queue, so a held ticket is always being served.
-                assert_eq!(t, st.room.serving(), "a held ticket is not being served");
+                assert_eq!(t, room.serving(), "a held ticket is not being served");
                 true
             }
-            None => st.room.queue_empty(),
+            None => room.queue_empty(),
         }
     }
 
     /// Joins the back of the queue and waits until it is this writer's turn.
-    pub fn queue<'a>(
+    pub fn queue<'a, S: AsMut<Room>>(
         &mut self,
-        inner: &'a Inner,
-        mut st: MutexGuard<'a, State>,
-    ) -> MutexGuard<'a, State> {
+        wake: &TurnWake,
+        mut st: MutexGuard<'a, S>,
+    ) -> MutexGuard<'a, S> {
         assert!(self.ticket.is_none(), "a writer queues once per request");
-        let t = st.room.take_ticket();
+        let t = st.as_mut().take_ticket();
         self.ticket = Some(t);
         // Waiting on after a failure is fine: every holder ahead fails at once and passes on.
-        while st.room.serving() != t {
-            inner.room_turn.slot(t).wait(&mut st);
+        while st.as_mut().serving() != t {
+            wake.slot(t).wait(&mut st);
         }
         st
     }
 
     /// Takes the turn before waiting for room when nobody queues (`may_reserve` held without a
     /// ticket), so writers arriving meanwhile queue behind this one.
-    pub fn hold(&mut self, st: &mut State) {
+    pub fn hold(&mut self, room: &mut Room) {
         if self.ticket.is_none() {
-            assert!(st.room.queue_empty());
-            self.ticket = Some(st.room.take_ticket());
+            assert!(room.queue_empty());
+            self.ticket = Some(room.take_ticket());
         }
     }
 
     /// Passes the turn on at the end of the request (done or failed). Takes the state lock:
     /// call it without holding it.
-    pub fn release(self, inner: &Inner) {
+    pub fn release<S: AsMut<Room>>(self, state: &Mutex<S>, wake: &TurnWake) {
         let Some(t) = self.ticket else { return };
-        let mut st = inner.state.lock();
-        let (next, waiting) = st.room.pass_turn(t);
+        let mut st = state.lock();
+        let (next, waiting) = st.as_mut().pass_turn(t);
         drop(st);
         if waiting {
-            // Everyone on that variable wakes: tickets 64 apart share it.
-            inner.room_turn.slot(next).notify_all();
+            // Everyone on that variable wakes: tickets `TURN_WAKE_SLOTS` apart share it.
+            wake.slot(next).notify_all();
         }
     }
+
+    /// The ticket held, if any (for the loom tests' checks).
+    #[cfg(test)]
+    pub fn ticket(&self) -> Option<u64> {
+        self.ticket
+    }
 }
+
+#[cfg(all(test, feature = "loom"))]
+mod loom_tests;

@@ -24,7 +24,7 @@ const PREFETCH_AHEAD_BLOCKS: u64 = 4;
 pub fn write(inner: &Inner, offset_bytes: u64, data: &[u8], dirty: bool) -> Result<()> {
     let mut turn = Turn::default();
     let result = write_blocks(inner, offset_bytes, data, dirty, &mut turn);
-    turn.release(inner);
+    turn.release(&inner.state, &inner.room_turn);
     result
 }
 
@@ -143,14 +143,14 @@ fn write_block(
             st = read_old_copy(inner, st, lba, c, &mut disk_copy)?;
             continue; // the state may have changed while the lock was released
         }
-        if !turn.may_reserve(&st) {
+        if !turn.may_reserve(&st.room) {
             // Writers already wait for room: take a place behind them.
-            st = turn.queue(inner, st);
+            st = turn.queue(&inner.room_turn, st);
             continue;
         }
         let sealed_before = st.counters.chunks_sealed;
         let Some(nc) = st.reserve_block(&inner.buffers, crate::sync::now(), false) else {
-            turn.hold(&mut st);
+            turn.hold(&mut st.room);
             st = crate::drive::wait_for_room(inner, st)?;
             continue;
         };

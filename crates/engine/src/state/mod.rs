@@ -90,6 +90,13 @@ pub struct State {
     pub counters: Counters,
 }
 
+/// The admission queue's view of the state (`path::admission::Turn`).
+impl AsMut<room::Room> for State {
+    fn as_mut(&mut self) -> &mut room::Room {
+        &mut self.room
+    }
+}
+
 impl State {
     pub fn locate(&self, c: CacheBlock) -> Location {
         let (slot, b) = self.geo.split(c);
