@@ -239,13 +239,13 @@ fn check(case: Case) -> usize {
     n
 }
 
-/// Two writers, one short of room: every interleaving, no bound.
+/// Two writers, both short of room: every interleaving, no bound.
 #[test]
 fn loom_admission_two_writers_every_interleaving() {
     assert!(
         check(Case {
             requests: &[1, 1],
-            free_blocks: 1,
+            free_blocks: 0,
             wake_slots: 1,
             fail: false,
             preemptions: None,
