@@ -98,7 +98,7 @@ impl Turn {
     }
 
     /// The ticket held, if any (for the loom tests' checks).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "loom"))]
     pub fn ticket(&self) -> Option<u64> {
         self.ticket
     }
