@@ -45,6 +45,9 @@
 #
 # e.g. SERVERS="hdd logcache-hdd logcache-wt" scripts/bench-iopath.sh 3 8
 #
+# CACHE_GIB (default 4) sizes logcache's cache files: a smaller one when the shared disk is short
+# of room (the write job's log wraps, so each logcache server's cache file fills).
+#
 # usage: scripts/bench-iopath.sh [ROUNDS=3] [RUNTIME_S=8] [DATA_MIB=1024] [DIR=/var/tmp]
 # (LOGCACHE_BIN picks the binary; LOGCACHE_BIN_B the -b servers'.)
 set -euo pipefail
@@ -113,7 +116,7 @@ start() { # $1 server name
             run_bin=${LOGCACHE_BIN_B:?"give LOGCACHE_BIN_B for the -b servers"}
         fi
         truncate -s 8G "$dir/$s-backing.img"
-        truncate -s 4G "$dir/$s-cache.img"
+        truncate -s "${CACHE_GIB:-4}G" "$dir/$s-cache.img"
         "$run_bin" format --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" >/dev/null
         "$run_bin" serve --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" \
             --socket "$sock" --io-engine "$engine" >"$dir/$s.log" 2>&1 &

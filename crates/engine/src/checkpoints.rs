@@ -180,7 +180,9 @@ pub fn create(
             .map(|t| t.set_runs())
             .unwrap_or_default();
         // Writes acknowledged before now are all in sealed chunks; later changes land in the
-        // next chunk or after, and set the bits from here on.
+        // next chunk or after, and set the bits from here on. A reserved write not yet
+        // published would land in a chunk before it: it gives up (path/reserve.rs).
+        st.cancel_reservations();
         if st.seal(&inner.buffers) {
             inner.flusher_wake.notify_one();
         }

@@ -48,6 +48,9 @@ pub const CLEAN_HOLES_PER_BACKING_SYNC: u64 = 256;
 /// for as long as the load lasts instead of switching them on and off each pass.
 pub const PROMOTE_PAUSE_AFTER_RELOCATION: Duration = Duration::from_secs(10);
 
+mod reserved_write;
+pub use reserved_write::{WriteReservation, RESERVED_WRITE_MAX_BYTES};
+
 #[cfg(test)]
 mod close_race_tests;
 #[cfg(test)]

@@ -98,6 +98,13 @@ impl Hold {
         Pass { _gate: gate }
     }
 
+    /// As `pass`, for a change that must not wait for copies (a reserved write's publish):
+    /// None, having done nothing, while an export holds blocks.
+    pub fn try_pass(&self) -> Option<Pass<'_>> {
+        let gate = self.gate.read();
+        (!self.active.load(Ordering::Acquire)).then_some(Pass { _gate: gate })
+    }
+
     fn copy_pending(&self, inner: &Inner, offset_bytes: u64, len_bytes: u64) {
         let first = offset_bytes / BLOCK_SIZE_BYTES;
         let end = (offset_bytes + len_bytes).div_ceil(BLOCK_SIZE_BYTES);

@@ -41,7 +41,7 @@ pub use logcache_io as io;
 
 pub use checkpoints::CheckpointInfo;
 pub use drive::DrainProgress;
-pub use engine::{Engine, OpenOptions};
+pub use engine::{Engine, OpenOptions, WriteReservation, RESERVED_WRITE_MAX_BYTES};
 pub use error::{Error, Result};
 pub use export::Export;
 pub use open::create::{format_cache, FormatOptions};

@@ -68,7 +68,7 @@ pub fn promote(inner: &Inner, guard: u64, offset_bytes: u64, data: &[u8]) {
         // SAFETY: the reserved block is in the open chunk and we hold the lock.
         unsafe { inner.buffers.slice_mut(buffer, off, BLOCK) }.copy_from_slice(&data[src][..BLOCK]);
         st.blocks.set_valid(c, FULL_MASK);
-        let prev = st.blocks.insert(lba, c);
+        let prev = st.map(lba, c);
         assert!(prev.is_none());
         st.counters.promotions += 1;
         st.counters.promotion_bytes += BLOCK_SIZE_BYTES;

@@ -180,7 +180,7 @@ pub fn relocate_head<'a>(
         let (dirty, valid) = (st.blocks.dirty(c), st.blocks.valid(c));
         st.set_dirty_mask(nc, dirty);
         st.blocks.set_valid(nc, valid);
-        let prev = st.blocks.insert(l.lba, nc);
+        let prev = st.map(l.lba, nc);
         assert_eq!(prev, Some(l.cache_block));
         st.kill(l.cache_block);
         moved += 1;

@@ -89,6 +89,11 @@ pub struct Counters {
     /// partly dirty ones it wrote with only their dirty sectors valid, no backing sync covering
     /// their clean sectors yet: after a crash those sectors are read from the backing device.
     pub clean_entries_holed: u64,
+    /// Large writes received straight into reserved log blocks and published there (no copy
+    /// after the socket's), and those that gave their reservation up (a change to the same
+    /// blocks, or a flush, meanwhile) and were written the ordinary way.
+    pub writes_reserved: u64,
+    pub reserved_writes_redone: u64,
 }
 
 impl Counters {
@@ -156,6 +161,8 @@ impl Counters {
             ("write_around_writes", self.write_around_writes),
             ("backing_syncs", self.backing_syncs),
             ("clean_entries_holed", self.clean_entries_holed),
+            ("writes_reserved", self.writes_reserved),
+            ("reserved_writes_redone", self.reserved_writes_redone),
         ]
     }
 }

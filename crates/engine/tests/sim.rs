@@ -75,6 +75,7 @@ use common::epoch_log::EpochLog;
 use common::history::{decode, fill_pattern, Effect, History, Token, Val};
 use common::stall::{self, Stall};
 use common::*;
+use logcache_engine::io::BlockDevice;
 use logcache_engine::{CachedRead, Engine, Extent, ExtentKind, OpenOptions};
 use logcache_testkit::fault::OpKind;
 use logcache_testkit::rng::Rng;
@@ -197,7 +198,15 @@ struct Worker {
 }
 
 impl Worker {
-    fn spawn(i: usize, e: Engine, shared: Arc<Shared>, sched: Scheduler) -> Worker {
+    /// `payload`: where a reserved write's payload "arrives" from (a read held at the gate
+    /// like every IO, so other requests and the engine's threads run while it is reserved).
+    fn spawn(
+        i: usize,
+        e: Engine,
+        shared: Arc<Shared>,
+        sched: Scheduler,
+        payload: Arc<dyn BlockDevice>,
+    ) -> Worker {
         let (tx, rx) = mpsc::channel::<Option<Req>>();
         let busy = Arc::new(AtomicBool::new(false));
         let current = Arc::new(Mutex::new(None));
@@ -207,7 +216,7 @@ impl Worker {
             .name(format!("sim-worker-{i}"))
             .spawn(move || {
                 while let Ok(Some(req)) = rx.recv() {
-                    run_req(&e, &shared, req);
+                    run_req(&e, &shared, &*payload, req);
                     n.fetch_add(1, Ordering::SeqCst);
                     *c.lock() = None;
                     b.store(false, Ordering::SeqCst);
@@ -332,13 +341,25 @@ fn batch_read(e: &Engine, sh: &Shared, first: u64, count: u64) -> logcache_engin
 }
 
 /// Runs one request and records it in the model.
-fn run_req(e: &Engine, sh: &Shared, req: Req) {
+fn run_req(e: &Engine, sh: &Shared, payload: &dyn BlockDevice, req: Req) {
     let what = format!("{req:?}");
     let res = match req {
         Req::Write { t, id, fua } => {
             let mut data = vec![0u8; t.count * SECTOR];
             fill_pattern(id, t.first as u64, &mut data);
-            let r = e.write(t.first as u64 * 512, &data, fua);
+            let r = if !fua && id % 2 == 0 {
+                // Half the payloads arrive through a read held at the gate.
+                let mut receive = || {
+                    let mut wire = [0u8; 512];
+                    if id % 4 == 0 {
+                        payload.read_at(&mut wire, 0)?;
+                    }
+                    Ok(())
+                };
+                reserved_write(e, t.first as u64 * 512, &data, id, &mut receive)
+            } else {
+                e.write(t.first as u64 * 512, &data, fua)
+            };
             sh.ended(&t, r.is_ok(), fua);
             r
         }
@@ -616,6 +637,10 @@ struct Totals {
     /// ... of them the flusher's (its backing syncs for clean copies).
     flusher_backing_flush_faults: u64,
     clean_entries_holed: u64,
+    /// Reserved writes published, and those that gave up and were written the ordinary way
+    /// (`reserved_write`).
+    writes_reserved: u64,
+    reserved_writes_redone: u64,
     /// Cache-loss cycles, per mode of `MODES`.
     losses: [u64; 3],
     /// ... after which the engine had failed (with a reason), per mode.
@@ -1099,7 +1124,10 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         shared.faulted.store(false, Ordering::SeqCst);
         sched.set_mode(GateMode::Scheduled);
         let workers: Vec<Worker> = (0..case.rng.range(2, 4) as usize)
-            .map(|i| Worker::spawn(i, e.clone(), shared.clone(), sched.clone()))
+            .map(|i| {
+                let payload = backing.clone() as Arc<dyn BlockDevice>;
+                Worker::spawn(i, e.clone(), shared.clone(), sched.clone(), payload)
+            })
             .collect();
         case.slow_odds = [16, 64, 256][case.rng.below(3) as usize];
         let mut slow: Vec<(&str, OpKind)> = SLOW_CANDIDATES
@@ -1281,6 +1309,8 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         // record synced, a later write of the mark failed, the engine stayed failed).
         let before_cut = e.stats();
         case.totals.clean_entries_holed += before_cut.counters.clean_entries_holed;
+        case.totals.writes_reserved += before_cut.counters.writes_reserved;
+        case.totals.reserved_writes_redone += before_cut.counters.reserved_writes_redone;
         let gave_up = before_cut.cache_failed.is_some()
             || (before_cut.failed.is_some() && before_cut.writeback_lag_bytes == 0);
         let must_refuse = !loss && before_cut.serving_alone;
@@ -2220,6 +2250,10 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.clean_entries_holed
     );
     eprintln!(
+        "sim: {} reserved writes published, {} gave up and were written the ordinary way",
+        totals.writes_reserved, totals.reserved_writes_redone
+    );
+    eprintln!(
         "sim: with requests running and none completing, the longest wait for timers: {:.1?} \
          (a hang at {HANG:?}), the most IOs through the gate: {} (a hang at {HANG_IOS}), the \
          longest wait: {:.1?} (a hang at {HANG_WALL:?})",
@@ -2285,6 +2319,15 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     assert!(
         seeds.len() < CI_SCHEDULES as usize || totals.exports_checked > 0,
         "no export completed in {} schedules",
+        seeds.len()
+    );
+    // Reserved writes both publish and give up (a flush or an overlapping write meanwhile).
+    assert!(
+        seeds.len() < CI_SCHEDULES as usize
+            || (totals.writes_reserved > 0 && totals.reserved_writes_redone > 0),
+        "reserved writes: {} published, {} redone in {} schedules",
+        totals.writes_reserved,
+        totals.reserved_writes_redone,
         seeds.len()
     );
 }

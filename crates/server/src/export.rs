@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use logcache_engine::io::BlockDevice;
 use logcache_engine::status::device_status;
-use logcache_engine::{CachedRead, Engine, Error, Extent, Result};
+use logcache_engine::{CachedRead, Engine, Error, Extent, Result, WriteReservation};
 
 pub(crate) trait Export: Send + Sync {
     fn size_bytes(&self) -> u64;
@@ -27,6 +27,14 @@ pub(crate) trait Export: Send + Sync {
     }
     /// With `fua`, returns once the data is durable.
     fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()>;
+    /// Log blocks for a plain (non-FUA) write of whole 4 KiB blocks whose payload is still to
+    /// be received: the reader receives it straight into them and a worker commits them (one
+    /// copy). None
+    /// when the write must go the ordinary way (`write`), which also reports any error.
+    fn reserve_write(&self, offset_bytes: u64, length_bytes: u64) -> Option<WriteReservation> {
+        let _ = (offset_bytes, length_bytes);
+        None
+    }
     /// The range reads as zeros afterwards (durable after a later flush).
     fn write_zeroes(&self, offset_bytes: u64, length_bytes: u64) -> Result<()>;
     /// TRIM: the range's contents are no longer needed.
@@ -91,6 +99,12 @@ impl Export for Engine {
 
     fn write(&self, offset_bytes: u64, data: &[u8], fua: bool) -> Result<()> {
         Engine::write(self, offset_bytes, data, fua)
+    }
+
+    fn reserve_write(&self, offset_bytes: u64, length_bytes: u64) -> Option<WriteReservation> {
+        Engine::reserve_write(self, offset_bytes, length_bytes)
+            .ok()
+            .flatten()
     }
 
     fn write_zeroes(&self, offset_bytes: u64, length_bytes: u64) -> Result<()> {

@@ -6,10 +6,14 @@
 //! write-around modes; on a slow export, every WRITE) goes to the connection's workers, many at
 //! once, and each worker sends its reply when its command completes, out of order. Two kinds
 //! run inline. Plain write-back writes whose payload fits the input buffer: the engine copies
-//! them from the input buffer into its RAM segment in about a microsecond per block. (A larger
-//! one is received into a buffer of its own, which a worker takes without a copy: its copy into
-//! the segment, hundreds of µs for 1 MiB, then overlaps the receipt of the next request, and
-//! one waiting for room in the log does not stop the reader.) And a READ the cache holds
+//! them from the input buffer into its RAM segment in about a microsecond per block. A larger
+//! one of whole blocks (up to 2 MiB) is received straight into log blocks the engine reserves
+//! for it (`Engine::reserve_write`, which never waits), and a worker publishes it by an index
+//! update and replies: no copy after the socket's. (Without room for that, or another larger
+//! one, it is received into
+//! a buffer of its own, which a worker takes without a copy: its copy into the segment then
+//! overlaps the receipt of the next request, and one waiting for room in the log does not stop
+//! the reader.) And a READ the cache holds
 //! entirely (RAM or the cache device, at most 1 MiB) when no other request waits in the input
 //! buffer: handing it to a worker would cost a second thread wake-up per request, and nothing
 //! queues behind it (a READ that needs the backing device is refused by the engine untouched
@@ -169,6 +173,22 @@ impl Reader {
             self.input.consume(total_bytes);
         } else {
             self.input.consume(REQUEST_HEADER_BYTES);
+            let connection = self.connection.clone();
+            let reserved = (verdict.is_ok() && plain_write(&connection, &request))
+                .then(|| {
+                    let export = &*connection.server.export;
+                    export.reserve_write(request.offset_bytes, payload_bytes as u64)
+                })
+                .flatten();
+            if let Some(reservation) = reserved {
+                if !self.receive_reserved(&connection, &request, reservation)? {
+                    return Ok(Some(End::InputClosed));
+                }
+                if self.replies.len() >= OUTPUT_FLUSH_BYTES {
+                    self.flush_replies()?;
+                }
+                return Ok(None);
+            }
             if !self.read_large_payload(payload_bytes)? {
                 return Ok(Some(End::InputClosed));
             }
@@ -242,6 +262,39 @@ impl Reader {
                 Err(error) => return Err(error),
             }
         }
+        Ok(true)
+    }
+
+    /// Receives a large plain write's payload straight into the log blocks reserved for it
+    /// (one copy: the kernel's, socket → RAM segment; only the part that arrived with earlier
+    /// requests is copied from the input buffer), then hands it to a worker, which publishes
+    /// it and replies (`workers::commit`). `false` at end of input: the reservation is
+    /// dropped, nothing published, nothing acknowledged.
+    fn receive_reserved(
+        &mut self,
+        connection: &Arc<Connection>,
+        request: &Request,
+        mut reservation: logcache_engine::WriteReservation,
+    ) -> io::Result<bool> {
+        debug_assert_eq!(reservation.len_bytes(), request.length_bytes as usize);
+        for i in 0..reservation.piece_count() {
+            let piece = reservation.piece(i);
+            let buffered_bytes = piece.len().min(self.input.buffered_bytes());
+            piece[..buffered_bytes].copy_from_slice(&self.input.buffered()[..buffered_bytes]);
+            self.input.consume(buffered_bytes);
+            if buffered_bytes < piece.len() {
+                self.flush_replies()?;
+                match connection.stream.recv_exact(&mut piece[buffered_bytes..]) {
+                    Ok(()) => {}
+                    Err(error) if error.kind() == io::ErrorKind::UnexpectedEof => return Ok(false),
+                    Err(error) => return Err(error),
+                }
+            }
+        }
+        // Publishing is an index update per block (tens of µs for 1 MiB): on a worker, it
+        // overlaps the receipt of the next request, as the copy it replaces did.
+        self.workers
+            .submit(Job::new(*request, None).with_reservation(reservation));
         Ok(true)
     }
 
@@ -378,6 +431,16 @@ impl Payload<'_> {
     }
 }
 
+/// Whether a WRITE is one the reader may put into the engine itself: no FUA, a fast export
+/// keeping writes in RAM (the cache mode is read each time: it may change online).
+fn plain_write(connection: &Connection, request: &Request) -> bool {
+    let export = &*connection.server.export;
+    request.command == Command::Write
+        && !request.has_flag(CMD_FLAG_FUA)
+        && !export.is_slow()
+        && export.writes_stay_in_ram()
+}
+
 /// Runs one validated request inline or queues it for a worker; inline replies are appended to
 /// `replies`.
 fn handle(
@@ -402,14 +465,8 @@ fn handle(
         return;
     }
     let server = &connection.server;
-    // Asked only of a plain write (the cache mode is read each time: it may change online).
-    let inline_write = || {
-        !request.has_flag(CMD_FLAG_FUA)
-            && !server.export.is_slow()
-            && server.export.writes_stay_in_ram()
-    };
     let result = match request.command {
-        Command::Write if !payload.is_large() && inline_write() => ops::write(
+        Command::Write if !payload.is_large() && plain_write(connection, &request) => ops::write(
             &*server.export,
             &server.unaligned_write_lock,
             request.offset_bytes,

@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use logcache_engine::{CachedRead, Result};
+use logcache_engine::{CachedRead, Result, WriteReservation};
 use logcache_nbd::request::{Command, Request};
 use parking_lot::{Condvar, Mutex};
 
@@ -29,12 +29,15 @@ use crate::limits::{
 };
 use crate::{answer, ops};
 
-/// A validated request for a worker; WRITE carries its payload in a recycled buffer.
+/// A validated request for a worker; WRITE carries its payload in a recycled buffer, or
+/// already received into log blocks reserved for it (`reservation`: the worker commits it).
 pub(crate) struct Job {
     pub request: Request,
     pub payload: Option<Vec<u8>>,
     /// A READ a batch already tried from the cache alone and handed back: not batched again.
     declined: bool,
+    /// A WRITE already received into log blocks reserved for it: the worker commits them.
+    pub reservation: Option<WriteReservation>,
 }
 
 impl Job {
@@ -43,7 +46,14 @@ impl Job {
             request,
             payload,
             declined: false,
+            reservation: None,
         }
+    }
+
+    /// A WRITE whose payload is in `reservation` (received there by the reader).
+    pub(crate) fn with_reservation(mut self, reservation: WriteReservation) -> Job {
+        self.reservation = Some(reservation);
+        self
     }
 
     /// The memory the job holds while queued or running: its payload, or its read's reply.
@@ -387,7 +397,10 @@ fn run(connection: &Connection, job: Job, buffers: &mut Buffers) {
         // Built apart from `out`, which keeps its length for the next read (no zero-filling).
         let reply = &mut buffers.header;
         reply.clear();
-        let result = execute(connection, &request, job.payload.as_deref());
+        let result = match job.reservation {
+            Some(reservation) => commit(connection, &request, reservation),
+            None => execute(connection, &request, job.payload.as_deref()),
+        };
         answer::push_result(reply, connection.session.structured, request.cookie, result);
         let _ = connection.sink.send(reply);
     }
@@ -397,6 +410,31 @@ fn run(connection: &Connection, job: Job, buffers: &mut Buffers) {
     if let Some(payload) = job.payload {
         connection.recycle_payload(payload);
     }
+}
+
+/// Publishes a WRITE received into reserved log blocks; if the engine gave the reservation
+/// up meanwhile (a flush, the same blocks written by someone else), writes the data it handed
+/// back the ordinary way.
+fn commit(
+    connection: &Connection,
+    request: &Request,
+    reservation: WriteReservation,
+) -> logcache_engine::Result<()> {
+    let mut redo = connection.take_payload_buffer();
+    let result = if reservation.commit(&mut redo) {
+        Ok(())
+    } else {
+        let server = &connection.server;
+        ops::write(
+            &*server.export,
+            &server.unaligned_write_lock,
+            request.offset_bytes,
+            &redo,
+            false,
+        )
+    };
+    connection.recycle_payload(redo);
+    result
 }
 
 /// Runs a command other than READ on the export.

@@ -428,3 +428,46 @@ for b in range(16 * MIB // B, 24 * MIB // B):
     nbdsh(&fixture.uri(), &[], script).expect_success("nbdsh many in flight");
     assert!(fixture.server.stats().requests >= 600);
 }
+
+/// A large plain write is received straight into log blocks reserved for it (one copy, no
+/// payload buffer) and reads back; one cut off mid-payload (its client closes) publishes
+/// nothing and is never acknowledged, and the log goes on past the holes it leaves.
+#[test]
+fn large_writes_go_straight_into_the_log_and_one_cut_mid_payload_publishes_nothing() {
+    let gated = Gated::start("reserved-writes");
+    let mut client = RawClient::go(&gated.socket, true, false);
+    let old = pattern(20, MIB as usize);
+    client.send_request(&request(NbdCommand::Write, 1, 4 * MIB, MIB as u32), &old);
+    assert_eq!(read_structured_reply(&mut client), (1, false, Vec::new()));
+    let reserved_before = gated.engine.stats().counters.writes_reserved;
+    assert_eq!(
+        reserved_before, 1,
+        "the 1 MiB write was not received into the log"
+    );
+
+    let mut cut = RawClient::go(&gated.socket, true, false);
+    let new = pattern(21, MIB as usize);
+    cut.send_request(
+        &request(NbdCommand::Write, 2, 4 * MIB, MIB as u32),
+        &new[..(MIB / 2) as usize],
+    );
+    drop(cut);
+    let deadline = Instant::now() + COMMAND_TIMEOUT;
+    while gated.server.stats().connections_active > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(gated.server.stats().connections_active, 1);
+    let mut out = vec![0u8; MIB as usize];
+    gated.engine.read(4 * MIB, &mut out).unwrap();
+    assert!(out == old, "a write cut mid-payload was published");
+
+    client.send_request(&request(NbdCommand::Write, 3, 6 * MIB, MIB as u32), &new);
+    assert_eq!(read_structured_reply(&mut client), (3, false, Vec::new()));
+    client.send_request(&request(NbdCommand::Flush, 4, 0, 0), &[]);
+    assert_eq!(read_structured_reply(&mut client), (4, false, Vec::new()));
+    gated.engine.read(6 * MIB, &mut out).unwrap();
+    assert!(out == new);
+    gated.engine.read(4 * MIB, &mut out).unwrap();
+    assert!(out == old, "a write cut mid-payload was published");
+    assert_eq!(gated.engine.stats().counters.writes_reserved, 2);
+}

@@ -153,6 +153,18 @@ fn step<'a>(
             }
         }
     }
+    // A chunk waits in the queue while a large write receives into blocks it reserved there
+    // (state/reservations.rs). When someone needs it written (a flush, a writer waiting for
+    // room, close, or a caller doing the flusher's work in manual mode), the reservations give
+    // up instead: a client that stops mid-payload holds up no one.
+    if st.ring.front_pending()
+        && (st.seqs.sync_wanted()
+            || st.room.writers_wait()
+            || st.health.closing()
+            || inner.drive.inline())
+    {
+        st.cancel_reservations();
+    }
     let batch = st.ring.take_queued(CHUNKS_PER_ROUND_MAX);
     let synced_gen = st.bypass.synced_gen();
     let synced_for_headers = st.seqs.synced();
@@ -354,6 +366,10 @@ fn write_chunks(
 /// flusher thread (`wait_synced`) or runs its rounds (`sync_inline`).
 pub fn want_durable(inner: &Inner, st: &mut State) -> Result<Option<u64>> {
     st.health.check_failed()?;
+    // A write still receiving into reserved blocks was not acknowledged, so the flush need
+    // not cover it; it gives up publishing (written afterwards at the log's end) rather than
+    // hold the flush, or straddle a flush point.
+    st.cancel_reservations();
     st.seal(&inner.buffers);
     let target = st.seqs.last_sealed();
     if st.seqs.synced() >= target {

@@ -105,6 +105,7 @@ impl Recovered {
                 last_sealed_seq: h.seq,
                 dirty_blocks: 0,
                 synced_blocks: 0,
+                reserved_blocks: 0,
             };
         }
         seg.last_sealed_seq = h.seq;
@@ -391,6 +392,7 @@ impl Recovered {
             bypass: Bypass::default(),
             streams: Default::default(),
             changes: Default::default(),
+            reservations: Default::default(),
             counters: Counters::default(),
         }
     }

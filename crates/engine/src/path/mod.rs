@@ -8,4 +8,5 @@ pub mod bypass;
 pub mod in_ram;
 pub mod lost;
 pub mod read;
+pub mod reserve;
 pub mod write;

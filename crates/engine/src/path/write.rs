@@ -193,7 +193,7 @@ fn write_block(
         if old_dirty == 0 && dirty {
             st.counters.blocks_dirtied += 1;
         }
-        let hit = if let Some(prev) = st.blocks.insert(lba, nc) {
+        let hit = if let Some(prev) = st.map(lba, nc) {
             assert_eq!(Some(prev), old);
             st.retire(prev, lba);
             true
@@ -208,7 +208,8 @@ fn write_block(
     }
 }
 
-fn count_write(st: &mut State, hit: bool, mask: u8) {
+/// Counts one block written (`hit`: the block was cached) covering sectors `mask`.
+pub(super) fn count_write(st: &mut State, hit: bool, mask: u8) {
     let c = &mut st.counters;
     let full = mask == FULL_MASK;
     if !full {

@@ -6,8 +6,15 @@
 //! - Once a chunk is sealed and queued, its blocks never change again: the flusher alone writes
 //!   its metadata blocks (checksum fields), without the lock; nobody else reads metadata blocks.
 //! - Readers copy data blocks out while holding the state lock.
+//! - A block reserved for a large write (`state/reservations.rs`) is in no index entry, so no
+//!   reader sees it: the reserving thread alone writes it, without the lock, until it publishes
+//!   the block (under the lock; readers come after) or lets it go. A chunk holding it waits in
+//!   the flusher's queue meanwhile, and the publisher patches its entries under the lock. A
+//!   reservation cancelled (the chunk had to be written) may still be receiving while the
+//!   flusher writes its blocks to the device as holes: the device write reads bytes being
+//!   written, and what it stores there is never read back (a hole); no Rust code reads them.
 //!
-//! So any two concurrent accesses to the same bytes are both reads.
+//! So any two concurrent accesses to the same bytes are both reads, or that last case.
 
 use crate::io::aligned::AlignedBuf;
 

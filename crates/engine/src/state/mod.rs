@@ -17,6 +17,7 @@ pub mod chunk_meta;
 pub mod epochs;
 pub mod health;
 pub mod promotion;
+pub mod reservations;
 pub mod ring;
 pub mod room;
 pub mod seqs;
@@ -30,6 +31,7 @@ use self::bypass::Bypass;
 use self::epochs::Epochs;
 use self::health::Health;
 use self::promotion::Promotion;
+use self::reservations::{Reservations, Run, RUNS_MAX};
 pub use self::ring::{Location, Ring, SealedChunk, SegmentInfo, RESERVE_SEGMENTS};
 use self::room::Room;
 use self::seqs::Seqs;
@@ -87,6 +89,8 @@ pub struct State {
     pub zeros: Zeros,
     /// What changed since each checkpoint (set by every logged change).
     pub changes: changes::Changes,
+    /// Blocks large writes reserved before their payload arrived (`path/reserve.rs`).
+    pub reservations: Reservations,
     pub counters: Counters,
 }
 
@@ -285,6 +289,130 @@ impl State {
         Some(c)
     }
 
+    /// Maps `lba` to the new block `c` (a write, a promotion, a relocation: a block entry
+    /// logged now): returns the block it mapped before. A reservation of `lba` pending now
+    /// can no longer publish (this entry follows its blocks in the log).
+    pub fn map(&mut self, lba: u64, c: CacheBlock) -> Option<CacheBlock> {
+        self.reservations.touch(lba, lba + 1);
+        self.blocks.insert(lba, c)
+    }
+
+    /// Reserves blocks for a write of whole blocks `lba..lba + count`, in up to `RUNS_MAX` runs
+    /// (sealing and opening chunks as needed), into `runs`. None, with nothing taken, when the
+    /// log, the RAM buffers or the reservation table lack room, or writers wait for room
+    /// (they come first): the caller writes the ordinary way.
+    pub fn reserve_runs(
+        &mut self,
+        buffers: &SegmentBuffers,
+        lba: u64,
+        count: u64,
+        now: Instant,
+        runs: &mut [Run; RUNS_MAX],
+    ) -> Option<(u64, usize)> {
+        if !self.reservations.has_room() || self.room.writers_wait() || !self.room.queue_empty() {
+            return None;
+        }
+        // Enough room for every run, counted before anything is taken: the open chunk's free
+        // data blocks plus whole free RAM buffers (a chunk per segment at least).
+        let o = self.ring.open();
+        let in_open = if o.active {
+            u64::from(o.data_capacity - o.data_count)
+        } else {
+            0
+        };
+        let per_segment = u64::from(self.geo.blocks_per_segment) - 2;
+        let spare_segments = self.ring.free_buffer_count().min(
+            self.ring
+                .free_segments()
+                .saturating_sub(ring::RESERVE_SEGMENTS) as u32,
+        );
+        if in_open + u64::from(spare_segments) * per_segment < count {
+            return None;
+        }
+        let mut n = 0;
+        let mut left = count;
+        while left > 0 {
+            if n == RUNS_MAX {
+                break;
+            }
+            if self.ring.open_entries_full() {
+                self.seal(buffers);
+            }
+            if !self.ring.open().active && !self.open_segment(false) {
+                break;
+            }
+            let seq = self.ring.open().seq;
+            let (slot, first_block, taken) = self.ring.take_data_run(left as u32, now);
+            for b in first_block..first_block + taken {
+                let c = self.geo.cache_block(slot, b);
+                debug_assert_eq!(self.blocks.dirty(c), 0);
+                debug_assert!(
+                    self.blocks.lba_of(c).is_none(),
+                    "a reserved block is mapped"
+                );
+                self.blocks.set_valid(c, 0);
+            }
+            runs[n] = Run {
+                slot,
+                first_block,
+                count: taken,
+                chunk_seq: seq,
+            };
+            n += 1;
+            left -= u64::from(taken);
+        }
+        // Reservations leave at least one RAM buffer unpinned (and a written segment's pinned
+        // buffer is detached from it: `Ring::release_written_buffers`), so the log moves on
+        // while clients stall mid-payload.
+        let pins_max = self.ring.buffer_count() as usize - 1;
+        if left > 0 || self.reservations.runs_held() + n > pins_max {
+            // Fewer chunks than counted (small ones after a flush), or too many buffers
+            // pinned: give back what was taken.
+            for r in &runs[..n] {
+                let buffer = self.ring.segment(r.slot).buffer;
+                self.let_go(r);
+                self.ring.unpin(r.slot, buffer, r.count);
+            }
+            return None;
+        }
+        let id = self.reservations.add(lba, lba + count, &runs[..n]);
+        Some((id, n))
+    }
+
+    /// Lets reserved blocks go unpublished: no longer pending in their chunk (holes there),
+    /// dead in their segment. Their buffer stays pinned (`Ring::unpin` once the receiving
+    /// thread is done with it). Returns whether the flusher's first chunk became ready.
+    pub fn let_go(&mut self, r: &Run) -> bool {
+        let ready = self.ring.unpend(r.chunk_seq, r.count);
+        for _ in 0..r.count {
+            // Its chunk (holes for them) must be durable before the segment may be reclaimed,
+            // as for any block whose replacement a chunk records (crash seed
+            // 2473363062700597338: a segment holding only holes was reclaimed with its chunk
+            // written but not synced).
+            self.ring.drop_live(r.slot, Some(r.chunk_seq));
+        }
+        ready
+    }
+
+    /// Cancels every pending reservation (a flush point or a waiter needs their chunks
+    /// written): their blocks are let go now; the reservations will not publish. Returns how
+    /// many were cancelled.
+    pub fn cancel_reservations(&mut self) -> usize {
+        if !self.reservations.any() {
+            return 0;
+        }
+        let mut runs = [Run::default(); reservations::RESERVATIONS_MAX * RUNS_MAX];
+        let mut n = 0;
+        let cancelled = self.reservations.cancel_all(&mut |r| {
+            runs[n] = r;
+            n += 1;
+        });
+        for r in &runs[..n] {
+            self.let_go(r);
+        }
+        cancelled
+    }
+
     /// Appends a range entry to the open chunk (sealing it first if its entries are full).
     /// False when the log has no room for a new segment: the caller waits and retries.
     pub fn add_range(&mut self, buffers: &SegmentBuffers, entry: Entry, now: Instant) -> bool {
@@ -296,6 +424,8 @@ impl State {
             return false;
         }
         self.ring.push_range(entry, now);
+        self.reservations
+            .touch(entry.lba, entry.lba + u64::from(entry.data_crc));
         // A zero or drop range changes what its blocks read (TRIM, write-zeroes, writes
         // bypassing the cache).
         let seq = self.seqs.next();
@@ -414,6 +544,7 @@ impl State {
                 data_count: o.data_count,
                 entry_count,
                 vouch_gen,
+                pending_blocks: o.pending_blocks,
             },
             self.seqs.next(),
         );

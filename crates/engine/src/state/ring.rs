@@ -12,7 +12,8 @@
 //!
 //! Invariants kept here: head ≤ next and both only rise; the slots of ids `head..next` hold
 //! those ids and every other slot is free; a slot holds a RAM buffer exactly when it is in
-//! `ram_segments` (in id order), and those plus the free buffers are all the buffers; at most
+//! `ram_segments` (in id order), and those plus the free buffers and the detached ones (written
+//! segments' buffers that given-up reservations still receive into) are all the buffers; at most
 //! one segment is open, the open chunk's; per segment, dirty ≤ live blocks.
 
 use std::collections::VecDeque;
@@ -55,6 +56,9 @@ pub struct SegmentInfo {
     /// those may be written back (a chunk that might still be lost must not reach the backing
     /// device before it is durable in the log).
     pub synced_blocks: u32,
+    /// Blocks a write reserved and has not published or let go (`state/reservations.rs`):
+    /// the RAM buffer stays while any is (the receiving thread writes into it).
+    pub reserved_blocks: u32,
 }
 
 /// Where a slot is in the segment life cycle.
@@ -86,6 +90,7 @@ impl SegmentInfo {
         match (self.id, self.buffer != NO_BUFFER, self.full) {
             (0, false, _) => {
                 assert_eq!(self.live_blocks, 0, "a free slot has live blocks");
+                assert_eq!(self.reserved_blocks, 0, "a free slot has reserved blocks");
                 Phase::Free
             }
             (0, true, _) => panic!("a free slot holds a RAM buffer"),
@@ -109,6 +114,8 @@ pub struct OpenChunk {
     pub meta_blocks: u32,
     pub data_capacity: u32,
     pub data_count: u32,
+    /// Reserved blocks not yet published (holes until they are; `state/reservations.rs`).
+    pub pending_blocks: u32,
     /// When the oldest write still only in this chunk arrived (for the periodic seal).
     pub first_write_at: Option<Instant>,
 }
@@ -128,6 +135,7 @@ impl OpenChunk {
             meta_blocks: 0,
             data_capacity: 0,
             data_count: 0,
+            pending_blocks: 0,
             first_write_at: None,
         }
     }
@@ -150,6 +158,9 @@ pub struct SealedChunk {
     /// data that new, so they stay in its entries only once a backing sync covers it (else
     /// clean entries become holes and partly dirty ones keep only their dirty sectors).
     pub vouch_gen: u64,
+    /// Reserved blocks not yet published or let go: the flusher leaves the chunk (and those
+    /// after it) queued until none are.
+    pub pending_blocks: u32,
 }
 
 impl SealedChunk {
@@ -187,6 +198,9 @@ pub struct Ring {
     open_ranges: Vec<Entry>,
     buffer_count: u32,
     free_buffers: Vec<u32>,
+    /// Buffers of segments written and gone from RAM that reservations given up still receive
+    /// into: (buffer, blocks still reserved). Free once none are.
+    detached: Vec<(u32, u32)>,
     /// Slots of the segments holding a RAM buffer, oldest first.
     ram_segments: VecDeque<u32>,
     queue: VecDeque<SealedChunk>,
@@ -233,6 +247,7 @@ impl Ring {
                 meta_blocks: meta,
                 data_capacity: data,
                 data_count: 0,
+                pending_blocks: 0,
                 first_write_at: None,
             };
             end_segment_id + 1
@@ -249,6 +264,7 @@ impl Ring {
             open_ranges: Vec::with_capacity(chunk::entry_capacity(1) as usize),
             buffer_count,
             free_buffers,
+            detached: Vec::new(),
             ram_segments,
             queue: VecDeque::new(),
             unsynced_bytes: 0,
@@ -271,7 +287,7 @@ impl Ring {
         assert!(self.head_segment_id <= self.next_segment_id);
         assert!(self.next_segment_id - self.head_segment_id <= self.segment_count);
         assert_eq!(
-            self.free_buffers.len() + self.ram_segments.len(),
+            self.free_buffers.len() + self.ram_segments.len() + self.detached.len(),
             self.buffer_count as usize,
             "buffers lost or doubled"
         );
@@ -450,6 +466,88 @@ impl Ring {
         (o.slot, b)
     }
 
+    /// Takes up to `max` of the open chunk's next data blocks for a reservation, as (slot, first
+    /// block, count): live, pending in the chunk and pinning the segment's buffer from now on.
+    pub fn take_data_run(&mut self, max: u32, now: Instant) -> (u32, u32, u32) {
+        assert!(self.open.active && !self.open_entries_full() && max > 0);
+        let o = &mut self.open;
+        let by_entries =
+            chunk::entry_capacity(o.meta_blocks) - o.data_count - self.open_ranges.len() as u32;
+        let count = max.min(o.data_capacity - o.data_count).min(by_entries);
+        let b = o.data_start() + o.data_count;
+        o.data_count += count;
+        o.pending_blocks += count;
+        o.first_write_at.get_or_insert(now);
+        let seg = &mut self.segments[o.slot as usize];
+        seg.live_blocks += count;
+        seg.reserved_blocks += count;
+        assert!(b + count <= self.blocks_per_segment);
+        (o.slot, b, count)
+    }
+
+    /// `count` reserved blocks of chunk `seq` were published or let go: it no longer waits for
+    /// them. Returns whether that chunk is now the queue's first and ready (wake the flusher).
+    pub fn unpend(&mut self, seq: u64, count: u32) -> bool {
+        if self.open.active && self.open.seq == seq {
+            assert!(
+                self.open.pending_blocks >= count,
+                "open chunk pending underflow"
+            );
+            self.open.pending_blocks -= count;
+            return false;
+        }
+        let i = self
+            .queue
+            .iter()
+            .position(|c| c.seq == seq)
+            .expect("a chunk with pending blocks is open or queued");
+        let c = &mut self.queue[i];
+        assert!(c.pending_blocks >= count, "queued chunk pending underflow");
+        c.pending_blocks -= count;
+        i == 0 && c.pending_blocks == 0
+    }
+
+    /// A reservation's blocks of `slot`, received into `buffer`, no longer need it kept.
+    pub fn unpin(&mut self, slot: u32, buffer: u32, count: u32) {
+        let seg = &mut self.segments[slot as usize];
+        if seg.buffer == buffer {
+            assert!(seg.reserved_blocks >= count, "reserved blocks underflow");
+            seg.reserved_blocks -= count;
+            return;
+        }
+        let i = self
+            .detached
+            .iter()
+            .position(|&(b, _)| b == buffer)
+            .expect("a pinned buffer is its segment's or detached");
+        let left = &mut self.detached[i].1;
+        assert!(*left >= count, "detached reserved blocks underflow");
+        *left -= count;
+        if *left == 0 {
+            self.detached.swap_remove(i);
+            self.free_buffers.push(buffer);
+        }
+    }
+
+    /// All the RAM buffers, wherever they are.
+    pub fn buffer_count(&self) -> u32 {
+        self.buffer_count
+    }
+
+    /// Whether the queue's first chunk waits for reserved blocks.
+    pub fn front_pending(&self) -> bool {
+        self.queue.front().is_some_and(|c| c.pending_blocks > 0)
+    }
+
+    /// Queued chunk `seq` if it waits for reserved blocks (so the flusher has not taken it and
+    /// its metadata is still the lock holder's).
+    pub fn pending_chunk(&self, seq: u64) -> Option<&SealedChunk> {
+        self.queue
+            .iter()
+            .find(|c| c.seq == seq)
+            .filter(|c| c.pending_blocks > 0)
+    }
+
     /// Appends a range entry to the open chunk, which must have room for it.
     pub fn push_range(&mut self, entry: Entry, now: Instant) {
         assert!(entry.is_range());
@@ -487,6 +585,10 @@ impl Ring {
         let o = self.open.clone();
         assert!(o.active && self.open_ranges.is_empty());
         assert_eq!((sealed.slot, sealed.seq), (o.slot, o.seq));
+        assert_eq!(
+            sealed.pending_blocks, o.pending_blocks,
+            "pending blocks lost at seal"
+        );
         assert!(next_seq > o.seq, "sequence numbers only rise");
         let next_start = sealed.end_block();
         self.segments[o.slot as usize].last_sealed_seq = o.seq;
@@ -497,6 +599,7 @@ impl Ring {
             self.segments[o.slot as usize].full = true;
             self.open.active = false;
             self.open.seq = next_seq;
+            self.open.pending_blocks = 0;
             self.open_segment(false, next_seq);
         }
     }
@@ -512,6 +615,7 @@ impl Ring {
             meta_blocks: meta,
             data_capacity: data,
             data_count: 0,
+            pending_blocks: 0,
             first_write_at: None,
         };
     }
@@ -542,6 +646,7 @@ impl Ring {
             last_sealed_seq: 0,
             dirty_blocks: 0,
             synced_blocks: 0,
+            reserved_blocks: 0,
         };
         self.next_segment_id += 1;
         self.ram_segments.push_back(slot);
@@ -562,8 +667,14 @@ impl Ring {
     }
 
     /// Takes up to `max` sealed chunks, oldest first, for the flusher to write.
+    /// Stops before a chunk still waiting for reserved blocks.
     pub fn take_queued(&mut self, max: usize) -> Vec<SealedChunk> {
-        let take = self.queue.len().min(max);
+        let ready = self
+            .queue
+            .iter()
+            .take_while(|c| c.pending_blocks == 0)
+            .count();
+        let take = ready.min(max);
         self.queue.drain(..take).collect()
     }
 
@@ -590,7 +701,10 @@ impl Ring {
     }
 
     /// Chunks up to `written_seq` reached the cache device: release the buffers of full
-    /// segments whose chunks are all written.
+    /// segments whose chunks are all written. One that reservations (given up: a pending one
+    /// keeps its chunk unwritten) still receive into is detached instead, and freed when the
+    /// last lets go: the segment itself leaves RAM, so reclaim and relocation pass it (a
+    /// client that stops mid-payload holds up no one).
     pub fn release_written_buffers(&mut self, written_seq: u64) {
         // Segments are written in id order, so the in-RAM ones form a FIFO.
         while let Some(&slot) = self.ram_segments.front() {
@@ -599,7 +713,12 @@ impl Ring {
             if !seg.full || seg.last_sealed_seq > written_seq {
                 break;
             }
-            self.free_buffers.push(seg.buffer);
+            if seg.reserved_blocks > 0 {
+                self.detached.push((seg.buffer, seg.reserved_blocks));
+                seg.reserved_blocks = 0;
+            } else {
+                self.free_buffers.push(seg.buffer);
+            }
             seg.buffer = NO_BUFFER;
             self.ram_segments.pop_front();
         }

@@ -9,7 +9,7 @@ pub mod epochs;
 pub mod stall;
 
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{format_cache, FormatOptions, OpenOptions};
+use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 use logcache_testkit::rng::{seed_from_env, Rng};
 use logcache_testkit::sim::SimDevice;
 
@@ -127,4 +127,60 @@ impl SimPair {
 pub fn live_bytes_max(cache_bytes: u64, segment_bytes: u64) -> u64 {
     let segments = (cache_bytes - (1 << 20)) / segment_bytes;
     (segments - 3) * (segment_bytes - 4096) * 8 / 10
+}
+
+/// A write the way a connection's reader does a large one (`Engine::reserve_write`): the whole
+/// blocks inside it reserved, the payload received into them (`receive` stands for the socket:
+/// the simulation holds an IO at its gate there, so others run meanwhile and flushes cancel
+/// it), then committed, or written the ordinary way when the commit gives up. The partial
+/// blocks at its ends are ordinary writes. Write ids 6 mod 8 give the reservation up filled
+/// but uncommitted (a connection closed mid-payload) and then write the ordinary way (the
+/// client resent it). A failed receipt drops the reservation and fails the write.
+pub fn reserved_write(
+    e: &Engine,
+    offset: u64,
+    data: &[u8],
+    id: u64,
+    receive: &mut dyn FnMut() -> std::io::Result<()>,
+) -> logcache_engine::Result<()> {
+    const BLOCK: u64 = 4096;
+    let end = offset + data.len() as u64;
+    let (first, last) = (offset.div_ceil(BLOCK) * BLOCK, end / BLOCK * BLOCK);
+    if first >= last {
+        return e.write(offset, data, false);
+    }
+    let at = |o: u64| (o - offset) as usize;
+    if offset < first {
+        e.write(offset, &data[..at(first)], false)?;
+    }
+    let middle = &data[at(first)..at(last)];
+    let reserved = e.reserve_write(first, last - first)?;
+    match reserved {
+        None => e.write(first, middle, false)?,
+        Some(mut r) => {
+            if let Err(err) = receive() {
+                drop(r);
+                return Err(logcache_engine::Error::io("the payload's receipt", err));
+            }
+            let mut done = 0;
+            for i in 0..r.piece_count() {
+                let piece = r.piece(i);
+                piece.copy_from_slice(&middle[done..done + piece.len()]);
+                done += piece.len();
+            }
+            assert_eq!(done, middle.len());
+            let mut redo = Vec::new();
+            if id % 8 == 6 {
+                drop(r);
+                e.write(first, middle, false)?;
+            } else if !r.commit(&mut redo) {
+                assert_eq!(redo, middle, "a reservation gave back other data");
+                e.write(first, &redo, false)?;
+            }
+        }
+    }
+    if last < end {
+        e.write(last, &data[at(last)..], false)?;
+    }
+    Ok(())
 }
