@@ -94,6 +94,10 @@ pub struct Counters {
     /// blocks, or a flush, meanwhile) and were written the ordinary way.
     pub writes_reserved: u64,
     pub reserved_writes_redone: u64,
+    /// Cached copies of bypass writes whose clean sectors were marked dirty because a backing
+    /// sync failed (or a connection was replaced) before any sync covered them: writeback
+    /// writes them again (`state/lost.rs`).
+    pub bypass_copies_redirtied: u64,
 }
 
 impl Counters {
@@ -163,6 +167,7 @@ impl Counters {
             ("clean_entries_holed", self.clean_entries_holed),
             ("writes_reserved", self.writes_reserved),
             ("reserved_writes_redone", self.reserved_writes_redone),
+            ("bypass_copies_redirtied", self.bypass_copies_redirtied),
         ]
     }
 }

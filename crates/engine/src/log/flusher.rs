@@ -132,22 +132,20 @@ fn step<'a>(
         .any(|sc| sc.vouch_gen > synced_gen);
     let holes_due = st.bypass.holes_since_sync() >= inner.clean_holes_per_backing_sync;
     if let (true, true, Some(target)) = (needs_backing_sync, holes_due, st.bypass.sync_owed()) {
+        let log_pos = st.log_pos();
         drop(st);
         let res = inner.backing.flush();
         st = inner.state.lock();
         match res {
-            Ok(()) => {
-                st.bypass.note_synced(target, inner.backing.reconnects());
-                st.counters.backing_syncs += 1;
-            }
+            Ok(()) => st.note_backing_synced(target, log_pos, inner.backing.reconnects()),
             Err(e) => {
                 // The backing device is away (a remote server restarting, say): not a cache
                 // failure, and nothing waits for this sync; the clean sectors stay out of the
-                // entries and the next try comes after as many more holes. The next flush
-                // fails with this (`sync_backing`): writes this sync covered have no sync
-                // that vouches for them, whatever a later one says.
+                // entries and the next try comes after as many more holes. The writes this
+                // sync covered have no sync that vouches for them, whatever a later one says:
+                // flushes fail until they are durable again (`state/lost.rs`).
                 st.counters.io_errors += 1;
-                st.bypass.note_sync_failed(
+                st.backing_writes_lost(
                     Error::io(format!("syncing {}", inner.backing.describe()), e).to_string(),
                 );
             }

@@ -25,6 +25,7 @@ use crate::format::BLOCK_SIZE_BYTES;
 use crate::inner::{check_usable, fail_cache_held, mark_failed, Inner};
 use crate::io::BlockDevice;
 use crate::open::recover::ZeroRange;
+use crate::state::bypass::Lost;
 use crate::state::State;
 use crate::tunables;
 use std::time::Duration;
@@ -145,13 +146,15 @@ fn backing_write(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()> {
 fn bypass_io<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
+    around: bool,
     io: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
-    st.bypass.begin_write(inner.backing.reconnects());
+    let log_pos = st.log_pos();
+    st.bypass.begin_write(inner.backing.reconnects(), log_pos);
     drop(st);
     let res = io();
     let mut st = inner.state.lock();
-    st.bypass.end_write();
+    st.bypass.end_write(around);
     st.promotion.invalidate();
     if res.is_err() {
         st.counters.io_errors += 1;
@@ -206,11 +209,20 @@ pub fn write_through(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()
         return write::write(inner, offset_bytes, data, true);
     };
     st.counters.write_through_writes += 1;
-    let res = bypass_io(inner, st, || {
+    let losses = st.bypass.losses();
+    let res = bypass_io(inner, st, false, || {
         wait_durable(inner)?;
         backing_write(inner, offset_bytes, data)
     })
     .and_then(|()| write::write(inner, offset_bytes, data, false));
+    if res.is_ok() {
+        let mut st = inner.state.lock();
+        if st.bypass.losses() != losses {
+            // A backing sync failed after this write's data reached the backing device, and
+            // may have missed the copy logged since (`state/lost.rs`): it goes dirty too.
+            st.mark_copies_dirty(first, end);
+        }
+    }
     end_bypass_write(inner, first, end);
     res
 }
@@ -226,7 +238,7 @@ pub fn write_around(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()>
     st.counters.write_around_writes += 1;
     // In flight from the logging on (defect: raised after the sync, a read miss in between
     // promoted the old backing data, and nothing killed that copy).
-    let res = bypass_io(inner, st, || {
+    let res = bypass_io(inner, st, true, || {
         wait_durable(inner)?;
         backing_write(inner, offset_bytes, data)
     });
@@ -638,52 +650,88 @@ fn wait_for_older(inner: &Inner, seq: u64) -> Result<()> {
     res
 }
 
-/// Syncs the backing device if writes reached it outside writeback since its last sync. Fails
-/// once if a connection to it was replaced while such writes were unsynced (see
-/// `Bypass::note_synced`), or if a backing sync of the flusher's failed since the last flush
-/// (`Bypass::sync_failed`).
+/// Syncs the backing device if writes reached it outside writeback since its last sync; then,
+/// if a backing sync failed (or found a replaced connection) before any sync covered some
+/// bypass writes, makes them durable again or fails (`rewrite_lost`). So a flush that returns
+/// OK never rests on a sync that came after a failed one.
 pub fn sync_backing(inner: &Inner) -> Result<()> {
-    let target = {
-        let mut st = inner.state.lock();
-        report_lost_backing_writes(inner, &mut st)?;
-        match st.bypass.sync_owed() {
-            Some(target) => target,
-            None => return Ok(()),
-        }
+    let owed = {
+        let st = inner.state.lock();
+        st.bypass.sync_owed().map(|target| (target, st.log_pos()))
     };
-    inner
-        .backing
-        .flush()
-        .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))?;
-    let mut st = inner.state.lock();
-    st.bypass.note_synced(target, inner.backing.reconnects());
-    st.counters.backing_syncs += 1;
-    report_lost_backing_writes(inner, &mut st)
+    if let Some((target, log_pos)) = owed {
+        let res = inner.backing.flush();
+        let mut st = inner.state.lock();
+        match res {
+            Ok(()) => st.note_backing_synced(target, log_pos, inner.backing.reconnects()),
+            Err(e) => {
+                let e = Error::io(format!("syncing {}", inner.backing.describe()), e);
+                st.counters.io_errors += 1;
+                st.backing_writes_lost(e.to_string());
+                return Err(e);
+            }
+        }
+    }
+    rewrite_lost(inner)
 }
 
-/// The error a flush returns, once, after a backing sync of the flusher's failed or a backing
-/// sync found a replaced connection (`Bypass::note_synced`).
-fn report_lost_backing_writes(inner: &Inner, st: &mut State) -> Result<()> {
-    if let Some(msg) = st.bypass.take_sync_failed() {
-        // The flusher's backing sync failed after writes that bypassed the log: a later sync
-        // cannot promise them (`Bypass::sync_failed`). The flusher counted the error.
-        return Err(Error::io(
-            "a flush",
-            std::io::Error::other(format!(
-                "{msg}; writes that bypassed the cache before it may be lost, so this flush \
-                 cannot promise they are durable"
-            )),
-        ));
-    }
-    if !st.bypass.take_writes_maybe_lost() {
+/// Waits until the bypass writes a failed backing sync may have lost are durable again: their
+/// cached copies, marked dirty (`state/lost.rs`), written back and synced, running writeback
+/// at full speed meanwhile (in manual mode, on this thread). Fails if writeback fails, and
+/// while some of them have no copy left.
+fn rewrite_lost(inner: &Inner) -> Result<()> {
+    let mut st = inner.state.lock();
+    if st.bypass.lost().is_none() {
         return Ok(());
     }
-    st.counters.io_errors += 1;
-    Err(Error::io(
-        format!("syncing {}", inner.backing.describe()),
-        std::io::Error::other(
-            "a connection was replaced after writes bypassing the cache were sent on it; the \
-             server may have lost them, so this flush cannot promise they are durable",
-        ),
-    ))
+    st.writeback.drain_requests().enter();
+    inner.writeback_wake.notify_one();
+    let res = loop {
+        let end = match st.bypass.lost() {
+            None => break Ok(()),
+            Some((Lost::Gone, why)) => break Err(lost_error(why, "the cache holds no copy of some of them, so no flush can promise them; reopen the cache (restart serve) to go on without them")),
+            Some((&Lost::Rewriting { end }, _)) => end,
+        };
+        if !st.dirty_before(end.0, end.1) {
+            st.bypass.note_rewritten();
+            break Ok(());
+        }
+        if let Err(e) = check_usable(&st) {
+            break Err(e);
+        }
+        if let Some(e) = st.writeback.error() {
+            let e = format!("writing their cached copies again failed: {e}");
+            break Err(lost_error(st.bypass.lost().map_or("", |l| l.1), &e));
+        }
+        // Writeback takes durable chunks only, and copies marked dirty may be in RAM.
+        if let Err(e) = crate::sync::unlocked(&mut st, || wait_durable(inner)) {
+            break Err(e);
+        }
+        let batch = (inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize).min(256);
+        match writeback_step_here(inner, &mut st, batch) {
+            None => {
+                inner.progress.wait_for(&mut st, Duration::from_millis(100));
+            }
+            Some(Err(e)) => break Err(e),
+            Some(Ok(0)) => {
+                let why = st.bypass.lost().map_or("", |l| l.1);
+                break Err(lost_error(why, "writeback cannot write their cached copies again"));
+            }
+            Some(Ok(_)) => {}
+        }
+    };
+    st.writeback.drain_requests().leave();
+    res
+}
+
+/// The error a flush returns while bypass writes a failed backing sync may have lost are not
+/// durable again.
+fn lost_error(why: &str, what_now: &str) -> Error {
+    Error::io(
+        "a flush",
+        std::io::Error::other(format!(
+            "{why}; writes that bypassed the cache before it may be lost from the backing \
+             device, and {what_now}"
+        )),
+    )
 }

@@ -6,6 +6,23 @@
 //! backing device while they differ, and the flusher does before writing a chunk, so a log
 //! entry that says "the backing device holds this" is never durable before the data it
 //! speaks of.
+//!
+//! A backing sync that fails (or finds a replaced connection) may have lost every bypass write
+//! no earlier sync covered, and no later sync vouches for them (a device may drop them with
+//! the error and report success next time: Linux's page cache does). Then `lost` holds until
+//! they are durable again: write-through copies still cached are marked dirty, so writeback
+//! writes them again and syncs (`State::backing_writes_lost`); a write-around write, or a
+//! copy evicted meanwhile, has no copy left, and flushes fail until the cache is reopened.
+
+/// Bypass writes a failed backing sync may have lost, until they are durable again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lost {
+    /// Their cached copies are marked dirty: writeback writes them again; resolved once no
+    /// dirty block lies before log position `end` (segment id, block).
+    Rewriting { end: (u64, u32) },
+    /// Some have no copy in the cache (write-around, or evicted): no flush can promise them.
+    Gone,
+}
 
 #[derive(Debug, Default)]
 pub struct Bypass {
@@ -13,17 +30,32 @@ pub struct Bypass {
     synced_gen: u64,
     /// The backing device's `reconnects()` when the oldest bypass write not yet synced began.
     /// A sync that finds the count moved cannot vouch for writes sent on the replaced
-    /// connection (the server may have acknowledged and then lost them): it sets
-    /// `writes_maybe_lost`, and the next flush reports that as an error.
+    /// connection (the server may have acknowledged and then lost them): they count as lost.
     reconnects_seen: u64,
-    writes_maybe_lost: bool,
+    /// Log position (segment id, block) from which clean copies of bypass writes no
+    /// completed backing sync covers may lie: the open chunk's start when the oldest such
+    /// write began, moved on to the open chunk's start when a sync covering it began.
+    unsynced_from: (u64, u32),
+    /// The newest log position of a clean block evicted (or dropped) so far: a copy at or
+    /// after `unsynced_from` may have been a bypass write's, which a lost sync leaves with no
+    /// copy.
+    evicted_last: Option<(u64, u32)>,
+    /// `write_gen` of the newest write-around write (its data is in no log).
+    around_gen: u64,
+    /// Backing syncs failed (or replaced connections found) so far: a write-through write
+    /// that saw this move while under way marks its own copy dirty.
+    losses: u64,
+    /// Bypass writes a failed sync may have lost, until durable again (module doc).
+    lost: Option<Lost>,
+    /// Why, for the error flushes return meanwhile.
+    lost_why: String,
+    /// The newest target of a sync that succeeded while `lost`: `synced_gen` moves there
+    /// once the lost writes are durable again (until then no clean entry at or below the
+    /// failure may be vouched for).
+    synced_held: u64,
     /// Clean block entries the flusher wrote as holes since the last backing sync: it syncs
     /// the backing device for them once there are `OpenOptions::clean_holes_per_backing_sync`.
     holes_since_sync: u64,
-    /// Why a backing sync of the flusher's failed, until a flush reports it. A later sync
-    /// that succeeds cannot vouch for the writes the failed one covered (a device may drop
-    /// them with the error and report success next time), so the next flush fails once.
-    sync_failed: Option<String>,
     /// Writes to the backing device outside writeback in flight: read misses are not promoted
     /// meanwhile (they could read the old data).
     in_flight: u32,
@@ -43,20 +75,28 @@ pub struct Bypass {
 }
 
 impl Bypass {
-    /// A bypass write starts; `reconnects` is the backing device's count now.
-    pub fn begin_write(&mut self, reconnects: u64) {
+    /// A bypass write starts; `reconnects` is the backing device's count now, `log_pos` where
+    /// the log's next chunk starts (its clean copy, if any, goes there or later).
+    pub fn begin_write(&mut self, reconnects: u64, log_pos: (u64, u32)) {
         if self.in_flight == 0 && self.write_gen == self.synced_gen {
             // The oldest unsynced bypass write starts here: a sync must find the same
-            // connections in place to cover it.
+            // connections in place to cover it, and no unsynced copy lies before `log_pos`.
             self.reconnects_seen = reconnects;
+            if self.lost.is_none() {
+                self.unsynced_from = self.unsynced_from.max(log_pos);
+            }
         }
         self.in_flight += 1;
     }
 
-    /// A bypass write ended (done or failed): a flush now owes a backing sync.
-    pub fn end_write(&mut self) {
+    /// A bypass write ended (done or failed): a flush now owes a backing sync. `around`: a
+    /// write-around write, whose data no cached copy holds.
+    pub fn end_write(&mut self, around: bool) {
         self.end_io();
         self.write_gen += 1;
+        if around {
+            self.around_gen = self.write_gen;
+        }
         assert!(self.write_gen > self.synced_gen);
     }
 
@@ -192,38 +232,103 @@ impl Bypass {
         (self.write_gen > self.synced_gen).then_some(self.write_gen)
     }
 
-    /// Records a successful backing sync that started at generation `target`, with the backing
-    /// device's reconnect count `reconnects` now. If a connection was replaced since the oldest
-    /// bypass write it covers, that write may have been acknowledged on the old connection and
-    /// lost with it, and no sync on the new one vouches for it: the next flush says so.
-    pub fn note_synced(&mut self, target: u64, reconnects: u64) {
+    /// Records a successful backing sync that started at generation `target` with the log's
+    /// next chunk at `log_pos`, with the backing device's reconnect count `reconnects` now.
+    /// False if a connection was replaced since the oldest bypass write it covers: that write
+    /// may have been acknowledged on the old connection and lost with it, and no sync on the
+    /// new one vouches for it (the caller counts the writes lost).
+    #[must_use]
+    pub fn note_synced(&mut self, target: u64, log_pos: (u64, u32), reconnects: u64) -> bool {
         assert!(
             target <= self.write_gen,
             "a sync past the last bypass write"
         );
-        self.synced_gen = self.synced_gen.max(target);
         self.holes_since_sync = 0;
         if reconnects != self.reconnects_seen {
             self.reconnects_seen = reconnects;
-            self.writes_maybe_lost = true;
+            return false;
         }
+        if self.lost.is_some() {
+            self.synced_held = self.synced_held.max(target);
+        } else {
+            self.synced_gen = self.synced_gen.max(target);
+            self.unsynced_from = self.unsynced_from.max(log_pos);
+        }
+        true
     }
 
-    /// Whether a sync found a replaced connection since the last call (reported once).
-    pub fn take_writes_maybe_lost(&mut self) -> bool {
-        std::mem::take(&mut self.writes_maybe_lost)
-    }
-
-    /// The flusher's backing sync failed with `msg`: it tries again after as many more
-    /// holes, and the next flush reports `msg` (see `sync_failed`).
-    pub fn note_sync_failed(&mut self, msg: String) {
+    /// A backing sync failed with `why` (or found a replaced connection) and `lost` is the
+    /// outcome `State::backing_writes_lost` decided (`None`: nothing unsynced). A flusher
+    /// retries after as many more holes.
+    pub fn note_sync_failed(&mut self, why: String, lost: Option<Lost>) {
         self.holes_since_sync = 0;
-        self.sync_failed = Some(msg);
+        self.losses += 1;
+        let Some(lost) = lost else {
+            return;
+        };
+        self.lost_why = why;
+        self.lost = match (self.lost.take(), lost) {
+            (Some(Lost::Gone), _) | (_, Lost::Gone) => Some(Lost::Gone),
+            (Some(Lost::Rewriting { end: a }), Lost::Rewriting { end: b }) => {
+                Some(Lost::Rewriting { end: a.max(b) })
+            }
+            (None, l) => Some(l),
+        };
     }
 
-    /// Why a backing sync of the flusher's failed since the last call, if one did (reported
-    /// once).
-    pub fn take_sync_failed(&mut self) -> Option<String> {
-        self.sync_failed.take()
+    /// A write-through write under way when a sync failed marked its copy dirty: the lost
+    /// writes are durable again once no dirty block lies before `end` either.
+    pub fn note_rewriting(&mut self, end: (u64, u32)) {
+        self.lost = match self.lost.take() {
+            Some(Lost::Gone) => Some(Lost::Gone),
+            Some(Lost::Rewriting { end: a }) => Some(Lost::Rewriting { end: a.max(end) }),
+            None => {
+                self.lost_why =
+                    "a backing sync failed while a write-through write was under way".into();
+                Some(Lost::Rewriting { end })
+            }
+        };
+    }
+
+    /// Whether a backing sync could have lost something now: bypass writes no completed sync
+    /// covers, and whether one of them has no cached copy (write-around, or a clean block at
+    /// or after `unsynced_from` evicted since).
+    pub fn at_risk(&self) -> Option<bool> {
+        (self.write_gen > self.synced_gen).then(|| {
+            self.around_gen > self.synced_gen
+                || self.evicted_last.is_some_and(|p| p >= self.unsynced_from)
+        })
+    }
+
+    /// Where clean copies of bypass writes no completed sync covers may start in the log.
+    pub fn unsynced_from(&self) -> (u64, u32) {
+        self.unsynced_from
+    }
+
+    /// A clean block at log position `pos` was evicted or dropped.
+    pub fn note_evicted(&mut self, pos: (u64, u32)) {
+        self.evicted_last = Some(self.evicted_last.map_or(pos, |p| p.max(pos)));
+    }
+
+    /// Failed backing syncs so far (see `losses`).
+    pub fn losses(&self) -> u64 {
+        self.losses
+    }
+
+    /// Bypass writes a failed sync may have lost, and why, while not durable again.
+    pub fn lost(&self) -> Option<(&Lost, &str)> {
+        self.lost.as_ref().map(|l| (l, self.lost_why.as_str()))
+    }
+
+    /// The lost writes were written again from their cached copies and synced: syncs since
+    /// vouch for what they covered again.
+    pub fn note_rewritten(&mut self) {
+        assert!(
+            matches!(self.lost, Some(Lost::Rewriting { .. })),
+            "rewritten while {:?}",
+            self.lost
+        );
+        self.lost = None;
+        self.synced_gen = self.synced_gen.max(self.synced_held);
     }
 }

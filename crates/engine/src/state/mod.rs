@@ -16,6 +16,7 @@ pub mod changes;
 pub mod chunk_meta;
 pub mod epochs;
 pub mod health;
+mod lost;
 pub mod promotion;
 pub mod reservations;
 pub mod ring;
@@ -239,6 +240,9 @@ impl State {
             .remove_block(c)
             .expect("evicting a block not in the index");
         debug_assert!(self.blocks.lookup(lba).is_none());
+        // Its copy may have been a bypass write's that a failed sync then loses.
+        let (slot, b) = self.geo.split(c);
+        self.bypass.note_evicted((self.ring.segment(slot).id, b));
         self.drop_live(c, None);
         self.counters.blocks_evicted += 1;
         self.promotion.invalidate();

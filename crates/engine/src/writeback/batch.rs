@@ -188,6 +188,13 @@ pub fn batch<'a>(
             fail_cache_held(inner, &mut st, &e);
             return (st, Err(e));
         }
+        Err(CopyError::BackingSync(e)) => {
+            st.counters.io_errors += 1;
+            // The sync covered every write the backing device had: a bypass write no earlier
+            // sync covered may be gone with it (`state/lost.rs`).
+            st.backing_writes_lost(e.to_string());
+            return (st, Err(e));
+        }
         Err(CopyError::CacheRead(e) | CopyError::Backing(e)) => {
             st.counters.io_errors += 1;
             return (st, Err(e));
@@ -331,7 +338,7 @@ fn copy_out(
     let reconnects = inner.backing.reconnects();
     let bytes = write_ios(inner, &bufs.data, &bufs.ios, depth).map_err(CopyError::Backing)?;
     inner.backing.flush().map_err(|e| {
-        CopyError::Backing(Error::io(
+        CopyError::BackingSync(Error::io(
             format!("syncing {}", inner.backing.describe()),
             e,
         ))
@@ -339,7 +346,7 @@ fn copy_out(
     if inner.backing.reconnects() != reconnects {
         // Some of this batch went over a connection that broke: the server may have lost
         // them even though the flush succeeded. The blocks stay dirty; the batch runs again.
-        return Err(CopyError::Backing(Error::io(
+        return Err(CopyError::BackingSync(Error::io(
             format!("writeback to {}", inner.backing.describe()),
             std::io::Error::other(
                 "the backing device reconnected during the batch; writing it again",
@@ -354,6 +361,8 @@ fn copy_out(
 enum CopyError {
     CacheRead(Error),
     Backing(Error),
+    /// Its sync failed or found a connection replaced: bypass writes may be lost too.
+    BackingSync(Error),
 }
 
 /// One write to the backing device: `len` bytes of the batch buffer from `start`.

@@ -73,14 +73,20 @@ pub fn write(inner: &Inner, st: &mut MutexGuard<'_, State>) {
             inner.record_pending.store(false, Ordering::Relaxed);
             *last = Some((now, lag_bytes));
         }
-        inner.backing.write_at(&raw, offset)?;
+        inner.backing.write_at(&raw, offset).map_err(Ok)?;
         if lag_bytes == 0 {
-            inner.backing.flush()?;
+            // Err(Err(_)): the sync failed (a bypass write may be gone with it).
+            inner.backing.flush().map_err(Err)?;
         }
-        Ok::<(), std::io::Error>(())
+        Ok::<(), Result<std::io::Error, std::io::Error>>(())
     });
-    if res.is_err() {
-        st.counters.io_errors += 1;
+    match res {
+        Ok(()) => {}
+        Err(Ok(_)) => st.counters.io_errors += 1,
+        Err(Err(e)) => {
+            st.counters.io_errors += 1;
+            st.backing_writes_lost(format!("syncing {}: {e}", inner.backing.describe()));
+        }
     }
 }
 
