@@ -724,7 +724,10 @@ fn a_flush_after_the_flushers_backing_sync_failed_is_truthful() {
     // Fails or not (this one rewrites the copy first and returns OK), but the first flush
     // that returns OK must have made both writes durable.
     let flushed = (0..3).any(|_| e.flush().is_ok());
-    assert!(flushed, "no flush returned OK with the backing device healthy");
+    assert!(
+        flushed,
+        "no flush returned OK with the backing device healthy"
+    );
     assert!(e.stats().counters.bypass_copies_redirtied >= 1);
     let cache_cut = power_cut_copy(&pair.cache);
     let backing_cut = power_cut_copy(&pair.backing);
@@ -732,9 +735,15 @@ fn a_flush_after_the_flushers_backing_sync_failed_is_truthful() {
     let e2 = Engine::open(Arc::new(cache_cut), Arc::new(backing_cut), opts).unwrap();
     let mut buf = [0u8; 4096];
     e2.read(0, &mut buf).unwrap();
-    assert_eq!(buf, [0x22; 4096], "a write-through write lost after a flush returned OK");
+    assert_eq!(
+        buf, [0x22; 4096],
+        "a write-through write lost after a flush returned OK"
+    );
     e2.read(8 * 4096, &mut buf).unwrap();
-    assert_eq!(buf, [0x33; 4096], "the second write after a flush returned OK");
+    assert_eq!(
+        buf, [0x33; 4096],
+        "the second write after a flush returned OK"
+    );
     e2.close().unwrap();
 }
 
@@ -751,7 +760,8 @@ fn a_flush_after_its_own_backing_sync_failed_is_truthful() {
     backing.fail_next(OpKind::Flush, 1, FaultKind::Io);
     assert!(e.flush().is_err(), "the flush whose backing sync failed");
     pair.backing.crash_lose_all();
-    e.flush().expect("a flush with the backing device healthy again");
+    e.flush()
+        .expect("a flush with the backing device healthy again");
     let cache_cut = power_cut_copy(&pair.cache);
     let backing_cut = power_cut_copy(&pair.backing);
     e.crash();
@@ -763,7 +773,10 @@ fn a_flush_after_its_own_backing_sync_failed_is_truthful() {
     .unwrap();
     let mut buf = [0u8; 4096];
     e2.read(0, &mut buf).unwrap();
-    assert_eq!(buf, [0x44; 4096], "a write-through write lost after a flush returned OK");
+    assert_eq!(
+        buf, [0x44; 4096],
+        "a write-through write lost after a flush returned OK"
+    );
     e2.close().unwrap();
 }
 
@@ -781,7 +794,9 @@ fn flushes_keep_failing_after_a_failed_sync_lost_a_write_around_write() {
     assert!(e.flush().is_err(), "the flush whose backing sync failed");
     pair.backing.crash_lose_all();
     for _ in 0..3 {
-        let err = e.flush().expect_err("a flush after a write-around write was lost");
+        let err = e
+            .flush()
+            .expect_err("a flush after a write-around write was lost");
         assert!(err.to_string().contains("reopen"), "{err}");
     }
     e.close().unwrap();
@@ -835,7 +850,10 @@ fn a_flush_after_a_replaced_connection_is_truthful() {
     pair.backing.crash_lose_all();
     backing.reconnects.fetch_add(1, Ordering::SeqCst);
     let flushed = (0..3).any(|_| e.flush().is_ok());
-    assert!(flushed, "no flush returned OK with the backing device healthy");
+    assert!(
+        flushed,
+        "no flush returned OK with the backing device healthy"
+    );
     let cache_cut = power_cut_copy(&pair.cache);
     let backing_cut = power_cut_copy(&pair.backing);
     e.crash();
@@ -847,7 +865,10 @@ fn a_flush_after_a_replaced_connection_is_truthful() {
     .unwrap();
     let mut buf = [0u8; 4096];
     e2.read(0, &mut buf).unwrap();
-    assert_eq!(buf, [0x66; 4096], "a write-through write lost after a flush returned OK");
+    assert_eq!(
+        buf, [0x66; 4096],
+        "a write-through write lost after a flush returned OK"
+    );
     e2.close().unwrap();
 }
 

@@ -720,6 +720,13 @@ struct Case<'a> {
     /// 20).
     backing_flush_odds: u64,
     backing_flush_rng: Rng,
+    /// The backing device under the gate: a failed backing flush drops some of its unsynced
+    /// writes for good (`SimDevice::fail_sync_dropping`, Linux's page cache after a writeback
+    /// error), so a later flush that returned OK without writing them again loses them at the
+    /// power cut (issue 20: the rule that failed only the next flush passed here before, since
+    /// a failed sync lost nothing and the next one made everything durable).
+    backing_dev: SimDevice,
+    drop_rng: Rng,
 }
 
 impl Case<'_> {
@@ -889,6 +896,7 @@ impl Case<'_> {
             self.shared.faulted.store(true, Ordering::SeqCst);
             self.totals.faults += 1;
             if backing_flush {
+                self.backing_dev.fail_sync_dropping(&mut self.drop_rng);
                 self.totals.backing_flush_faults += 1;
                 if op.thread == "logcache-flusher" {
                     self.totals.flusher_backing_flush_faults += 1;
@@ -1081,6 +1089,8 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         cache_dead: false,
         backing_flush_odds: 0,
         backing_flush_rng: Rng::new(seed ^ 0x6266_6c75_7368),
+        backing_dev: pair.backing.clone(),
+        drop_rng: Rng::new(seed ^ 0x6472_6f70),
     };
     for cycle in 0..cycles {
         case.totals.cycles += 1;

@@ -38,7 +38,8 @@ struct Shared {
 struct State {
     /// What survives a power loss.
     durable: Vec<u8>,
-    /// What reads see: `durable` with every pending write applied in order.
+    /// What reads see: `durable` with every pending write applied in order (and the writes a
+    /// failed sync dropped, `fail_sync_dropping`, until overwritten or a power loss).
     volatile: Vec<u8>,
     /// Writes (and discards, as writes of zeros) since the last flush, in issue order.
     pending: Vec<(u64, Vec<u8>)>,
@@ -156,30 +157,19 @@ impl SimDevice {
     fn crash_with(&self, mut mode: CrashMode<'_>) {
         let mut guard = self.shared.state.lock();
         let state = &mut *guard;
-        for (offset, data) in state.pending.drain(..) {
-            let start = offset as usize;
-            match &mut mode {
-                CrashMode::KeepAll => {
-                    state.durable[start..start + data.len()].copy_from_slice(&data);
-                }
-                CrashMode::LoseAll => {}
-                CrashMode::Random(rng) => match rng.below(3) {
-                    0 => state.durable[start..start + data.len()].copy_from_slice(&data),
-                    1 => {}
-                    _ => {
-                        let sector = SECTOR_SIZE_BYTES as usize;
-                        for (i, chunk) in data.chunks(sector).enumerate() {
-                            if rng.chance(1, 2) {
-                                let at = start + i * sector;
-                                state.durable[at..at + chunk.len()].copy_from_slice(chunk);
-                            }
-                        }
-                    }
-                },
-            }
-        }
+        settle_pending(state, &mut mode);
         state.volatile.copy_from_slice(&state.durable);
         state.failpoints = Failpoints::default();
+    }
+
+    /// A sync that fails the way Linux's page cache reports a writeback error: each unsynced
+    /// write is, at random, made durable, dropped or torn (as at a power loss), while reads
+    /// still see every one of them until overwritten or the power fails; a later sync that
+    /// succeeds does not bring back the dropped ones (fsyncgate). Call it when the flush
+    /// itself is failed by a wrapper (a scheduler's or a fault device's verdict).
+    pub fn fail_sync_dropping(&self, rng: &mut Rng) {
+        let mut guard = self.shared.state.lock();
+        settle_pending(&mut guard, &mut CrashMode::Random(rng));
     }
 
     /// After `n` more successful writes, every write, flush and discard fails with EIO until
@@ -318,6 +308,32 @@ impl SimDevice {
 }
 
 /// How [`SimDevice::crash_with`] treats each pending write.
+/// Applies each pending write to the durable image as `mode` says (volatile left alone).
+fn settle_pending(state: &mut State, mode: &mut CrashMode<'_>) {
+    for (offset, data) in state.pending.drain(..) {
+        let start = offset as usize;
+        match mode {
+            CrashMode::KeepAll => {
+                state.durable[start..start + data.len()].copy_from_slice(&data);
+            }
+            CrashMode::LoseAll => {}
+            CrashMode::Random(rng) => match rng.below(3) {
+                0 => state.durable[start..start + data.len()].copy_from_slice(&data),
+                1 => {}
+                _ => {
+                    let sector = SECTOR_SIZE_BYTES as usize;
+                    for (i, chunk) in data.chunks(sector).enumerate() {
+                        if rng.chance(1, 2) {
+                            let at = start + i * sector;
+                            state.durable[at..at + chunk.len()].copy_from_slice(chunk);
+                        }
+                    }
+                }
+            },
+        }
+    }
+}
+
 enum CrashMode<'a> {
     Random(&'a mut Rng),
     KeepAll,

@@ -339,6 +339,7 @@ pub fn write(inner: &Inner, offset_bytes: u64, data: &[u8], fua: bool) -> Result
         .backing
         .write_at(data, offset_bytes)
         .map_err(|e| backing_err(format!("writing {} bytes at {offset_bytes}", data.len()), e))?;
+    inner.lost.note_written();
     // Written over: current again (before the reply, so a read sent after it finds the data).
     let (first, count) = sectors(offset_bytes, data.len() as u64);
     inner.lost.overwritten(first, count);
@@ -349,6 +350,17 @@ pub fn write(inner: &Inner, offset_bytes: u64, data: &[u8], fua: bool) -> Result
 /// failure was lost before it was ever durable (the flush covers it, and it never will be).
 pub fn flush(inner: &Inner) -> Result<()> {
     sync(inner)?;
+    if inner.lost.sync_lost() {
+        // A later sync does not vouch for writes a failed one may have dropped (fsyncgate).
+        return Err(Error::io(
+            "flush",
+            std::io::Error::other(
+                "a backing sync failed after writes sent to the backing device alone, which \
+                 may be lost from it and have no other copy; flushes fail until serve is \
+                 restarted",
+            ),
+        ));
+    }
     let unflushed = inner.lost.unflushed_bytes();
     if unflushed > 0 {
         return Err(Error::io(
@@ -365,10 +377,10 @@ pub fn flush(inner: &Inner) -> Result<()> {
 
 /// Syncs the backing device (FUA, close).
 pub fn sync(inner: &Inner) -> Result<()> {
-    inner
-        .backing
-        .flush()
-        .map_err(|e| backing_err("syncing the backing device".into(), e))
+    let target = inner.lost.sync_target();
+    let res = inner.backing.flush();
+    inner.lost.note_synced(target, res.is_ok());
+    res.map_err(|e| backing_err("syncing the backing device".into(), e))
 }
 
 /// A drain: nothing is dirty, but the backing device does not hold the disk while sectors are
@@ -391,6 +403,7 @@ pub fn write_zeroes(inner: &Inner, offset_bytes: u64, len_bytes: u64, fua: bool)
         .backing
         .write_zeroes(offset_bytes, len_bytes)
         .map_err(|e| backing_err(format!("zeroing {len_bytes} bytes at {offset_bytes}"), e))?;
+    inner.lost.note_written();
     let (first, count) = sectors(offset_bytes, len_bytes);
     inner.lost.overwritten(first, count);
     durable_if(inner, fua)
@@ -403,6 +416,7 @@ pub fn discard(inner: &Inner, offset_bytes: u64, len_bytes: u64, fua: bool) -> R
         .backing
         .discard(offset_bytes, len_bytes)
         .map_err(|e| backing_err(format!("discarding {len_bytes} bytes at {offset_bytes}"), e))?;
+    inner.lost.note_written();
     durable_if(inner, fua)
 }
 

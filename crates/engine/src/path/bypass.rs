@@ -715,7 +715,10 @@ fn rewrite_lost(inner: &Inner) -> Result<()> {
             Some(Err(e)) => break Err(e),
             Some(Ok(0)) => {
                 let why = st.bypass.lost().map_or("", |l| l.1);
-                break Err(lost_error(why, "writeback cannot write their cached copies again"));
+                break Err(lost_error(
+                    why,
+                    "writeback cannot write their cached copies again",
+                ));
             }
             Some(Ok(_)) => {}
         }

@@ -15,7 +15,7 @@
 //! Used only once serving from the backing device alone; its own mutex, never the state lock.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::sync::Mutex;
 
@@ -40,6 +40,13 @@ pub struct Lost {
     /// The runs lost when the cache device failed (tests: after a power cut those sectors
     /// may hold older data even once written again, if that write was never flushed).
     at_failure_runs: Mutex<Vec<(u64, u64)>>,
+    /// Writes sent alone so far, and how many of them a successful backing sync covers.
+    written_gen: AtomicU64,
+    synced_gen: AtomicU64,
+    /// A backing sync failed with writes sent alone not covered by an earlier one: they may be
+    /// gone (a later sync does not vouch for them), and no copy of them is left, so every
+    /// later flush fails (issue 20's rule for writes that bypass the cache).
+    sync_lost: AtomicBool,
 }
 
 /// The dirty sectors of the index (and of shadows, older flush epochs' dirty copies that the
@@ -110,6 +117,31 @@ impl Lost {
 
     pub fn lost_bytes(&self) -> u64 {
         self.lost_sectors.load(Ordering::Acquire) * SECTOR_SIZE_BYTES
+    }
+
+    /// A write, write-zeroes or discard reached the backing device alone.
+    pub fn note_written(&self) {
+        self.written_gen.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The generation a backing sync started now covers.
+    pub fn sync_target(&self) -> u64 {
+        self.written_gen.load(Ordering::Acquire)
+    }
+
+    /// A backing sync that started at `target` returned `ok`.
+    pub fn note_synced(&self, target: u64, ok: bool) {
+        if ok {
+            self.synced_gen.fetch_max(target, Ordering::AcqRel);
+        } else if self.written_gen.load(Ordering::Acquire) > self.synced_gen.load(Ordering::Acquire)
+        {
+            self.sync_lost.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether a failed backing sync may have lost writes sent alone (see `sync_lost`).
+    pub fn sync_lost(&self) -> bool {
+        self.sync_lost.load(Ordering::Acquire)
     }
 
     pub fn unflushed_bytes(&self) -> u64 {
