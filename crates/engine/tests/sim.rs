@@ -80,6 +80,7 @@ use logcache_engine::{CachedRead, Engine, Extent, ExtentKind, OpenOptions};
 use logcache_testkit::fault::OpKind;
 use logcache_testkit::rng::Rng;
 use logcache_testkit::sched::{GateMode, HeldOp, SchedDevice, Scheduler};
+use logcache_testkit::sim::SimDevice;
 use parking_lot::Mutex;
 
 const KIB: u64 = 1024;
