@@ -115,13 +115,18 @@ fn take_over(inner: &Arc<Inner>) {
     // none starts after `deciding`.
     let order = inner.backing_order.lock();
     let record_guard = inner.last_record.lock();
-    let (lost, in_ram) = {
+    let (lost, in_ram, bypass_lost, bypass_unsynced) = {
         let st = inner.state.lock();
         (
             crate::path::lost::collect(&inner.geo, &st),
             crate::path::in_ram::collect(inner, &st),
+            st.bypass.lost().is_some(),
+            st.bypass.sync_owed().is_some(),
         )
     };
+    // Writes that bypassed the cache keep their rule alone: lost to a failed sync already,
+    // or unsynced (a failed sync from now on may lose them).
+    inner.lost.carry_bypass(bypass_lost, bypass_unsynced);
     let lost_sectors: u64 = lost.values().map(|s| s.lost.count_ones() as u64).sum();
     let lost_bytes = lost_sectors * SECTOR_SIZE_BYTES;
     // Installed before the label is marked (nothing reads it before `YES`): tests that cut
@@ -350,17 +355,7 @@ pub fn write(inner: &Inner, offset_bytes: u64, data: &[u8], fua: bool) -> Result
 /// failure was lost before it was ever durable (the flush covers it, and it never will be).
 pub fn flush(inner: &Inner) -> Result<()> {
     sync(inner)?;
-    if inner.lost.sync_lost() {
-        // A later sync does not vouch for writes a failed one may have dropped (fsyncgate).
-        return Err(Error::io(
-            "flush",
-            std::io::Error::other(
-                "a backing sync failed after writes sent to the backing device alone, which \
-                 may be lost from it and have no other copy; flushes fail until serve is \
-                 restarted",
-            ),
-        ));
-    }
+    sync_lost_check(inner)?;
     let unflushed = inner.lost.unflushed_bytes();
     if unflushed > 0 {
         return Err(Error::io(
@@ -439,9 +434,28 @@ fn sectors(offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
 }
 
 /// FUA makes this write durable, not the earlier lost ones: the backing device's sync only.
+/// But a FUA is a flush point for everything acknowledged before it (the cached path's rule),
+/// so it fails as a flush does once a failed sync may have lost writes sent alone.
 fn durable_if(inner: &Inner, fua: bool) -> Result<()> {
     if fua {
         sync(inner)?;
+        sync_lost_check(inner)?;
     }
     Ok(())
+}
+
+/// Fails once a backing sync failed with writes sent alone unsynced (`Lost::sync_lost`).
+fn sync_lost_check(inner: &Inner) -> Result<()> {
+    if !inner.lost.sync_lost() {
+        return Ok(());
+    }
+    // A later sync does not vouch for writes a failed one may have dropped (fsyncgate).
+    Err(Error::io(
+        "flush",
+        std::io::Error::other(
+            "a backing sync failed after writes that bypassed the cache, which may be lost \
+             from the backing device and have no other copy; flushes fail until serve is \
+             restarted",
+        ),
+    ))
 }

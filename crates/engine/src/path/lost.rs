@@ -139,6 +139,17 @@ impl Lost {
         }
     }
 
+    /// At the switch: bypass writes of the cached engine a failed sync may have lost
+    /// (`lost`), or not yet synced (`unsynced`: a failed sync from now on may lose them).
+    pub fn carry_bypass(&self, lost: bool, unsynced: bool) {
+        if lost {
+            self.sync_lost.store(true, Ordering::Release);
+        }
+        if unsynced {
+            self.note_written();
+        }
+    }
+
     /// Whether a failed backing sync may have lost writes sent alone (see `sync_lost`).
     pub fn sync_lost(&self) -> bool {
         self.sync_lost.load(Ordering::Acquire)
