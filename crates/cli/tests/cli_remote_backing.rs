@@ -495,11 +495,12 @@ fn backing_timeout_must_be_positive() {
 /// Write-through over an NBD backing device whose server restarts. Writes fail while calls meet
 /// the broken connections, then succeed again once they reconnect (the cache keeps serving: a
 /// failed backing sync is retried, not a cache failure). A write the old server acknowledged
-/// may have been lost with it, and a FLUSH on a new connection does not cover it, so the first
-/// flush after the reconnection fails (EIO) instead of promising durability; the next one
-/// succeeds, and what was written after the reconnection is on the export.
+/// may have been lost with it, and a FLUSH on a new connection does not cover it: the flush
+/// after the reconnection first writes the cached copies of the writes no sync covered back
+/// to the backing device and syncs, then returns OK (issue 20; before, it failed once and the
+/// next flush returned OK with nothing written again), and everything is on the export.
 #[test]
-fn write_through_survives_a_backing_restart_and_the_next_flush_says_what_may_be_lost() {
+fn write_through_survives_a_backing_restart_and_the_next_flush_writes_again_what_may_be_lost() {
     let dir = TestDir::new("r-wt-restart");
     let (export, mut kit, served) =
         serve_over_file_export(&dir, &["--set", "cache_mode=write-through"]);
@@ -510,8 +511,8 @@ fn write_through_survives_a_backing_restart_and_the_next_flush_says_what_may_be_
     kit.stop();
     let _kit = export.start();
     // nbdsh, not qemu-io: qemu-io flushes when it closes and ignores that flush's error, which
-    // would swallow the one this test looks for. Calls on the broken connections fail once
-    // each, then reconnect: write until one lands.
+    // would hide a failing one. Calls on the broken connections fail once each, then
+    // reconnect: write until one lands.
     let mut tries = Vec::new();
     let landed = (0..16).any(|_| {
         let out = run(nbdsh().args(["-u", &uri, "-c", "h.pwrite(b'\\x62' * 65536, 1 << 20)"]));
@@ -523,10 +524,10 @@ fn write_through_survives_a_backing_restart_and_the_next_flush_says_what_may_be_
         "no write-through write succeeded after the backing server restarted: {tries:?}"
     );
     let out = run(nbdsh().args(["-u", &uri, "-c", "h.flush()"]));
-    let err = text(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("Input/output error"),
-        "the first flush after a backing reconnection did not fail: {err}"
+        out.status.success(),
+        "the flush after a backing reconnection failed: {}",
+        text(&out.stderr)
     );
     qemu_io_ok(&uri, &["flush"]);
     assert_eq!(served.status()["state"], "serving");

@@ -2317,7 +2317,7 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     );
     // Issue 20's path: clean copies left out of the log, and backing syncs failing. (CI's
     // first 150 seeds fail no backing sync of the flusher's itself, which is rarer: 11 in a
-    // sweep of 260 schedules; defects::a_flush_fails_after_the_flushers_backing_sync_failed
+    // sweep of 260 schedules; defects::a_flush_after_the_flushers_backing_sync_failed_is_truthful
     // covers it.)
     assert!(
         seeds.len() < CI_SCHEDULES as usize
