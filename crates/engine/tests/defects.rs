@@ -735,14 +735,16 @@ fn a_flush_after_the_flushers_backing_sync_failed_is_truthful() {
     let e2 = Engine::open(Arc::new(cache_cut), Arc::new(backing_cut), opts).unwrap();
     let mut buf = [0u8; 4096];
     e2.read(0, &mut buf).unwrap();
-    assert_eq!(
-        buf, [0x22; 4096],
-        "a write-through write lost after a flush returned OK"
+    assert!(
+        buf.iter().all(|&b| b == 0x22),
+        "a write-through write lost after a flush returned OK (reads {:#x})",
+        buf[0]
     );
     e2.read(8 * 4096, &mut buf).unwrap();
-    assert_eq!(
-        buf, [0x33; 4096],
-        "the second write after a flush returned OK"
+    assert!(
+        buf.iter().all(|&b| b == 0x33),
+        "the second write after a flush returned OK (reads {:#x})",
+        buf[0]
     );
     e2.close().unwrap();
 }
@@ -773,9 +775,10 @@ fn a_flush_after_its_own_backing_sync_failed_is_truthful() {
     .unwrap();
     let mut buf = [0u8; 4096];
     e2.read(0, &mut buf).unwrap();
-    assert_eq!(
-        buf, [0x44; 4096],
-        "a write-through write lost after a flush returned OK"
+    assert!(
+        buf.iter().all(|&b| b == 0x44),
+        "a write-through write lost after a flush returned OK (reads {:#x})",
+        buf[0]
     );
     e2.close().unwrap();
 }
@@ -865,9 +868,10 @@ fn a_flush_after_a_replaced_connection_is_truthful() {
     .unwrap();
     let mut buf = [0u8; 4096];
     e2.read(0, &mut buf).unwrap();
-    assert_eq!(
-        buf, [0x66; 4096],
-        "a write-through write lost after a flush returned OK"
+    assert!(
+        buf.iter().all(|&b| b == 0x66),
+        "a write-through write lost after a flush returned OK (reads {:#x})",
+        buf[0]
     );
     e2.close().unwrap();
 }
