@@ -690,6 +690,32 @@ fn a_partly_dirty_block_does_not_vouch_for_a_write_through_copy_no_sync_covered(
     e2.close().unwrap();
 }
 
+/// Cuts the power under `e` (both devices of `pair` lose what they did not sync), reopens
+/// with `opts`, and checks that each (offset, byte) block reads its byte: writes a flush
+/// returned OK for before the cut.
+fn after_a_power_cut_blocks_read(
+    pair: &SimPair,
+    e: Engine,
+    opts: OpenOptions,
+    blocks: &[(u64, u8)],
+) {
+    let cache_cut = power_cut_copy(&pair.cache);
+    let backing_cut = power_cut_copy(&pair.backing);
+    e.crash();
+    let e2 = Engine::open(Arc::new(cache_cut), Arc::new(backing_cut), opts).unwrap();
+    let mut buf = [0u8; 4096];
+    for &(offset, byte) in blocks {
+        e2.read(offset, &mut buf).unwrap();
+        assert!(
+            buf.iter().all(|&b| b == byte),
+            "a write-through write at {offset} lost after a flush returned OK (reads {:#x}, \
+             not {byte:#x})",
+            buf[0]
+        );
+    }
+    e2.close().unwrap();
+}
+
 /// Issue 20: a flush fails after a backing sync of the flusher's failed. With clean copies
 /// written as holes no chunk waits for that sync any more, so a flush that found the log
 /// durable and its own backing sync successful returned OK (1e93459 removed the check that
@@ -729,24 +755,7 @@ fn a_flush_after_the_flushers_backing_sync_failed_is_truthful() {
         "no flush returned OK with the backing device healthy"
     );
     assert!(e.stats().counters.bypass_copies_redirtied >= 1);
-    let cache_cut = power_cut_copy(&pair.cache);
-    let backing_cut = power_cut_copy(&pair.backing);
-    e.crash();
-    let e2 = Engine::open(Arc::new(cache_cut), Arc::new(backing_cut), opts).unwrap();
-    let mut buf = [0u8; 4096];
-    e2.read(0, &mut buf).unwrap();
-    assert!(
-        buf.iter().all(|&b| b == 0x22),
-        "a write-through write lost after a flush returned OK (reads {:#x})",
-        buf[0]
-    );
-    e2.read(8 * 4096, &mut buf).unwrap();
-    assert!(
-        buf.iter().all(|&b| b == 0x33),
-        "the second write after a flush returned OK (reads {:#x})",
-        buf[0]
-    );
-    e2.close().unwrap();
+    after_a_power_cut_blocks_read(&pair, e, opts, &[(0, 0x22), (8 * 4096, 0x33)]);
 }
 
 /// Issue 20, the same for the flush's own backing sync: it fails, the device drops the
@@ -764,23 +773,7 @@ fn a_flush_after_its_own_backing_sync_failed_is_truthful() {
     pair.backing.crash_lose_all();
     e.flush()
         .expect("a flush with the backing device healthy again");
-    let cache_cut = power_cut_copy(&pair.cache);
-    let backing_cut = power_cut_copy(&pair.backing);
-    e.crash();
-    let e2 = Engine::open(
-        Arc::new(cache_cut),
-        Arc::new(backing_cut),
-        manual(4 * SEG_64K),
-    )
-    .unwrap();
-    let mut buf = [0u8; 4096];
-    e2.read(0, &mut buf).unwrap();
-    assert!(
-        buf.iter().all(|&b| b == 0x44),
-        "a write-through write lost after a flush returned OK (reads {:#x})",
-        buf[0]
-    );
-    e2.close().unwrap();
+    after_a_power_cut_blocks_read(&pair, e, manual(4 * SEG_64K), &[(0, 0x44)]);
 }
 
 /// Issue 20: a write-around write keeps no copy, so once a backing sync failed before any
@@ -857,23 +850,7 @@ fn a_flush_after_a_replaced_connection_is_truthful() {
         flushed,
         "no flush returned OK with the backing device healthy"
     );
-    let cache_cut = power_cut_copy(&pair.cache);
-    let backing_cut = power_cut_copy(&pair.backing);
-    e.crash();
-    let e2 = Engine::open(
-        Arc::new(cache_cut),
-        Arc::new(backing_cut),
-        manual(4 * SEG_64K),
-    )
-    .unwrap();
-    let mut buf = [0u8; 4096];
-    e2.read(0, &mut buf).unwrap();
-    assert!(
-        buf.iter().all(|&b| b == 0x66),
-        "a write-through write lost after a flush returned OK (reads {:#x})",
-        buf[0]
-    );
-    e2.close().unwrap();
+    after_a_power_cut_blocks_read(&pair, e, manual(4 * SEG_64K), &[(0, 0x66)]);
 }
 
 /// Issue 19 (smaller finding): a TRIM held `backing_order`, which every writeback batch takes,
