@@ -1,6 +1,7 @@
 //! `logcache import-diff IN|- TARGET [--from NAME]`: applies an `rbd diff v1` stream (from
-//! `rbd export-diff`, or logcache's own export-diff once it exists) to a file, a block device,
-//! an NBD export or an RBD image.
+//! `rbd export-diff`, or `logcache export-diff`) to a file, a block device, an NBD export or
+//! an RBD image. `logcache export-diff`: asks a running serve for the changes since a
+//! checkpoint, as such a stream (`export_diff.rs` on the serving side).
 
 use std::fs::File;
 use std::io::{self, BufReader, IsTerminal, Read};
