@@ -58,30 +58,19 @@ base=${4:-/var/tmp}
 servers=${SERVERS:-logcache logcache-sync nbdkit-file qemu-nbd-direct}
 job_filter=${JOBS:-.}
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/scripts/lib/bench.sh"
 bin=${LOGCACHE_BIN:-$root/target/release/logcache}
 [ -x "$bin" ] || (cd "$root" && cargo build --release -q -p logcache)
 bench_bin=$(dirname "$bin")/logcache-bench
 hdd_gib=8
 dir=$(mktemp -d "$base/lciopath.XXXXXX")
 declare -A pid uri
-cleanup() {
-    for p in "${pid[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$dir"
-}
+cleanup() { kill_and_remove "$dir" "${pid[@]}"; }
 trap cleanup EXIT
-wait_socket() { # $1 uri, $2 pid
-    until nbdinfo --size "$1" >/dev/null 2>&1; do
-        kill -0 "$2" 2>/dev/null || { cat "$dir"/*.log >&2; exit 1; }
-        sleep 0.05
-    done
-}
 start_hdd() { # $1 name: an emulated HDD of its own; prints its URI
     local sock="$dir/$1-hdd.sock"
-    "$bench_bin" sim-hdd --file "$dir/$1-hdd.img" --size "${hdd_gib}G" --socket "$sock" \
-        >"$dir/$1-hdd.log" 2>&1 &
-    pid[$1-hdd]=$!
-    wait_socket "nbd+unix:///?socket=$sock" "$!"
+    start_sim_hdd "$bench_bin" "$dir/$1-hdd.img" "${hdd_gib}G" "$sock" "$dir/$1-hdd.log"
+    pid[$1-hdd]=$sim_hdd_pid
     echo "nbd+unix:///?socket=$sock"
 }
 start() { # $1 server name
@@ -144,7 +133,7 @@ start() { # $1 server name
     esac
     pid[$s]=$!
     uri[$s]="nbd+unix:///?socket=$sock"
-    wait_socket "${uri[$s]}" "${pid[$s]}"
+    wait_nbd "${uri[$s]}" "${pid[$s]}" "$dir"/*.log
 }
 for s in $servers; do start "$s"; done
 

@@ -48,6 +48,7 @@ LAT_WAYS=${LAT_WAYS:-shared bg-nice fg-rt}
 PERF=${PERF:-}
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/scripts/lib/bench.sh"
 bin=$root/target/release/logcache
 bench=$root/target/release/logcache-bench
 [ -x "$bin" ] && [ -x "$bench" ] || (cd "$root" && cargo build --release -q -p logcache -p logcache-bench)
@@ -68,20 +69,9 @@ trap cleanup EXIT
 
 conf=$("$root/scripts/ceph-up.sh" "$dir/ceph" 2>/dev/null | tail -n 1)
 osd_pid=$(cat "$dir"/ceph/run/ceph-osd.0.pid)
-for img in raw li lc lq qn; do
-    rbd -c "$conf" create --size 1G "rbd/$img"
-    rbd -c "$conf" bench --io-type write --io-size 4M --io-threads 4 --io-total 512M \
-        --io-pattern seq "rbd/$img" >/dev/null
-done
-cp "$conf" "$dir/nocache.conf"
-printf '[client]\nrbd cache = false\n' >>"$dir/nocache.conf"
+rbd_images "$conf" 1G raw li lc lq qn
+rbd_client_conf "$conf" "$dir/nocache.conf" 'rbd cache = false'
 
-wait_sock() { # SOCKET LOG
-    for _ in $(seq 1 300); do [ -S "$1" ] && return 0; sleep 0.1; done
-    echo "bench-rbd-limits: $1 never appeared:" >&2
-    cat "$2" >&2
-    exit 1
-}
 qemu-nbd -f raw -t --discard=unmap --cache=none -k "$dir/qn.sock" "rbd:rbd/qn:conf=$conf" \
     >"$dir/qemu-nbd-qn.log" 2>&1 &
 pids+=($!)
@@ -90,27 +80,16 @@ qemu-nbd -f raw -t --discard=unmap --cache=none -k "$dir/lq.sock" "rbd:rbd/lq:co
 pids+=($!)
 nbdkit -U "$dir/null.sock" -f null 1G >"$dir/nbdkit-null.log" 2>&1 &
 pids+=($!)
-wait_sock "$dir/qn.sock" "$dir/qemu-nbd-qn.log"
-wait_sock "$dir/lq.sock" "$dir/qemu-nbd-lq.log"
-wait_sock "$dir/null.sock" "$dir/nbdkit-null.log"
+wait_socket_file "$dir/qn.sock" "$dir/qemu-nbd-qn.log"
+wait_socket_file "$dir/lq.sock" "$dir/qemu-nbd-lq.log"
+wait_socket_file "$dir/null.sock" "$dir/nbdkit-null.log"
 
 native_spec="rbd:rbd/lc?conf=$conf"
 inproc_spec="rbd:rbd/li?conf=$conf"
 qnbd_spec="nbd+unix:///?socket=$dir/lq.sock"
 truncate -s 4G "$dir/li.img"
 "$bin" format --force --cache "$dir/li.img" --backing "$inproc_spec" >/dev/null
-lc_start() { # NAME SPEC [SET...]: a fresh cache over SPEC, served; sets lc_NAME
-    local name=$1 spec=$2 pid
-    shift 2
-    rm -f "$dir/$name.img" "$dir/$name.sock"
-    truncate -s 4G "$dir/$name.img"
-    "$bin" format --force --cache "$dir/$name.img" --backing "$spec" >/dev/null
-    "$bin" serve --cache "$dir/$name.img" --backing "$spec" --socket "$dir/$name.sock" \
-        --control "$dir/$name.ctl" "$@" >>"$dir/$name.log" 2>&1 &
-    pid=$!
-    wait_sock "$dir/$name.sock" "$dir/$name.log"
-    printf -v "lc_$name" '%s' "$pid"
-}
+lc_start() { lc_serve_fresh "$bin" "$dir" "$@"; } # NAME SPEC [SET...]: sets lc_NAME
 lc_stop() { # NAME: drain, then stop
     local pidvar="lc_$1"
     [ -n "${!pidvar:-}" ] || return 0
@@ -164,12 +143,6 @@ side = "read" if "read" in sys.argv[1] else "write"
 text = sys.stdin.read()
 jobs = json.loads(text[text.index("{"):])["jobs"]
 print("%.1f" % ([x for x in jobs if x["jobname"] == "m"][0][side]["bw_bytes"] / 1e6))' "$1"
-}
-rotate() { # N WORD...
-    local n=$1
-    shift
-    local words=("$@") i k=$#
-    for ((i = 0; i < k; i++)); do echo "${words[$(((n + i) % k))]}"; done
 }
 # read_run CONFIG RW BS DEPTH -> "MBps osd_cpu lc_cpu busy"
 read_run() {

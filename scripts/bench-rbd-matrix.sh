@@ -60,6 +60,7 @@ VARIANT_SET=${VARIANT_SET:-}
 ROUNDS=${ROUNDS:-1}
 phase() { [[ " $PHASES " == *" $1 "* ]]; }
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/scripts/lib/bench.sh"
 bin=$root/target/release/logcache
 [ -x "$bin" ] || (cd "$root" && cargo build --release -q -p logcache)
 "$root/scripts/install-qemu-rbd.sh"
@@ -82,23 +83,16 @@ images="lc lq"
 [[ " $CONFIGS " == *" qnbd-none "* ]] && images="$images qn"
 [[ " $CONFIGS " == *" qnbd-wb "* ]] && images="$images qw"
 [ -n "$VARIANT_BIN" ] && images="$images lv"
-for img in $images; do
-    rbd -c "$conf" create --size 1G "rbd/$img"
-    rbd -c "$conf" bench --io-type write --io-size 4M --io-threads 4 --io-total 512M \
-        --io-pattern seq "rbd/$img" >/dev/null
-done
-cp "$conf" "$dir/nocache.conf"
-printf '[client]\nrbd cache = false\n' >>"$dir/nocache.conf"
+# shellcheck disable=SC2086
+rbd_images "$conf" 1G $images
+rbd_client_conf "$conf" "$dir/nocache.conf" 'rbd cache = false'
 
 # qemu-nbd: the NBD route. -t: stay up across client disconnects.
 qnbd() { # IMAGE CACHE SOCKET
     qemu-nbd -f raw -t --discard=unmap --cache="$2" -k "$3" "rbd:rbd/$1:conf=$conf" \
         >"$dir/qemu-nbd-$1.log" 2>&1 &
     pids+=($!)
-    for _ in $(seq 1 300); do [ -S "$3" ] && return 0; sleep 0.1; done
-    echo "bench-rbd-matrix: qemu-nbd on $1 did not start:" >&2
-    cat "$dir/qemu-nbd-$1.log" >&2
-    exit 1
+    wait_socket_file "$3" "$dir/qemu-nbd-$1.log"
 }
 if [[ " $images " == *" qn "* ]]; then qnbd qn none "$dir/qn.sock"; fi
 if [[ " $images " == *" qw "* ]]; then qnbd qw writeback "$dir/qw.sock"; fi
@@ -107,21 +101,12 @@ qnbd lq none "$dir/lq.sock"
 native_spec="rbd:rbd/lc?conf=$conf"
 variant_spec="rbd:rbd/lv?conf=$conf"
 qnbd_spec="nbd+unix:///?socket=$dir/lq.sock"
-# lc_start NAME SPEC [SET...]: format NAME's cache anew over SPEC and serve it; sets lc_<NAME>.
+# lc_start NAME SPEC [SET...]: format NAME's cache anew over SPEC and serve it (the variant
+# with VARIANT_BIN); sets lc_<NAME>.
 lc_start() {
-    local name=$1 spec=$2 pid lc=$bin
-    shift 2
-    [ "$name" = variant ] && lc=$VARIANT_BIN
-    rm -f "$dir/$name.img"
-    truncate -s 4G "$dir/$name.img"
-    "$lc" format --force --cache "$dir/$name.img" --backing "$spec" >/dev/null
-    rm -f "$dir/$name.sock"
-    "$lc" serve --cache "$dir/$name.img" --backing "$spec" --socket "$dir/$name.sock" \
-        --control "$dir/$name.ctl" "$@" >>"$dir/$name.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 300); do [ -S "$dir/$name.sock" ] && break; sleep 0.1; done
-    [ -S "$dir/$name.sock" ] || { echo "bench-rbd-matrix: logcache $name did not start" >&2; cat "$dir/$name.log" >&2; exit 1; }
-    printf -v "lc_$name" '%s' "$pid"
+    local lc=$bin
+    [ "$1" = variant ] && lc=$VARIANT_BIN
+    lc_serve_fresh "$lc" "$dir" "$@"
 }
 lc_stop() { # NAME: drain (nothing may be lost by the next format), then stop
     local name=$1 pidvar="lc_$1"
@@ -165,13 +150,6 @@ target() { # CONFIG -> fio's engine options
     lc-variant) echo "--ioengine=nbd --uri=nbd+unix:///?socket=$dir/variant.sock" ;;
     file) echo "--ioengine=nbd --uri=nbd+unix:///?socket=$dir/file.sock" ;;
     esac
-}
-rotate() { # N WORD...: the words from the N-th (mod their count) on, then the rest
-    local n=$1
-    shift
-    local words=("$@")
-    local i k=${#words[@]}
-    for ((i = 0; i < k; i++)); do echo "${words[$(((n + i) % k))]}"; done
 }
 lc_name() {
     case $1 in lc-native) echo native ;; lc-qnbd) echo qnbd ;; lc-variant) echo variant ;;
@@ -248,7 +226,7 @@ if phase cached; then
     dd if=/dev/urandom of="$dir/file.img" bs=1M count=512 conv=notrunc status=none
     nbdkit -U "$dir/file.sock" -f file "$dir/file.img" cache=none >"$dir/nbdkit-file.log" 2>&1 &
     pids+=($!)
-    for _ in $(seq 1 300); do [ -S "$dir/file.sock" ] && break; sleep 0.1; done
+    wait_socket_file "$dir/file.sock" "$dir/nbdkit-file.log"
     for c in $(lc_configs); do
         # shellcheck disable=SC2046
         fio --name=fill --rw=write --bs=1m --iodepth=8 --size=512m --output-format=json \

@@ -15,6 +15,7 @@ runs=${1:-3}
 secs=${2:-15}
 depth=${3:-32}
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/scripts/lib/bench.sh"
 bin=$root/target/release/logcache
 [ -x "$bin" ] || (cd "$root" && cargo build --release -q -p logcache)
 dir=$(mktemp -d /var/tmp/lcrbd.XXXXXX)
@@ -26,16 +27,9 @@ cleanup() {
 trap cleanup EXIT
 
 conf=$("$root/scripts/ceph-up.sh" "$dir/ceph" 2>/dev/null | tail -n 1)
-for img in raw peer lc; do
-    rbd -c "$conf" create --size 2G "rbd/$img"
-    rbd -c "$conf" bench --io-type write --io-size 4M --io-threads 4 --io-total 512M \
-        --io-pattern seq "rbd/$img" >/dev/null
-done
-# fio's rbd engine reads $CEPH_CONF; one config per librbd cache setting.
-cp "$conf" "$dir/nocache.conf"
-printf '[client]\nrbd cache = false\n' >>"$dir/nocache.conf"
-cp "$conf" "$dir/wbcache.conf"
-printf '[client]\nrbd cache = true\nrbd cache writethrough until flush = false\n' >>"$dir/wbcache.conf"
+rbd_images "$conf" 2G raw peer lc
+rbd_client_conf "$conf" "$dir/nocache.conf" 'rbd cache = false'
+rbd_client_conf "$conf" "$dir/wbcache.conf" $'rbd cache = true\nrbd cache writethrough until flush = false'
 
 truncate -s 4G "$dir/cache.img"
 spec="rbd:rbd/lc?conf=$conf"
@@ -43,7 +37,7 @@ spec="rbd:rbd/lc?conf=$conf"
 "$bin" serve --cache "$dir/cache.img" --backing "$spec" --socket "$dir/lc.sock" \
     >"$dir/serve.log" 2>&1 &
 lpid=$!
-for _ in $(seq 1 200); do [ -S "$dir/lc.sock" ] && break; sleep 0.1; done
+wait_socket_file "$dir/lc.sock" "$dir/serve.log"
 
 common=(--name=w --rw=randwrite --bs=4k "--iodepth=$depth" --size=512m --runtime="$secs"
     --time_based --randrepeat=0 --output-format=json)

@@ -20,36 +20,25 @@ rounds=${1:-3}
 runtime=${2:-5}
 base=${3:-/var/tmp}
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/scripts/lib/bench.sh"
 bin=${LOGCACHE_BIN:-$root/target/release/logcache}
 bench_bin=$(dirname "$bin")/logcache-bench
 [ -x "$bin" ] && [ -x "$bench_bin" ] ||
     (cd "$root" && cargo build --release -q -p logcache -p logcache-bench)
 dir=$(mktemp -d "$base/lcreadtail.XXXXXX")
 pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$dir"
-}
+cleanup() { kill_and_remove "$dir" "${pids[@]}"; }
 trap cleanup EXIT
-wait_socket() { # $1 uri, $2 pid
-    until nbdinfo --size "$1" >/dev/null 2>&1; do
-        kill -0 "$2" 2>/dev/null || { cat "$dir"/*.log >&2; exit 1; }
-        sleep 0.05
-    done
-}
-"$bench_bin" sim-hdd --file "$dir/hdd.img" --size 8G --socket "$dir/hdd.sock" \
-    >"$dir/hdd.log" 2>&1 &
-pids+=($!)
+start_sim_hdd "$bench_bin" "$dir/hdd.img" 8G "$dir/hdd.sock" "$dir/hdd.log"
+pids+=("$sim_hdd_pid")
 hdd="nbd+unix:///?socket=$dir/hdd.sock"
-wait_socket "$hdd" "$!"
 truncate -s 4G "$dir/cache.img"
 "$bin" format --cache "$dir/cache.img" --backing "$hdd" >/dev/null
 "$bin" serve --cache "$dir/cache.img" --backing "$hdd" --socket "$dir/lc.sock" \
     --set writeback_threshold_percent=0 >"$dir/lc.log" 2>&1 &
 pids+=($!)
 uri="nbd+unix:///?socket=$dir/lc.sock"
-wait_socket "$uri" "$!"
+wait_nbd "$uri" "$!" "$dir"/*.log
 region=64M
 # The foreground's region, written once and drained: every read is a hit on the cache device.
 fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size=$region \

@@ -14,6 +14,7 @@ data_mib=${2:-100}
 rounds=${3:-3}
 base=${4:-/var/tmp}
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/scripts/lib/bench.sh"
 bin=${LOGCACHE_BIN:-$root/target/release/logcache}
 [ -x "$bin" ] || (cd "$root" && cargo build --release -q -p logcache)
 dir=$(mktemp -d "$base/lcsparse.XXXXXX")
@@ -37,12 +38,6 @@ done
 "$bin" format --cache "$dir/cache.img" --backing "$dir/backing.img" >/dev/null
 sock="$dir/nbd.sock"
 uri="nbd+unix:///?socket=$sock"
-wait_socket() {
-    until [ -S "$sock" ] && nbdinfo --size "$uri" >/dev/null 2>&1; do
-        kill -0 "$pid" 2>/dev/null || { cat "$dir/serve.log" >&2; exit 1; }
-        sleep 0.05
-    done
-}
 stop() { kill -TERM "$pid"; wait "$pid" || true; pid=; rm -f "$sock"; }
 read_bytes() {
     "$bin" status --control "$dir/cache.img.ctl" --json |
@@ -117,7 +112,7 @@ for round in $(seq 1 "$rounds"); do
     "$bin" serve --cache "$dir/cache.img" --backing "$dir/backing.img" --socket "$sock" \
         >>"$dir/serve.log" 2>&1 &
     pid=$!
-    wait_socket
+    wait_nbd "$uri" "$pid" "$dir/serve.log"
     before=$(read_bytes)
     ms=$(copy logcache)
     after=$(read_bytes)
@@ -127,7 +122,7 @@ for round in $(seq 1 "$rounds"); do
     qemu-nbd --read-only --persistent --format=raw --socket="$sock" "$dir/backing.img" \
         >>"$dir/serve.log" 2>&1 &
     pid=$!
-    wait_socket
+    wait_nbd "$uri" "$pid" "$dir/serve.log"
     ms=$(copy qemu-nbd)
     sent=$(sent_bytes)
     stop
