@@ -56,6 +56,8 @@ mod close_race_tests;
 #[cfg(test)]
 mod room_wake_tests;
 #[cfg(test)]
+mod test_setup;
+#[cfg(test)]
 mod thread_start_tests;
 
 #[derive(Clone, Debug)]

@@ -44,6 +44,16 @@ fn disk_image(e: &Engine) -> Vec<SectorValue> {
     identify_image(&bytes, 0).unwrap_or_else(|e| panic!("disk: {e}"))
 }
 
+/// Writes sectors `[first, first + count)` with write `id`'s pattern, and records it in `h`.
+fn write_sectors(e: &Engine, h: &mut EpochHistory, first: u64, count: u64, id: u64, fua: bool) {
+    let mut buf = vec![0u8; count as usize * SECTOR];
+    for (i, s) in buf.chunks_mut(SECTOR).enumerate() {
+        sector_pattern(id, first + i as u64, s);
+    }
+    e.write(first * SECTOR as u64, &buf, fua).unwrap();
+    h.write(first, count, Some(id));
+}
+
 /// Runs the random load; returns the first backing image that fit no crash state (with why).
 fn run(seed: u64, order: &str, ops: u64) -> Option<String> {
     let pair = SimPair::new(MIB + 64 * SEG, 8 * MIB, SEG);
@@ -66,13 +76,8 @@ fn run(seed: u64, order: &str, ops: u64) -> Option<String> {
                 let first = rng.below(REGION_SECTORS - count + 1);
                 let id = next_id;
                 next_id += 1;
-                let mut buf = vec![0u8; count as usize * SECTOR];
-                for (i, s) in buf.chunks_mut(SECTOR).enumerate() {
-                    sector_pattern(id, first + i as u64, s);
-                }
                 let fua = rng.chance(1, 10);
-                e.write(first * SECTOR as u64, &buf, fua).unwrap();
-                h.write(first, count, Some(id));
+                write_sectors(&e, &mut h, first, count, id, fua);
                 if fua {
                     h.flush_point();
                 }
@@ -267,13 +272,7 @@ fn a_zero_range_applied_again_at_open_waits_for_older_epochs() {
     let e = Engine::open(pair.cache(), pair.backing(), manual()).unwrap();
     let mut h = EpochHistory::new(REGION_SECTORS);
     let write = |e: &Engine, h: &mut EpochHistory, block: u64, id: u64| {
-        let first = block * 8;
-        let mut buf = vec![0u8; 8 * SECTOR];
-        for (i, s) in buf.chunks_mut(SECTOR).enumerate() {
-            sector_pattern(id, first + i as u64, s);
-        }
-        e.write(first * SECTOR as u64, &buf, false).unwrap();
-        h.write(first, 8, Some(id));
+        write_sectors(e, h, block * 8, 8, id, false)
     };
     // Epochs 0 and 1, on the backing device: block 5 twice and block 9 (so zeros at block 5
     // next to block 9's data fit no state before the zero range).
@@ -321,13 +320,7 @@ fn a_trim_during_older_dirty_epochs_keeps_their_order_across_a_power_cut() {
     let e = Engine::open(pair.cache(), pair.backing(), manual()).unwrap();
     let mut h = EpochHistory::new(REGION_SECTORS);
     let write = |e: &Engine, h: &mut EpochHistory, block: u64, id: u64| {
-        let first = block * 8;
-        let mut buf = vec![0u8; 8 * SECTOR];
-        for (i, s) in buf.chunks_mut(SECTOR).enumerate() {
-            sector_pattern(id, first + i as u64, s);
-        }
-        e.write(first * SECTOR as u64, &buf, false).unwrap();
-        h.write(first, 8, Some(id));
+        write_sectors(e, h, block * 8, 8, id, false);
         e.flush().unwrap();
         h.flush_point();
     };

@@ -11,13 +11,8 @@ use logcache_testkit::hdd::{HddDevice, HddParams};
 const MIB: u64 = 1 << 20;
 const BLOCK: u64 = 4096;
 
-/// Drains 64 adjacent blocks written in descending order plus 8 scattered ones; returns the
-/// backing device IOs the drain issued. Checks the backing device holds the data afterwards.
-fn drain_ios(sorted: bool) -> u64 {
-    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 * MIB));
-    let mem = Arc::new(MemDevice::new(16 * MIB));
-    format_cache(&*cache, &*mem, &FormatOptions::default()).unwrap();
-    // Tiny costs: the device is used here only to count IOs.
+/// An emulated disk over `mem` with tiny costs: used here to count IOs, not to time them.
+fn counting_hdd(mem: &Arc<MemDevice>) -> Arc<HddDevice> {
     let params = HddParams {
         rpm: 6_000_000,
         settle_us: 1,
@@ -27,7 +22,16 @@ fn drain_ios(sorted: bool) -> u64 {
         flush_us: 1,
         ncq_depth: 32,
     };
-    let hdd = Arc::new(HddDevice::new(mem.clone(), params).unwrap());
+    Arc::new(HddDevice::new(mem.clone(), params).unwrap())
+}
+
+/// Drains 64 adjacent blocks written in descending order plus 8 scattered ones; returns the
+/// backing device IOs the drain issued. Checks the backing device holds the data afterwards.
+fn drain_ios(sorted: bool) -> u64 {
+    let cache: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 * MIB));
+    let mem = Arc::new(MemDevice::new(16 * MIB));
+    format_cache(&*cache, &*mem, &FormatOptions::default()).unwrap();
+    let hdd = counting_hdd(&mem);
     let opts = OpenOptions {
         ram_buffer_bytes: 4 * MIB,
         manual_flusher: true,
@@ -74,16 +78,7 @@ fn concurrent_writeback_ios_write_every_block_to_its_place() {
     let mem = Arc::new(MemDevice::new(16 * MIB));
     mem.write_at(&vec![0xee; (16 * MIB) as usize], 0).unwrap();
     format_cache(&*cache, &*mem, &FormatOptions::default()).unwrap();
-    let params = HddParams {
-        rpm: 6_000_000,
-        settle_us: 1,
-        full_stroke_us: 2,
-        bandwidth_bytes_per_s: 1 << 40,
-        platter_bytes: 1 << 20,
-        flush_us: 1,
-        ncq_depth: 32,
-    };
-    let hdd = Arc::new(HddDevice::new(mem.clone(), params).unwrap());
+    let hdd = counting_hdd(&mem);
     let e = Engine::open(cache, hdd.clone(), OpenOptions::default()).unwrap();
     e.set_tunable("writeback_io_depth", "8").unwrap();
     e.set_tunable("writeback_batch_blocks", "64").unwrap();

@@ -7,36 +7,23 @@
 //! test instead of hanging CI.
 
 use std::sync::mpsc;
-use std::sync::Arc;
 use std::time::Duration;
 
-use logcache_testkit::sim::SimDevice;
-
-use crate::io::BlockDevice;
-use crate::{format_cache, Engine, FormatOptions, OpenOptions};
+use super::test_setup::{close_on_a_thread, formatted, shared};
+use crate::{Engine, OpenOptions};
 
 /// Far longer than the flusher needs for one pass and one sync on memory devices.
 const BOUND: Duration = Duration::from_secs(30);
 
 #[test]
 fn close_survives_a_flusher_wake_between_its_lock_holds() {
-    let cache = SimDevice::new(4 << 20);
-    let backing = SimDevice::new(4 << 20);
-    let fopts = FormatOptions {
-        segment_size_bytes: 64 << 10,
-        ..FormatOptions::default()
-    };
-    format_cache(&cache, &backing, &fopts).expect("format");
+    let (cache, backing) = formatted(4 << 20, 4 << 20, 64 << 10);
     let opts = OpenOptions {
         // No periodic seal: the write stays in the open chunk until `close` seals it.
         seal_interval_ms: Some(0),
         ..OpenOptions::default()
     };
-    let open = || {
-        let c: Arc<dyn BlockDevice> = Arc::new(cache.clone());
-        let b: Arc<dyn BlockDevice> = Arc::new(backing.clone());
-        Engine::open(c, b, opts.clone()).expect("open")
-    };
+    let open = || Engine::open(shared(&cache), shared(&backing), opts.clone()).expect("open");
     let e = open();
     let data = vec![0x5au8; 4096];
     e.write(8192, &data, false).expect("write");
@@ -49,11 +36,7 @@ fn close_survives_a_flusher_wake_between_its_lock_holds() {
         let woke = inner.failpoints.wait_flusher_pass_after(seen, BOUND);
         woke_tx.send(woke).expect("the test waits");
     });
-    let closing = e.clone();
-    let (done_tx, done_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done_tx.send(closing.close());
-    });
+    let done_rx = close_on_a_thread(e.clone());
     assert!(
         woke_rx
             .recv_timeout(BOUND)

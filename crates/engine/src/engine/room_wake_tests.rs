@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use logcache_testkit::fault::OpKind;
 use logcache_testkit::gate::GateDevice;
-use logcache_testkit::sim::SimDevice;
 
+use super::test_setup::{formatted, shared};
 use crate::io::BlockDevice;
-use crate::{format_cache, Engine, FormatOptions, OpenOptions};
+use crate::{Engine, OpenOptions};
 
 /// Far longer than anything here takes on memory devices.
 const BOUND: Duration = Duration::from_secs(60);
@@ -25,22 +25,15 @@ const ROUNDS: u64 = 12;
 
 #[test]
 fn a_writer_waiting_for_room_is_not_woken_by_flusher_rounds_that_change_nothing() {
-    let cache = SimDevice::new((1 << 20) + 32 * SEGMENT_BYTES);
-    let backing_mem = SimDevice::new(16 << 20);
-    let fopts = FormatOptions {
-        segment_size_bytes: SEGMENT_BYTES,
-        ..FormatOptions::default()
-    };
-    format_cache(&cache, &backing_mem, &fopts).expect("format");
-    let backing = Arc::new(GateDevice::new(Arc::new(backing_mem)));
+    let (cache, backing_mem) = formatted((1 << 20) + 32 * SEGMENT_BYTES, 16 << 20, SEGMENT_BYTES);
+    let backing = Arc::new(GateDevice::new(shared(&backing_mem)));
     let opts = OpenOptions {
         ram_buffer_bytes: 4 * SEGMENT_BYTES,
         seal_interval_ms: Some(0),
         ..OpenOptions::default()
     };
-    let c: Arc<dyn BlockDevice> = Arc::new(cache);
     let b: Arc<dyn BlockDevice> = backing.clone();
-    let e = Engine::open(c, b, opts).expect("open");
+    let e = Engine::open(shared(&cache), b, opts).expect("open");
     // A write-zeroes whose backing zeroing is held keeps its zero range, and the head, in the
     // log until the zeros land.
     let lba = 200u64;

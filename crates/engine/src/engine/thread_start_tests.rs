@@ -5,14 +5,10 @@
 //! 19). The panic is a test-only failpoint at the start (`failpoint::panic_at_next_start`);
 //! the engine runs with real threads and the real clock, no simulation.
 
-use std::sync::mpsc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use logcache_testkit::sim::SimDevice;
-
-use crate::io::BlockDevice;
-use crate::{format_cache, Engine, FormatOptions, OpenOptions};
+use super::test_setup::{close_on_a_thread, formatted, shared};
+use crate::{Engine, OpenOptions};
 
 /// Far longer than a thread needs to start and fail the engine.
 const BOUND: Duration = Duration::from_secs(30);
@@ -28,17 +24,9 @@ fn a_writeback_thread_panicking_at_its_start_fails_the_engine() {
 }
 
 fn fails_the_engine_at_start(thread_name: &str, what: &str) {
-    let cache = SimDevice::new(4 << 20);
-    let backing = SimDevice::new(4 << 20);
-    let fopts = FormatOptions {
-        segment_size_bytes: 64 << 10,
-        ..FormatOptions::default()
-    };
-    format_cache(&cache, &backing, &fopts).expect("format");
-    let c: Arc<dyn BlockDevice> = Arc::new(cache.clone());
-    let b: Arc<dyn BlockDevice> = Arc::new(backing.clone());
+    let (cache, backing) = formatted(4 << 20, 4 << 20, 64 << 10);
     crate::failpoint::panic_at_next_start(thread_name);
-    let e = Engine::open(c, b, OpenOptions::default()).expect("open");
+    let e = Engine::open(shared(&cache), shared(&backing), OpenOptions::default()).expect("open");
     let until = Instant::now() + BOUND;
     let failed = loop {
         if let Some(failed) = e.stats().failed {
@@ -66,11 +54,7 @@ fn fails_the_engine_at_start(thread_name: &str, what: &str) {
     );
     assert!(e.flush().is_err(), "a flush on a failed engine");
     // And close returns (it used to wait for a sync no flusher would do).
-    let (done_tx, done_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = done_tx.send(e.close());
-    });
-    let _closed = done_rx
+    let _closed = close_on_a_thread(e)
         .recv_timeout(BOUND)
         .expect("close returned on the failed engine");
 }
