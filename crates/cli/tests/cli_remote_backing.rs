@@ -495,10 +495,12 @@ fn backing_timeout_must_be_positive() {
 /// Write-through over an NBD backing device whose server restarts. Writes fail while calls meet
 /// the broken connections, then succeed again once they reconnect (the cache keeps serving: a
 /// failed backing sync is retried, not a cache failure). A write the old server acknowledged
-/// may have been lost with it, and a FLUSH on a new connection does not cover it: the flush
+/// may have been lost with it, and a FLUSH on a new connection does not cover it: a flush
 /// after the reconnection first writes the cached copies of the writes no sync covered back
 /// to the backing device and syncs, then returns OK (issue 20; before, it failed once and the
-/// next flush returned OK with nothing written again), and everything is on the export.
+/// next flush returned OK with nothing written again), and everything is on the export. A
+/// flush that still meets a connection not yet replaced fails with EIO (truthfully); CI once
+/// saw that on a loaded machine, so the test allows a few such failures before an OK.
 #[test]
 fn write_through_survives_a_backing_restart_and_the_next_flush_writes_again_what_may_be_lost() {
     let dir = TestDir::new("r-wt-restart");
@@ -523,12 +525,27 @@ fn write_through_survives_a_backing_restart_and_the_next_flush_writes_again_what
         landed,
         "no write-through write succeeded after the backing server restarted: {tries:?}"
     );
-    let out = run(nbdsh().args(["-u", &uri, "-c", "h.flush()"]));
+    // The flush may still meet a connection that has not noticed the restart (its call fails
+    // once, then it reconnects), or writeback's retry of the copies may: such a flush fails
+    // with EIO, truthfully. Within a few flushes one must return OK, having written the copies
+    // again.
+    let mut failed = Vec::new();
+    let flushed = (0..8).any(|_| {
+        let out = run(nbdsh().args(["-u", &uri, "-c", "h.flush()"]));
+        if !out.status.success() {
+            failed.push(text(&out.stderr));
+        }
+        out.status.success()
+    });
     assert!(
-        out.status.success(),
-        "the flush after a backing reconnection failed: {}",
-        text(&out.stderr)
+        flushed,
+        "no flush succeeded after a backing reconnection: {failed:?}\nstatus: {}\nserve's stderr:\n{}",
+        served.status(),
+        served.stderr()
     );
+    for err in &failed {
+        assert!(err.contains("Input/output error"), "{failed:?}");
+    }
     qemu_io_ok(&uri, &["flush"]);
     assert_eq!(served.status()["state"], "serving");
     qemu_io_flags_ok(

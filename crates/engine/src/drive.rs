@@ -18,8 +18,9 @@ use crate::tunables;
 use crate::writeback::batch::{batch, WritebackBuffers};
 use crate::writeback::{self, persist_position, writeback_position};
 
-/// A drain fails once writeback has kept failing for this long (it retries meanwhile).
-const DRAIN_ERROR_PATIENCE: Duration = Duration::from_secs(3);
+/// A drain, or a flush waiting for lost bypass writes to be written again, fails once
+/// background writeback has kept failing for this long (it retries meanwhile).
+pub const WRITEBACK_ERROR_PATIENCE: Duration = Duration::from_secs(3);
 
 /// Starts the flusher and writeback threads (none in manual mode).
 pub fn start_threads(inner: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
@@ -207,7 +208,7 @@ pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<(
                     let since = *failing_since.get_or_insert_with(crate::sync::now);
                     if bufs.is_some()
                         || crate::sync::now().saturating_duration_since(since)
-                            >= DRAIN_ERROR_PATIENCE
+                            >= WRITEBACK_ERROR_PATIENCE
                     {
                         return Err(Error::Io {
                             what: "drain stopped: writeback failed".into(),
