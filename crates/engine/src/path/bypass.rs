@@ -196,8 +196,18 @@ fn begin_bypass_write(
 }
 
 /// A bypass write is over: a write or zero range of its blocks waiting for it may go on.
-fn end_bypass_write(inner: &Inner, first: u64, end: u64) {
-    inner.state.lock().bypass.end_writing(first, end);
+/// `logged_since_losses`: a write-through write whose clean copy is logged, with the count of
+/// failed backing syncs (`Bypass::losses`) when it began. If one failed since, it came after
+/// this write's data reached the backing device and may have missed the copy logged since
+/// (`state/lost.rs`): that copy goes dirty too. Checked in the same lock hold that ends the
+/// write, so the rule costs no extra lock.
+fn end_bypass_write(inner: &Inner, first: u64, end: u64, logged_since_losses: Option<u64>) {
+    let mut st = inner.state.lock();
+    if logged_since_losses.is_some_and(|losses| st.bypass.losses() != losses) {
+        st.mark_copies_dirty(first, end);
+    }
+    st.bypass.end_writing(first, end);
+    drop(st);
     inner.progress.notify_all();
 }
 
@@ -216,15 +226,7 @@ pub fn write_through(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()
         backing_write(inner, offset_bytes, data)
     })
     .and_then(|()| write::write(inner, offset_bytes, data, false));
-    if res.is_ok() {
-        let mut st = inner.state.lock();
-        if st.bypass.losses() != losses {
-            // A backing sync failed after this write's data reached the backing device, and
-            // may have missed the copy logged since (`state/lost.rs`): it goes dirty too.
-            st.mark_copies_dirty(first, end);
-        }
-    }
-    end_bypass_write(inner, first, end);
+    end_bypass_write(inner, first, end, res.is_ok().then_some(losses));
     res
 }
 
@@ -243,7 +245,7 @@ pub fn write_around(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()>
         wait_durable(inner)?;
         backing_write(inner, offset_bytes, data)
     });
-    end_bypass_write(inner, first, end);
+    end_bypass_write(inner, first, end, None);
     res
 }
 
