@@ -114,6 +114,7 @@ impl Served {
             ("nbd_connections_total", n.connections_total, true),
             ("nbd_requests", n.requests, true),
             ("nbd_protocol_errors", n.protocol_errors, true),
+            ("nbd_reads_in_bursts", n.reads_in_bursts, true),
         ] {
             m.push(Metric {
                 name: name.into(),

@@ -2,6 +2,7 @@
 //! buffer, the reply to any other command's result (success, or the engine's error as an
 //! NBD errno with its message), and BLOCK_STATUS: one chunk per selected metadata context.
 
+use logcache_engine::CachedRead;
 use logcache_nbd::consts::CMD_FLAG_REQ_ONE;
 use logcache_nbd::reply::BlockDescriptor;
 use logcache_nbd::request::Request;
@@ -101,10 +102,8 @@ impl ReadLayout {
         if out.len() < total_bytes {
             out.resize(total_bytes, 0);
         }
-        let misalignment = (out.as_ptr() as usize + header.len()) % DATA_ALIGN_BYTES;
-        let start = (DATA_ALIGN_BYTES - misalignment) % DATA_ALIGN_BYTES;
-        let data_start = start + header.len();
-        debug_assert_eq!((out.as_ptr() as usize + data_start) % DATA_ALIGN_BYTES, 0);
+        let data_start = aligned_data_start(out.as_ptr() as usize, 0, header.len());
+        let start = data_start - header.len();
         ReadLayout {
             start,
             data_start,
@@ -148,7 +147,26 @@ fn header_as_reply<'a>(out: &'a mut [u8], header: &[u8]) -> &'a [u8] {
 }
 
 /// The alignment O_DIRECT needs of the memory a device reads into.
-const DATA_ALIGN_BYTES: usize = 4096;
+pub(crate) const DATA_ALIGN_BYTES: usize = 4096;
+
+/// Where a READ reply's data starts in a buffer at `base_address` when its header (of
+/// `header_bytes`) may start at `from` or later: the first offset after the header whose
+/// address is 4 KiB-aligned (at most `DATA_ALIGN_BYTES - 1` bytes of padding before the header).
+pub(crate) fn aligned_data_start(base_address: usize, from: usize, header_bytes: usize) -> usize {
+    let misalignment = (base_address + from + header_bytes) % DATA_ALIGN_BYTES;
+    let data_start = from + header_bytes + (DATA_ALIGN_BYTES - misalignment) % DATA_ALIGN_BYTES;
+    debug_assert_eq!((base_address + data_start) % DATA_ALIGN_BYTES, 0);
+    data_start
+}
+
+/// Empties `reads` and hands its allocation back with another lifetime, so a worker (or the
+/// reader, for its bursts) keeps one `Vec` for every batch (no allocation per batch) although
+/// each borrows other buffers. The types differ only in lifetime, so `collect` reuses the
+/// allocation in place.
+pub(crate) fn recycle_reads<'b>(mut reads: Vec<CachedRead<'_>>) -> Vec<CachedRead<'b>> {
+    reads.clear();
+    reads.into_iter().map(|_| unreachable!("emptied")).collect()
+}
 
 /// Appends the reply to a command that returned `result`.
 pub(crate) fn push_result(

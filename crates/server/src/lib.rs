@@ -4,7 +4,8 @@
 //!
 //! Server modules, one job each, from the top down (no module imports one above it): `server`
 //! (life cycle), `listener` (accept loops), `connection_thread` (one client's thread:
-//! handshake, then transmission), `transmission` (the request loop), `workers` (slow commands),
+//! handshake, then transmission), `transmission` (the request loop), `burst` (small cached READs
+//! that arrived together, served on the reader), `workers` (slow commands),
 //! `answer` (READ replies and command results, for the reader and the workers alike),
 //! `connection` (what a connection's reader and workers share), `negotiate` (handshake),
 //! `meta` (metadata contexts for block status),
@@ -16,6 +17,7 @@
 //! `error`.
 
 mod answer;
+mod burst;
 mod config;
 mod connection;
 mod connection_thread;

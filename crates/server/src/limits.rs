@@ -35,6 +35,15 @@ pub const MAX_WORKERS_PER_CONNECTION: usize = 16;
 /// thread wake-up each (a profile of 4 KiB reads at iodepth 32 spent 13% of the server's
 /// samples in the virtio doorbell, 34% in task switches).
 pub const MAX_BATCHED_READS: usize = 8;
+/// The most READs a connection's reader serves itself in one burst (`burst`): what arrived
+/// together in one receive, up to this many and `BURST_MAX_BYTES` of data, looked up under one
+/// lock hold, read in one submission, answered in one `sendmsg`. iodepth 32 fits in one.
+pub const MAX_BURST_READS: usize = 32;
+/// The data of one burst: it bounds the reply buffer the reader keeps (allocated once) and
+/// stays within the engine's lookup window (1 MiB), so no READ is declined for its size.
+pub const BURST_MAX_BYTES: u32 = 256 << 10;
+/// Largest READ a burst takes; a larger one goes to a worker (or, alone, is served inline).
+pub const BURST_READ_MAX_BYTES: u32 = 64 << 10;
 /// Largest READ a batch takes (larger ones are few per second and their own IO is large): it
 /// bounds the reply buffers a worker keeps for a batch.
 pub const BATCHED_READ_MAX_BYTES: u32 = 64 << 10;

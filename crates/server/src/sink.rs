@@ -43,6 +43,20 @@ impl ReplySink {
         result
     }
 
+    /// Writes whole messages given in parts (one `sendmsg`: a reader's burst of READ replies,
+    /// each from where its data was read), as `send` does.
+    pub(crate) fn send_vectored(&self, parts: &mut [io::IoSlice<'_>]) -> io::Result<()> {
+        let _writing = self.write_lock.lock();
+        if self.failed.load(Ordering::Relaxed) {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let result = self.stream.send_all_vectored(parts);
+        if result.is_err() {
+            self.break_connection();
+        }
+        result
+    }
+
     /// Ends the connection from any thread (a failed write, a panicking worker).
     pub(crate) fn break_connection(&self) {
         self.failed.store(true, Ordering::Relaxed);

@@ -15,6 +15,9 @@ pub struct ServerStats {
     /// Client protocol violations: requests rejected as invalid, and connections dropped for a
     /// bad handshake, bad magic or an oversized payload.
     pub protocol_errors: u64,
+    /// READs a connection's reader served itself in a burst of several (`burst`), without a
+    /// worker.
+    pub reads_in_bursts: u64,
 }
 
 #[derive(Default)]
@@ -23,6 +26,7 @@ pub(crate) struct Counters {
     pub connections_active: AtomicU64,
     pub requests: AtomicU64,
     pub protocol_errors: AtomicU64,
+    pub reads_in_bursts: AtomicU64,
 }
 
 impl Counters {
@@ -36,6 +40,7 @@ impl Counters {
             connections_active: self.connections_active.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
+            reads_in_bursts: self.reads_in_bursts.load(Ordering::Relaxed),
         }
     }
 }

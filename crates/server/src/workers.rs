@@ -20,7 +20,7 @@ use logcache_engine::{CachedRead, Result, WriteReservation};
 use logcache_nbd::request::{Command, Request};
 use parking_lot::{Condvar, Mutex};
 
-use crate::answer::ReadLayout;
+use crate::answer::{recycle_reads, ReadLayout};
 use crate::connection::Connection;
 use crate::limits::{
     BATCHED_READ_MAX_BYTES, BUFFER_KEEP_BYTES, MAX_BATCHED_READS,
@@ -364,14 +364,6 @@ fn run_reads(connection: &Connection, batch: &mut Vec<Job>, buffers: &mut Buffer
         buffers.finished_costs.push(batch[i].cost_bytes());
     }
     batch.truncate(kept);
-}
-
-/// Empties `reads` and hands its allocation back with another lifetime, so a worker keeps one
-/// `Vec` for every batch (no allocation per batch) although each borrows other buffers. The
-/// types differ only in lifetime, so `collect` reuses the allocation in place.
-fn recycle_reads<'b>(mut reads: Vec<CachedRead<'_>>) -> Vec<CachedRead<'b>> {
-    reads.clear();
-    reads.into_iter().map(|_| unreachable!("emptied")).collect()
 }
 
 /// Executes one job and sends its reply.

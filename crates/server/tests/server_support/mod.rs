@@ -25,6 +25,10 @@ use logcache_nbd::reply::{ChunkHeader, SimpleReply};
 use logcache_nbd::request::Request;
 use logcache_server::{Server, ServerConfig};
 
+mod gated;
+#[allow(unused_imports)]
+pub use gated::*;
+
 pub const MIB: u64 = 1 << 20;
 /// Backing device size; the export is this minus the 4 KiB label.
 pub const BACKING_BYTES: u64 = 64 * MIB;
