@@ -27,6 +27,10 @@
 #   logcache-hdd    logcache (write-back) in front of it; nothing is written, so every read
 #                   of the randread-miss job is a miss to the disk
 #   logcache-wt     logcache with --set cache_mode=write-through in front of it
+#   nbdkit-null     nbdkit null (8 GiB, stores nothing): the protocol ceiling, the reference of
+#                   the randwrite-4k-qd64 job (seed 000's fio job, as bench/run's seed000 runs it
+#                   against logcache in front of the emulated HDD; here without a fresh format
+#                   per measurement, so keep ROUNDS × RUNTIME_S short of filling the 4 GiB cache)
 #   logcache-b, logcache-hdd-b, logcache-wt-b  the same with the binary LOGCACHE_BIN_B (an A/B of two
 #                   builds in one alternated run, e.g. the NBD backing client before a change)
 #
@@ -35,7 +39,9 @@
 # leaves it dirty). Jobs (JOBS, a grep -E pattern on the names; default all): 1 MiB
 # sequential read iodepth 8, 4 KiB random read iodepth 32 and 1, 1 MiB sequential write
 # iodepth 8; with the HDD servers, 4 KiB random read misses iodepth 32 (hdd, logcache-hdd)
-# and 4 KiB random writes iodepth 16 (hdd, logcache-wt), over the disk's 8 GiB. For each: bandwidth or IOPS, and the server's CPU time per request (utime+stime
+# and 4 KiB random writes iodepth 16 (hdd, logcache-wt), over the disk's 8 GiB; and 4 KiB
+# random writes iodepth 64, norandommap (logcache-hdd, logcache-hdd-b, nbdkit-null: seed 000's
+# job). For each: bandwidth or IOPS, and the server's CPU time per request (utime+stime
 # of the server process over the job, from /proc/PID/stat, divided by fio's IOs). Prints one
 # JSON line per measurement, then tables of the median ratios against each reference.
 #
@@ -110,6 +116,9 @@ start() { # $1 server name
         "$run_bin" serve --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" \
             --socket "$sock" --io-engine "$engine" >"$dir/$s.log" 2>&1 &
         ;;
+    nbdkit-null)
+        nbdkit -f -U "$sock" null "${hdd_gib}G" >"$dir/$s.log" 2>&1 &
+        ;;
     nbdkit-file)
         truncate -s 4G "$dir/$s.img"
         nbdkit -f -U "$sock" file file="$dir/$s.img" cache=none >"$dir/$s.log" 2>&1 &
@@ -157,7 +166,7 @@ resident_mib() { # $1 server: its file's pages in the page cache, MiB (nbdkit's 
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-is_hdd() { [[ $1 == hdd || $1 == logcache-hdd* || $1 == logcache-wt* ]]; }
+is_hdd() { [[ $1 == hdd || $1 == logcache-hdd* || $1 == logcache-wt* || $1 == nbdkit-null ]]; }
 # The data, sequentially, through each server (not the HDD ones: their jobs need none).
 for s in $servers; do
     is_hdd "$s" && continue
@@ -178,7 +187,8 @@ for entry in \
     "randread-4k-qd1:--rw=randread --bs=4k --iodepth=1" \
     "seqwrite-1m-qd8:--rw=write --bs=1M --iodepth=8" \
     "randread-miss-4k-qd32:--rw=randread --bs=4k --iodepth=32" \
-    "randwrite-wt-4k-qd16:--rw=randwrite --bs=4k --iodepth=16"; do
+    "randwrite-wt-4k-qd16:--rw=randwrite --bs=4k --iodepth=16" \
+    "randwrite-4k-qd64:--rw=randwrite --bs=4k --iodepth=64 --norandommap"; do
     if echo "${entry%%:*}" | grep -Eq "$job_filter"; then jobs+=("$entry"); fi
 done
 hz=$(getconf CLK_TCK)
@@ -186,6 +196,7 @@ runs_on() { # $1 server, $2 job: whether the job is measured on that server
     case $2 in
     randread-miss-*) [[ $1 == hdd || $1 == logcache-hdd* ]] ;;
     randwrite-wt-*) [[ $1 == hdd || $1 == logcache-wt* ]] ;;
+    randwrite-4k-qd64) [[ $1 == logcache-hdd* || $1 == nbdkit-null ]] ;;
     *) ! is_hdd "$1" ;;
     esac
 }
@@ -253,7 +264,7 @@ for job in jobs:
     cpu = [med([c for c in pick(job, s, "server_cpu_us_per_io") if c is not None], "{:.1f}")
            for s in servers]
     print(f"| {job} | " + " | ".join(cells) + " | " + " / ".join(cpu) + " |")
-for ref in ("nbdkit-file", "nbdkit-file-cold", "qemu-nbd-direct", "device", "hdd"):
+for ref in ("nbdkit-file", "nbdkit-file-cold", "qemu-nbd-direct", "device", "hdd", "nbdkit-null"):
     if ref not in servers:
         continue
     others = [s for s in servers if s.startswith("logcache")]
