@@ -32,25 +32,22 @@ impl ReplySink {
     /// Writes whole messages. After a failure the connection is cut in both directions, which
     /// also wakes the reader if it is blocked waiting for requests.
     pub(crate) fn send(&self, bytes: &[u8]) -> io::Result<()> {
-        let _writing = self.write_lock.lock();
-        if self.failed.load(Ordering::Relaxed) {
-            return Err(io::ErrorKind::BrokenPipe.into());
-        }
-        let result = self.stream.send_all(bytes);
-        if result.is_err() {
-            self.break_connection();
-        }
-        result
+        self.write_with(|stream| stream.send_all(bytes))
     }
 
     /// Writes whole messages given in parts (one `sendmsg`: a reader's burst of READ replies,
     /// each from where its data was read), as `send` does.
     pub(crate) fn send_vectored(&self, parts: &mut [io::IoSlice<'_>]) -> io::Result<()> {
+        self.write_with(|stream| stream.send_all_vectored(parts))
+    }
+
+    /// Runs one whole write under the write lock; after a failure the connection is cut.
+    fn write_with(&self, write: impl FnOnce(&Stream) -> io::Result<()>) -> io::Result<()> {
         let _writing = self.write_lock.lock();
         if self.failed.load(Ordering::Relaxed) {
             return Err(io::ErrorKind::BrokenPipe.into());
         }
-        let result = self.stream.send_all_vectored(parts);
+        let result = write(&self.stream);
         if result.is_err() {
             self.break_connection();
         }

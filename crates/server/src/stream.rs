@@ -151,17 +151,10 @@ impl Socket {
                     libc::MSG_NOSIGNAL,
                 )
             };
-            if sent < 0 {
-                let error = io::Error::last_os_error();
-                if error.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(error);
-            }
-            if sent == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            bytes = &bytes[sent as usize..];
+            let Some(sent) = sent_bytes(sent)? else {
+                continue;
+            };
+            bytes = &bytes[sent..];
         }
         Ok(())
     }
@@ -180,17 +173,10 @@ impl Socket {
             // SAFETY: `message` points at `parts`, valid for reads for the duration of the
             // call; the descriptor is open.
             let sent = unsafe { libc::sendmsg(self.fd(), &message, libc::MSG_NOSIGNAL) };
-            if sent < 0 {
-                let error = io::Error::last_os_error();
-                if error.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(error);
-            }
-            if sent == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
-            io::IoSlice::advance_slices(&mut parts, sent as usize);
+            let Some(sent) = sent_bytes(sent)? else {
+                continue;
+            };
+            io::IoSlice::advance_slices(&mut parts, sent);
         }
         Ok(())
     }
@@ -218,6 +204,22 @@ impl Socket {
             Socket::Tcp(socket) => socket.set_nonblocking(false),
         }
     }
+}
+
+/// What a `send`/`sendmsg` returned: the bytes sent, `None` if interrupted before sending
+/// anything (send again), or the error (nothing sent of a non-empty message is one).
+fn sent_bytes(sent: isize) -> io::Result<Option<usize>> {
+    if sent < 0 {
+        let error = io::Error::last_os_error();
+        if error.kind() == io::ErrorKind::Interrupted {
+            return Ok(None);
+        }
+        return Err(error);
+    }
+    if sent == 0 {
+        return Err(io::ErrorKind::WriteZero.into());
+    }
+    Ok(Some(sent as usize))
 }
 
 #[cfg(test)]
