@@ -44,6 +44,9 @@ pub struct EngineBenchArgs {
     checkpoints: Vec<u32>,
 }
 
+/// A write this slow waited for something (room, the CPU, a parked lock) rather than ran.
+const SLOW_WRITE_NS: u64 = 10_000;
+
 struct RunResult {
     threads: usize,
     writes: u64,
@@ -69,6 +72,10 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
         let p50_us = r.hist.quantile_ns(0.50) as f64 / 1000.0;
         let p99_us = r.hist.quantile_ns(0.99) as f64 / 1000.0;
         let p999_us = r.hist.quantile_ns(0.999) as f64 / 1000.0;
+        // The share of the writers' time spent in calls of 10 µs or more (waits for room,
+        // preemption, a parked lock): what separates writes/s from 1 / p50.
+        let slow_share =
+            r.hist.sum_ns_from(SLOW_WRITE_NS) as f64 / 1e9 / (r.seconds * r.threads as f64);
         if args.json {
             let v = serde_json::json!({
                 "threads": r.threads,
@@ -84,11 +91,12 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
                 "blocks_relocated": r.relocated,
                 "write_waits": r.waits,
                 "checkpoints": checkpoints,
+                "slow_write_time_share": (slow_share * 1000.0).round() / 1000.0,
             });
             println!("{v}");
         } else {
             println!(
-                "threads {:>2}, checkpoints {checkpoints}: {:>10.0} writes/s  ({:>7.1} MiB/s)  p50 {:>6.2} us  p99 {:>7.2} us  p99.9 {:>8.2} us  ({} writes in {:.2} s, {} blocks relocated, {} waits)",
+                "threads {:>2}, checkpoints {checkpoints}: {:>10.0} writes/s  ({:>7.1} MiB/s)  p50 {:>6.2} us  p99 {:>7.2} us  p99.9 {:>8.2} us  ({} writes in {:.2} s, {} blocks relocated, {} waits, {:.0}% of the time in writes >= 10 us)",
                 r.threads,
                 wps,
                 wps * 4096.0 / (1 << 20) as f64,
@@ -98,7 +106,8 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
                 r.writes,
                 r.seconds,
                 r.relocated,
-                r.waits
+                r.waits,
+                slow_share * 100.0
             );
         }
     }

@@ -55,6 +55,19 @@ impl Histogram {
         self.total += other.total;
     }
 
+    /// Estimated total ns of the samples in buckets whose lower bound is at least `from_ns`
+    /// (each counted at that bound, so within ~6% below the truth): the time a run spent in
+    /// its slow calls.
+    pub fn sum_ns_from(&self, from_ns: u64) -> u64 {
+        self.counts
+            .iter()
+            .enumerate()
+            .map(|(b, &c)| (Self::bucket_floor(b), c))
+            .filter(|&(floor, _)| floor >= from_ns)
+            .map(|(floor, c)| floor * c)
+            .sum()
+    }
+
     /// The latency in ns below which `q` (0..=1) of the samples fall (a bucket's lower bound).
     pub fn quantile_ns(&self, q: f64) -> u64 {
         if self.total == 0 {
@@ -100,5 +113,17 @@ mod tests {
         let p99 = h.quantile_ns(0.99);
         assert!((930_000..=990_000).contains(&p99), "{p99}");
         assert_eq!(Histogram::default().quantile_ns(0.5), 0);
+        // From a bucket's floor, every sample at or above it is counted, each a little low.
+        let from = Histogram::bucket_floor(Histogram::bucket(900_000));
+        let slow = h.sum_ns_from(from);
+        let exact: u64 = (1..=1000u64)
+            .map(|us| us * 1000)
+            .filter(|&ns| ns >= from)
+            .sum();
+        assert!(
+            slow <= exact && slow >= exact - exact / 16,
+            "{slow} vs {exact}"
+        );
+        assert_eq!(h.sum_ns_from(2_000_000), 0);
     }
 }
