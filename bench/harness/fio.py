@@ -21,12 +21,17 @@ def fio_argv(uri, rw, bs, iodepth, size, runtime, numjobs=1, io_size=None, name=
     """The fio command line for one measurement.
 
     time_based: run for `runtime` seconds. Without it, fio stops after io_size bytes (per job)
-    or runtime seconds, whichever comes first (used so a cache is never overfilled)."""
+    or runtime seconds, whichever comes first (used so a cache is never overfilled).
+    A `uri` that is a path (starts with "/") is a file fio reads itself: io_uring, O_DIRECT
+    (the device's own ceiling, no protocol)."""
+    if uri.startswith("/"):
+        target = ["--ioengine=io_uring", f"--filename={uri}"]
+    else:
+        target = ["--ioengine=nbd", f"--uri={uri}"]
     argv = [
         "fio",
         f"--name={name}",
-        "--ioengine=nbd",
-        f"--uri={uri}",
+        *target,
         f"--rw={rw}",
         f"--bs={bs}",
         f"--iodepth={iodepth}",

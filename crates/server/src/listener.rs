@@ -194,6 +194,7 @@ fn accept_loop(server: &Arc<ServerInner>, socket: &Socket, wake: &UnixStream) {
         match socket.accept() {
             Ok(stream) => {
                 if stream.set_blocking().is_ok() {
+                    stream.enlarge_send_buffer();
                     server.start_connection(stream, connection_thread::run);
                 }
             }

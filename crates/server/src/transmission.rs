@@ -14,7 +14,8 @@
 //! a buffer of its own, which a worker takes without a copy: its copy into the segment then
 //! overlaps the receipt of the next request, and one waiting for room in the log does not stop
 //! the reader.) And a READ the cache holds
-//! entirely (RAM or the cache device, at most 1 MiB) when no other request waits in the input
+//! entirely (RAM or the cache device, at most 128 KiB: a larger one would keep the requests
+//! behind it undecoded for its device read and send) when no other request waits in the input
 //! buffer: handing it to a worker would cost a second thread wake-up per request, and nothing
 //! queues behind it (a READ that needs the backing device is refused by the engine untouched
 //! and goes to a worker). Small READs that arrive together (whole sectors, at most 64 KiB each,
