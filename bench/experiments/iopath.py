@@ -168,7 +168,8 @@ def run(ctx):
         for r in alternate(ctx, [contender(n, kw) for n in names], p["rounds"]):
             r["job"] = job
             cpu_s = r.pop("cpu_s")
-            r["cpu_us_per_io"] = None if cpu_s is None else cpu_s * 1e6 / max(r["ios"], 1)
+            # The device alone has no server: 0 here (rows must be numbers), never shown.
+            r["cpu_us_per_io"] = 0.0 if cpu_s is None else cpu_s * 1e6 / max(r["ios"], 1)
             rows.append(r)
     dirty_after = lc_dirty.status().get("dirty_blocks")
     for c in (lc, lc_dirty, lc_hdd, lc_wt):
@@ -192,7 +193,7 @@ def ratios(rows, job, ref=None):
 def cpu_of(rows, job):
     """Mean server CPU µs per IO by contender (the device alone has none)."""
     return mean_by(rows, "contender", "cpu_us_per_io",
-                   where=lambda r: r["job"] == job and r.get("cpu_us_per_io") is not None)
+                   where=lambda r: r["job"] == job and r["contender"] != "device")
 
 
 def disk_ref_ratios(rows, job):
