@@ -153,7 +153,10 @@ fn a_large_cached_read_never_holds_up_the_reader() {
             &request(NbdCommand::Write, cookie, (8 + i) * MIB, MIB as u32),
             &other,
         );
-        assert_eq!(read_structured_reply(&mut client), (cookie, false, Vec::new()));
+        assert_eq!(
+            read_structured_reply(&mut client),
+            (cookie, false, Vec::new())
+        );
     }
     client.send_request(&request(NbdCommand::Flush, 20, 0, 0), &[]);
     assert_eq!(read_structured_reply(&mut client), (20, false, Vec::new()));
@@ -177,7 +180,11 @@ fn a_large_cached_read_never_holds_up_the_reader() {
     );
     client.send_request(&request(NbdCommand::Read, 32, 40 * MIB, BLOCK as u32), &[]);
     assert_eq!(read_structured_reply(&mut client), (32, false, written));
-    assert_eq!(gated.gate.passed(OpKind::Read), held_before, "nothing passed the gate");
+    assert_eq!(
+        gated.gate.passed(OpKind::Read),
+        held_before,
+        "nothing passed the gate"
+    );
 
     gated.gate.release(OpKind::Read);
     let (cookie, failed, got) = read_structured_reply(&mut client);
