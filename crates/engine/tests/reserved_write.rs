@@ -61,6 +61,7 @@ fn a_reserved_write_reads_back_and_survives_reopen_across_chunks() {
         // A small write first, so the 1 MiB ones straddle segment and chunk boundaries.
         e.write(0, &pattern(9, 12288), false).unwrap();
         let mut written = Vec::new();
+        let mut redone = 0;
         for k in 0..6u64 {
             let offset = MIB + k * MIB;
             let data = pattern(k as u8, MIB as usize);
@@ -68,13 +69,22 @@ fn a_reserved_write_reads_back_and_survives_reopen_across_chunks() {
             assert!(r.piece_count() >= 2, "1 MiB spans chunks");
             fill(&mut r, &data);
             let mut redo = Vec::new();
-            assert!(r.commit(&mut redo), "nothing raced it");
+            if !r.commit(&mut redo) {
+                // Nothing races it in manual mode. With the background threads, writeback
+                // may ask for a sync (dirty blocks, none durable yet) while the payload is
+                // being filled, which cancels the reservation (seen at load 20): the data
+                // comes back for an ordinary write, as the contract says.
+                assert!(!manual, "nothing raced it in manual mode");
+                assert_eq!(redo, data, "the redo holds the write's data");
+                e.write(offset, &redo, false).unwrap();
+                redone += 1;
+            }
             assert_eq!(read(&e, offset, MIB as usize), data);
             written.push((offset, data));
         }
         let c = e.stats().counters;
         assert_eq!(c.writes_reserved, 6);
-        assert_eq!(c.reserved_writes_redone, 0);
+        assert_eq!(c.reserved_writes_redone, redone);
         e.flush().unwrap();
         drop(e);
         // Not closed: recovery replays the log, entries patched after their seal included.
