@@ -754,6 +754,9 @@ struct Case<'a> {
     /// a failed sync lost nothing and the next one made everything durable).
     backing_dev: SimDevice,
     drop_rng: Rng,
+    /// The flusher's cache reads let through in a row at one offset (the relocator reading
+    /// the same head segment again, having moved nothing), and that offset: see `drive`.
+    relocator_rereads: (u64, u64),
 }
 
 impl Case<'_> {
@@ -935,6 +938,10 @@ impl Case<'_> {
             op.thread, op.device, op.kind, op.offset, op.len_bytes, fail
         );
         self.note(&what);
+        if op.thread == "logcache-flusher" && op.device == "cache" && op.kind == OpKind::Read {
+            let (n, at) = self.relocator_rereads;
+            self.relocator_rereads = (if at == op.offset { n + 1 } else { 1 }, op.offset);
+        }
         assert!(self.sched.release(op.ticket, fail), "{what} vanished");
     }
 }
@@ -1125,6 +1132,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         backing_flush_rng: Rng::new(seed ^ 0x6266_6c75_7368),
         backing_dev: pair.backing.clone(),
         drop_rng: Rng::new(seed ^ 0x6472_6f70),
+        relocator_rereads: (0, u64::MAX),
     };
     for cycle in 0..cycles {
         case.totals.cycles += 1;
@@ -1837,6 +1845,12 @@ const QUIET_VIRTUAL_NS: u64 = 2_000_000_000;
 /// Waits for room in the ring, with the head not moving, after which a zero window stops
 /// sending rewrites (`zero_window_check`).
 const ROOM_WAITS_MAX: u64 = 20;
+/// Reads of one head segment by the relocator let through in a row after which [`drive`] gives
+/// up: in sorted order, with the ring full and its head held (a zero window's zeroing), the
+/// relocator reads the head segment on every flusher wake and cannot move a block (no room
+/// to reserve), so IO never stops and the quiet rule never ends the wait (sim seed 101 ran
+/// for ever). In consistent order the relocator reads nothing: those schedules are unchanged.
+const RELOCATOR_REREADS_MAX: u64 = 16;
 
 /// Lets held IOs through one at a time, chosen by the seed (never one `stalled` holds back,
 /// never failing one), until `done` says so; `done` may start requests. False if nothing but
@@ -1849,11 +1863,16 @@ fn drive(
 ) -> bool {
     let mut quiet = 0;
     let mut quiet_since_ns = 0;
+    case.relocator_rereads = (0, u64::MAX);
     loop {
         case.settle();
         case.check_errors();
         if done(case) {
             return true;
+        }
+        if case.relocator_rereads.0 > RELOCATOR_REREADS_MAX {
+            case.note("the relocator reads one head segment again and again");
+            return false;
         }
         case.settle();
         let held = unstalled(case, stalled);
