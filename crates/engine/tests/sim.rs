@@ -2127,7 +2127,17 @@ fn relocator_read_check(case: &mut Case<'_>, e: &Engine, workers: &[Worker]) {
     if !drive(case, &|_| false, |_| workers.iter().all(|w| !w.busy())) {
         return;
     }
-    if gated(case, || e.drain(|_| {})).is_err() || gone(&e.stats()) {
+    // Not `gated`: its scoped thread is joined even when the driver unwinds, so a failure
+    // found meanwhile (an injected panic in a writeback IO helper, which the drain then waits
+    // for for ever) deadlocked the run.
+    let drainer = e.clone();
+    let drained = bounded_call(
+        case,
+        e,
+        "a drain before the relocator read window",
+        move || drainer.drain(|_| {}).is_ok(),
+    );
+    if !drained || gone(&e.stats()) {
         return;
     }
     let s = e.stats();
