@@ -757,6 +757,8 @@ struct Case<'a> {
     /// The flusher's cache reads let through in a row at one offset (the relocator reading
     /// the same head segment again, having moved nothing), and that offset: see `drive`.
     relocator_rereads: (u64, u64),
+    /// The cache's segment size: the relocator reads one whole segment.
+    segment_bytes: u64,
 }
 
 impl Case<'_> {
@@ -938,7 +940,11 @@ impl Case<'_> {
             op.thread, op.device, op.kind, op.offset, op.len_bytes, fail
         );
         self.note(&what);
-        if op.thread == "logcache-flusher" && op.device == "cache" && op.kind == OpKind::Read {
+        if op.thread == "logcache-flusher"
+            && op.device == "cache"
+            && op.kind == OpKind::Read
+            && op.len_bytes == self.segment_bytes
+        {
             let (n, at) = self.relocator_rereads;
             self.relocator_rereads = (if at == op.offset { n + 1 } else { 1 }, op.offset);
         }
@@ -1133,6 +1139,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         backing_dev: pair.backing.clone(),
         drop_rng: Rng::new(seed ^ 0x6472_6f70),
         relocator_rereads: (0, u64::MAX),
+        segment_bytes: segment,
     };
     for cycle in 0..cycles {
         case.totals.cycles += 1;
