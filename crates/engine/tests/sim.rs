@@ -111,6 +111,8 @@ const RELOCATOR_WINDOW_ODDS: u64 = 3;
 /// wait (`bounded`), before it is a hang: far above the longest timed retry (writeback's
 /// one second); it fires after a few hundred timers, not the 20 s of real time `HANG` takes.
 const HANG_VIRTUAL_NS: u64 = 30_000_000_000;
+/// How long a failing probe waits for its engine call to end once the engine is crashed.
+const CALL_END_WAIT: Duration = Duration::from_secs(5);
 /// Cache-loss seeds CI runs.
 const CI_LOSS_SCHEDULES: u64 = 100;
 /// Cache-loss seeds outside CI's range that once failed, run in every CI-kind run (50030:
@@ -2328,13 +2330,17 @@ fn bounded(case: &mut Case<'_>, e: &Engine, workers: &[Worker], what: &str) {
 }
 
 /// Before a probe's hang is reported: the power goes off and the engine is crashed on a thread
-/// of its own (it may hang too), so its background threads end. Left running, they woke now
+/// of its own (it may hang too; waited for `CALL_END_WAIT`), so its background threads end. Left running, they woke now
 /// and then for ever, on real time, and every later schedule of a sweep crawled (and met their
 /// IO: "an IO passed the gate by timeout").
 fn stop_hung(case: &mut Case<'_>, e: &Engine) {
     case.sched.set_mode(GateMode::Dead);
     let stop = e.clone();
-    std::thread::spawn(move || stop.crash());
+    let h = std::thread::spawn(move || stop.crash());
+    let until = Instant::now() + CALL_END_WAIT;
+    while !h.is_finished() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// `gated`, bounded like `bounded`: `f` runs on a thread of its own and must return. Not a
@@ -2347,32 +2353,44 @@ fn bounded_call<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
 ) -> T {
     let h = std::thread::spawn(f);
-    let mut idle_since: Option<(u64, Instant)> = None;
-    let started = Instant::now();
-    while !h.is_finished() {
-        case.settle();
-        let held = case.sched.held();
-        let (virtual_ns, idle) = idle_since.map_or((0, Duration::ZERO), |(ns, at)| {
-            (case.sched.clock_ns() - ns, at.elapsed())
-        });
-        if virtual_ns >= HANG_VIRTUAL_NS || idle >= HANG || started.elapsed() >= HANG_WALL {
-            let failed = e.stats().failed;
-            stop_hung(case, e);
-            panic!(
-                "hang: {what}: it did not return ({}s of virtual time with no IO held, \
-                 {:.1?} in all); engine failed: {:?}",
-                virtual_ns / 1_000_000_000,
-                started.elapsed(),
-                failed
-            );
+    let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut idle_since: Option<(u64, Instant)> = None;
+        let started = Instant::now();
+        while !h.is_finished() {
+            case.settle();
+            let held = case.sched.held();
+            let (virtual_ns, idle) = idle_since.map_or((0, Duration::ZERO), |(ns, at)| {
+                (case.sched.clock_ns() - ns, at.elapsed())
+            });
+            if virtual_ns >= HANG_VIRTUAL_NS || idle >= HANG || started.elapsed() >= HANG_WALL {
+                panic!(
+                    "hang: {what}: it did not return ({}s of virtual time with no IO held, \
+                     {:.1?} in all); engine failed: {:?}",
+                    virtual_ns / 1_000_000_000,
+                    started.elapsed(),
+                    e.stats().failed
+                );
+            }
+            if held.is_empty() {
+                idle_since.get_or_insert((case.sched.clock_ns(), Instant::now()));
+                case.idle();
+                continue;
+            }
+            idle_since = None;
+            case.release_one(&held, &[], 0);
         }
-        if held.is_empty() {
-            idle_since.get_or_insert((case.sched.clock_ns(), Instant::now()));
-            case.idle();
-            continue;
+    }));
+    if let Err(failure) = waited {
+        // A hang, or a failure found meanwhile (a thread's panic): the engine is stopped and
+        // the call given a moment to end. Left running into a later schedule, its seam calls
+        // reached that schedule's scheduler and changed its trace (replay seed 3 differed once,
+        // after an injected panic during the drain).
+        stop_hung(case, e);
+        let until = Instant::now() + CALL_END_WAIT;
+        while !h.is_finished() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
         }
-        idle_since = None;
-        case.release_one(&held, &[], 0);
+        std::panic::resume_unwind(failure);
     }
     h.join().expect("an engine call panicked")
 }
