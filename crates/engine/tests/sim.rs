@@ -2352,12 +2352,32 @@ fn bounded_call<T: Send + 'static>(
     what: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> T {
-    let h = std::thread::spawn(f);
+    // Set as `f` returns (or unwinds), before the thread's exit (`JoinHandle::is_finished`
+    // turns true only later, and the exit may sleep on a lock), and looked at after each
+    // settle: a call ending while the process settled saw a timer fired after it or not
+    // (replay seed 3 had two traces).
+    struct SetOnDrop(Arc<AtomicBool>);
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let returned = Arc::new(AtomicBool::new(false));
+    let flag = SetOnDrop(returned.clone());
+    let h = std::thread::spawn(move || {
+        let _flag = flag;
+        f()
+    });
     let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut idle_since: Option<(u64, Instant)> = None;
         let started = Instant::now();
-        while !h.is_finished() {
+        loop {
+            // Looked at once the process is quiescent: before, the call could end during the
+            // settle and a timer fire after it or not.
             case.settle();
+            if returned.load(Ordering::SeqCst) {
+                break;
+            }
             let held = case.sched.held();
             let (virtual_ns, idle) = idle_since.map_or((0, Duration::ZERO), |(ns, at)| {
                 (case.sched.clock_ns() - ns, at.elapsed())
@@ -2387,7 +2407,7 @@ fn bounded_call<T: Send + 'static>(
         // after an injected panic during the drain).
         stop_hung(case, e);
         let until = Instant::now() + CALL_END_WAIT;
-        while !h.is_finished() && Instant::now() < until {
+        while !returned.load(Ordering::SeqCst) && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(1));
         }
         std::panic::resume_unwind(failure);
