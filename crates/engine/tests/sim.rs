@@ -117,8 +117,9 @@ const CALL_END_WAIT: Duration = Duration::from_secs(5);
 const CI_LOSS_SCHEDULES: u64 = 100;
 /// Cache-loss seeds outside CI's range that once failed, run in every CI-kind run (50030:
 /// the switch wrote an older shadow of a block a write-zeroes under way had dropped, and
-/// marked it found; docs/RELIABILITY.md).
-const FOUND_LOSS_SEEDS: [u64; 1] = [50_030];
+/// marked it found; 100940: a sync of the switch's label mark failed, dropping a
+/// write-around write, and a later flush returned OK; docs/RELIABILITY.md).
+const FOUND_LOSS_SEEDS: [u64; 2] = [50_030, 100_940];
 /// Steps after a cache loss by which every request and background IO must have stopped.
 const DEAD_STEPS_MAX: u64 = 20_000;
 /// The cache modes a cache-loss schedule fixes (`Case::fixed_mode`).

@@ -166,9 +166,7 @@ fn write_epoch(inner: &Inner, in_ram: &InRam, range: std::ops::Range<usize>) -> 
                     .map_err(|e| format!("writing {} bytes at {at}: {e}", bytes.len()))?;
             }
         }
-        inner
-            .backing
-            .flush()
+        crate::path::alone::noting_sync(inner, || inner.backing.flush())
             .map_err(|e| format!("syncing the backing device: {e}"))?;
         if inner.backing.reconnects() == reconnects {
             return Ok(());
