@@ -1,24 +1,45 @@
 #!/usr/bin/env bash
 # Where a cached read's tail comes from (issue 20: foreground read p99.9 ≤ 1 ms with writeback
-# running). Side by side, alternated ROUNDS times (the order reverses each round), the latency
-# percentiles of one foreground job, fio 4 KiB random reads at iodepth 1 over a 64 MiB region
-# that logcache holds on its cache device:
-#   wb       logcache (write-back, `--set writeback_threshold_percent=0` so writeback runs
-#            whenever anything is dirty) while a background job in the same fio run writes
-#            4 KiB random writes at iodepth 4 to another 64 MiB region: the flusher writes
-#            segments to the cache device and writeback writes to the backing device throughout
-#   alone    the same logcache, the foreground job alone
-#   device   no logcache, no NBD: fio's io_uring engine, O_DIRECT, 4 KiB random reads at
-#            iodepth 1 on a file on the same file system: the device's own tail
-# logcache's backing device is an EMULATED 7200 rpm disk (`logcache-bench sim-hdd` over a
-# sparse file, an emulation). Prints one JSON line per measurement and a table of medians.
+# running). Side by side, alternated ROUNDS times (round N starts at the N-th case), the latency
+# percentiles of one foreground job, fio 4 KiB random reads at iodepth 1 over a 64 MiB region,
+# each case's own copy of it on the same file system (DIR). Cases (CASES, space-separated;
+# default all but the -b ones), from the bare device up to logcache under load:
+#   device   no server, no NBD: fio's io_uring engine, O_DIRECT, on a file: the device's tail
+#   device-wb  the same while a second job in the same fio run writes 1 MiB sequential writes,
+#            O_DIRECT, iodepth 1, at DEVICE_WB_MIBPS MiB/s (default 64: about what the flusher
+#            writes in the wb case) to a file of its own: the device's tail under a write stream
+#            like the flusher's, with no logcache at all
+#   qemu     qemu-nbd --cache=none --aio=io_uring (O_DIRECT) on a file, fio's nbd engine: the
+#            device through the same protocol, read the way logcache reads its cache file
+#   nbdkit   nbdkit file cache=none on a file: the issue's reference. nbdkit 1.32 reads through
+#            the page cache (see scripts/bench-iopath.sh), so the file's pages are dropped
+#            (POSIX_FADV_DONTNEED on that file only) right before each measurement; each row
+#            records `resident_mib`, its pages in RAM after the job
+#   alone    logcache (write-back, `--set writeback_threshold_percent=0`), the foreground alone,
+#            nothing dirty (drained first): every read is a hit on the cache device
+#   wb       the same logcache while a background job in the same fio run writes 4 KiB random
+#            writes at iodepth 4 to another 64 MiB region: the flusher writes segments to the
+#            cache device and writeback reads them back and writes the backing device
+#            throughout (drained first, so every round starts alike)
+#   alone-b, wb-b  the same with the binary LOGCACHE_BIN_B (its own cache and backing): an A/B of
+#            two builds in one alternated run
+# logcache's backing device is an EMULATED 7200 rpm disk (`logcache-bench sim-hdd`, an
+# emulation) over a sparse file in HDD_DIR (default /dev/shm: a real backing disk is another
+# device, so the emulation's own file IO and syncs must not queue on the cache's device;
+# HDD_DIR=/var/tmp puts it on the cache's device, as this script did before 2026-11-26).
+# Latency is fio's total latency (`lat`: submission to completion; `clat` leaves out the
+# submission, and an io_uring read that completes inside io_uring_enter showed a clat of 1 µs).
+# Each logcache row records `writeback_blocks`, the blocks written back during its job (status).
+# Prints one JSON line per measurement and a table of medians with each round's p99.9.
 #
 # usage: scripts/bench-read-tail.sh [ROUNDS=3] [RUNTIME_S=5] [DIR=/var/tmp]
-# (LOGCACHE_BIN picks the binary.)
+# (LOGCACHE_BIN picks the binary; LOGCACHE_BIN_B the -b cases'.)
 set -euo pipefail
 rounds=${1:-3}
 runtime=${2:-5}
 base=${3:-/var/tmp}
+cases=${CASES:-device device-wb qemu nbdkit alone wb}
+hdd_base=${HDD_DIR:-/dev/shm}
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib/bench.sh"
 bin=${LOGCACHE_BIN:-$root/target/release/logcache}
@@ -26,75 +47,140 @@ bench_bin=$(dirname "$bin")/logcache-bench
 [ -x "$bin" ] && [ -x "$bench_bin" ] ||
     (cd "$root" && cargo build --release -q -p logcache -p logcache-bench)
 dir=$(mktemp -d "$base/lcreadtail.XXXXXX")
+hdd_dir=$(mktemp -d "$hdd_base/lcreadtail-hdd.XXXXXX")
 pids=()
-cleanup() { kill_and_remove "$dir" "${pids[@]}"; }
+cleanup() {
+    kill_and_remove "$dir" "${pids[@]}"
+    rm -rf "$hdd_dir"
+}
 trap cleanup EXIT
-start_sim_hdd "$bench_bin" "$dir/hdd.img" 8G "$dir/hdd.sock" "$dir/hdd.log"
-pids+=("$sim_hdd_pid")
-hdd="nbd+unix:///?socket=$dir/hdd.sock"
-truncate -s 4G "$dir/cache.img"
-"$bin" format --cache "$dir/cache.img" --backing "$hdd" >/dev/null
-"$bin" serve --cache "$dir/cache.img" --backing "$hdd" --socket "$dir/lc.sock" \
-    --set writeback_threshold_percent=0 >"$dir/lc.log" 2>&1 &
-pids+=($!)
-uri="nbd+unix:///?socket=$dir/lc.sock"
-wait_nbd "$uri" "$!" "$dir"/*.log
 region=64M
-# The foreground's region, written once and drained: every read is a hit on the cache device.
-fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size=$region \
-    --output-format=terse >/dev/null
-"$bin" drain --control "$dir/cache.img.ctl" >/dev/null 2>&1
-fio --name=fill --ioengine=io_uring --direct=1 --filename="$dir/device.img" --rw=write \
-    --bs=1M --iodepth=8 --size=512M --output-format=terse >/dev/null
+declare -A uri lc_bin
+# A logcache server NAME with binary BIN over its own emulated HDD; its region written once.
+start_logcache() {
+    local name=$1 run_bin=$2 hdd
+    start_sim_hdd "$bench_bin" "$hdd_dir/$name-hdd.img" 8G "$dir/$name-hdd.sock" \
+        "$dir/$name-hdd.log"
+    pids+=("$sim_hdd_pid")
+    hdd="nbd+unix:///?socket=$dir/$name-hdd.sock"
+    lc_serve_fresh "$run_bin" "$dir" "$name" "$hdd" --set writeback_threshold_percent=0
+    pids+=("$(eval echo "\$lc_$name")")
+    uri[$name]="nbd+unix:///?socket=$dir/$name.sock"
+    lc_bin[$name]=$run_bin
+    wait_nbd "${uri[$name]}" "${pids[-1]}" "$dir/$name.log"
+    fio --name=fill --ioengine=nbd --uri="${uri[$name]}" --rw=write --bs=1M --iodepth=8 \
+        --size=$region --output-format=terse >/dev/null
+}
+needs() { [[ " $cases " == *" $1 "* ]]; }
+if needs alone || needs wb; then start_logcache lc "$bin"; fi
+if needs alone-b || needs wb-b; then
+    start_logcache lcb "${LOGCACHE_BIN_B:?give LOGCACHE_BIN_B for the -b cases}"
+fi
+if needs qemu; then
+    truncate -s 1G "$dir/qemu.img"
+    qemu-nbd -f raw -k "$dir/qemu.sock" -t --cache=none --aio=io_uring "$dir/qemu.img" \
+        >"$dir/qemu.log" 2>&1 &
+    pids+=($!)
+    uri[qemu]="nbd+unix:///?socket=$dir/qemu.sock"
+    wait_nbd "${uri[qemu]}" "$!" "$dir/qemu.log"
+fi
+if needs nbdkit; then
+    truncate -s 1G "$dir/nbdkit.img"
+    nbdkit -f -U "$dir/nbdkit.sock" file file="$dir/nbdkit.img" cache=none \
+        >"$dir/nbdkit.log" 2>&1 &
+    pids+=($!)
+    uri[nbdkit]="nbd+unix:///?socket=$dir/nbdkit.sock"
+    wait_nbd "${uri[nbdkit]}" "$!" "$dir/nbdkit.log"
+fi
+for s in qemu nbdkit; do
+    needs $s || continue
+    fio --name=fill --ioengine=nbd --uri="${uri[$s]}" --rw=write --bs=1M --iodepth=8 \
+        --size=$region --output-format=terse >/dev/null
+done
+if needs device || needs device-wb; then
+    fio --name=fill --ioengine=io_uring --direct=1 --filename="$dir/device.img" --rw=write \
+        --bs=1M --iodepth=8 --size=$region --output-format=terse >/dev/null
+fi
 
 common=(--rw=randread --bs=4k --iodepth=1 --time_based --runtime="$runtime" --norandommap
-    --randrepeat=0 --percentile_list=50:99:99.9 --output-format=json)
+    --randrepeat=0 --size=$region --lat_percentiles=1 --percentile_list=50:99:99.9
+    --output-format=json)
+status_blocks() { # $1 server: blocks written back so far
+    "${lc_bin[$1]}" status --control "$dir/$1.ctl" --json 2>/dev/null |
+        /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin).get("writeback_blocks", 0))' ||
+        echo 0
+}
 measure() { # $1 case, $2 round
-    local out="$dir/fio-$1-$2.json"
-    case $1 in
-    wb) fio --name=fg --ioengine=nbd --uri="$uri" --size=$region "${common[@]}" --output="$out" \
-        --name=bg --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=4 \
+    local c=$1 out="$dir/fio-$1-$2.json" s wb0=null wb1=null resident=null
+    s=${c%-b}
+    [ "$s" != "$c" ] && s=lcb || case $c in alone | wb) s=lc ;; esac
+    case $c in
+    alone* | wb*)
+        # Nothing dirty left from a previous wb job: every round starts alike.
+        "${lc_bin[$s]}" drain --control "$dir/$s.ctl" >/dev/null 2>&1
+        wb0=$(status_blocks "$s")
+        ;;
+    nbdkit)
+        /usr/bin/python3 -c 'import os,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)' "$dir/nbdkit.img" ;;
+    esac
+    case $c in
+    wb*) fio --name=fg --ioengine=nbd --uri="${uri[$s]}" "${common[@]}" --output="$out" \
+        --name=bg --ioengine=nbd --uri="${uri[$s]}" --rw=randwrite --bs=4k --iodepth=4 \
         --offset=$region --size=$region --time_based --runtime="$runtime" >/dev/null ;;
-    alone) fio --name=fg --ioengine=nbd --uri="$uri" --size=$region "${common[@]}" \
+    alone*) fio --name=fg --ioengine=nbd --uri="${uri[$s]}" "${common[@]}" --output="$out" \
+        >/dev/null ;;
+    qemu | nbdkit) fio --name=fg --ioengine=nbd --uri="${uri[$c]}" "${common[@]}" \
         --output="$out" >/dev/null ;;
     device) fio --name=fg --ioengine=io_uring --direct=1 --filename="$dir/device.img" \
-        --size=512M "${common[@]}" --output="$out" >/dev/null ;;
+        "${common[@]}" --output="$out" >/dev/null ;;
+    device-wb) fio --name=fg --ioengine=io_uring --direct=1 --filename="$dir/device.img" \
+        "${common[@]}" --output="$out" --name=bg --ioengine=io_uring --direct=1 \
+        --filename="$dir/device-bg.img" --rw=write --bs=1M --iodepth=1 --size=256M \
+        --rate="${DEVICE_WB_MIBPS:-64}m" --time_based --runtime="$runtime" >/dev/null ;;
     esac
-    /usr/bin/python3 - "$out" "$1" "$2" <<'EOF'
+    case $c in
+    alone* | wb*) wb1=$(status_blocks "$s") ;;
+    nbdkit) resident=$(fincore --bytes --noheadings --output RES "$dir/nbdkit.img" |
+        awk '{printf "%d", $1 / 1048576}') ;;
+    esac
+    /usr/bin/python3 - "$out" "$c" "$2" "$wb0" "$wb1" "$resident" <<'EOF'
 import json, sys
-path, case, rnd = sys.argv[1:]
+path, case, rnd, wb0, wb1, resident = sys.argv[1:]
 jobs = json.load(open(path))["jobs"]
 fg = next(j for j in jobs if j["jobname"] == "fg")["read"]
-p = fg["clat_ns"]["percentile"]
-bg = [j["write"]["iops"] for j in jobs if j["jobname"] == "bg"]
+p = fg["lat_ns"]["percentile"]
+bg = [j["write"]["bw_bytes"] / 2**20 for j in jobs if j["jobname"] == "bg"]
+load = open("/proc/loadavg").read().split()[0]
 print(json.dumps({"case": case, "round": int(rnd), "reads": fg["total_ios"],
                   "iops": round(fg["iops"]), "p50_us": round(p["50.000000"] / 1000),
                   "p99_us": round(p["99.000000"] / 1000),
                   "p99_9_us": round(p["99.900000"] / 1000),
-                  "bg_write_iops": round(bg[0]) if bg else None}))
+                  "bg_write_mibps": round(bg[0], 1) if bg else None,
+                  "writeback_blocks": int(wb1) - int(wb0) if wb0 != "null" else None,
+                  "resident_mib": None if resident == "null" else int(resident),
+                  "load1": float(load)}))
 EOF
 }
 results="$dir/results.jsonl"
-cases="wb alone device"
 for round in $(seq 1 "$rounds"); do
-    order=$cases
-    if [ $((round % 2)) = 0 ]; then order=$(echo "$cases" | tr ' ' '\n' | tac | tr '\n' ' '); fi
-    for c in $order; do measure "$c" "$round" | tee -a "$results"; done
+    # shellcheck disable=SC2086
+    for c in $(rotate "$((round - 1))" $cases); do measure "$c" "$round" | tee -a "$results"; done
 done
 /usr/bin/python3 - "$results" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print()
-print("| case | rounds | reads | p50 µs | p99 µs | p99.9 µs (median; per round) | bg write IOPS |")
-print("|---|---:|---:|---:|---:|---|---:|")
+print("| case | rounds | reads | p50 µs | p99 µs | p99.9 µs (median; per round) | bg write MiB/s "
+      "| blocks written back | load (1 min) |")
+print("|---|---:|---:|---:|---:|---|---:|---:|---|")
 for case in dict.fromkeys(r["case"] for r in rows):
-    rs = [r for r in rows if r["case"] == case]
+    rs = sorted((r for r in rows if r["case"] == case), key=lambda r: r["round"])
     med = lambda k: statistics.median(r[k] for r in rs)
-    per = " ".join(f"{r['p99_9_us']:,}" for r in sorted(rs, key=lambda r: r["round"]))
-    bg = [r["bg_write_iops"] for r in rs if r["bg_write_iops"] is not None]
+    per = " ".join(f"{r['p99_9_us']:,}" for r in rs)
+    opt = lambda k: (f"{statistics.median(r[k] for r in rs):,.0f}"
+                     if all(r[k] is not None for r in rs) else "–")
+    loads = " ".join(f"{r['load1']:.1f}" for r in rs)
     print(f"| {case} | {len(rs)} | {sum(r['reads'] for r in rs):,} | {med('p50_us'):,.0f} | "
-          f"{med('p99_us'):,.0f} | **{med('p99_9_us'):,.0f}** ({per}) | "
-          f"{statistics.median(bg):,.0f} |" if bg else
-          f"| {case} | {len(rs)} | {sum(r['reads'] for r in rs):,} | {med('p50_us'):,.0f} | "
-          f"{med('p99_us'):,.0f} | **{med('p99_9_us'):,.0f}** ({per}) | – |")
+          f"{med('p99_us'):,.0f} | **{med('p99_9_us'):,.0f}** ({per}) | {opt('bg_write_mibps')} | "
+          f"{opt('writeback_blocks')} | {loads} |")
 EOF
