@@ -29,7 +29,9 @@
 # HDD_DIR=/var/tmp puts it on the cache's device, as this script did before 2026-11-26).
 # Latency is fio's total latency (`lat`: submission to completion; `clat` leaves out the
 # submission, and an io_uring read that completes inside io_uring_enter showed a clat of 1 µs).
-# Each logcache row records `writeback_blocks`, the blocks written back during its job (status).
+# Each logcache row records `writeback_blocks`, the blocks written back during its job, and
+# `read_misses`, foreground reads the cache did not hold (status; 0 unless the log wrapped over
+# the region: keep ROUNDS × RUNTIME_S × the wb job's write rate well under the 4 GiB cache).
 # Prints one JSON line per measurement and a table of medians with each round's p99.9.
 #
 # usage: scripts/bench-read-tail.sh [ROUNDS=3] [RUNTIME_S=5] [DIR=/var/tmp]
@@ -105,10 +107,9 @@ fi
 common=(--rw=randread --bs=4k --iodepth=1 --time_based --runtime="$runtime" --norandommap
     --randrepeat=0 --size=$region --lat_percentiles=1 --percentile_list=50:99:99.9
     --output-format=json)
-status_blocks() { # $1 server: blocks written back so far
-    "${lc_bin[$1]}" status --control "$dir/$1.ctl" --json 2>/dev/null |
-        /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin).get("writeback_blocks", 0))' ||
-        echo 0
+status_counts() { # $1 server: "blocks written back, read misses" so far
+    "${lc_bin[$1]}" status --control "$dir/$1.ctl" --json |
+        /usr/bin/python3 -c 'import json,sys; d=json.load(sys.stdin); print(d["writeback_blocks"], d["read_misses"], sep=",")'
 }
 measure() { # $1 case, $2 round
     local c=$1 out="$dir/fio-$1-$2.json" s wb0=null wb1=null resident=null
@@ -118,7 +119,7 @@ measure() { # $1 case, $2 round
     alone* | wb*)
         # Nothing dirty left from a previous wb job: every round starts alike.
         "${lc_bin[$s]}" drain --control "$dir/$s.ctl" >/dev/null 2>&1
-        wb0=$(status_blocks "$s")
+        wb0=$(status_counts "$s")
         ;;
     nbdkit)
         /usr/bin/python3 -c 'import os,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)' "$dir/nbdkit.img" ;;
@@ -139,7 +140,7 @@ measure() { # $1 case, $2 round
         --rate="${DEVICE_WB_MIBPS:-64}m" --time_based --runtime="$runtime" >/dev/null ;;
     esac
     case $c in
-    alone* | wb*) wb1=$(status_blocks "$s") ;;
+    alone* | wb*) wb1=$(status_counts "$s") ;;
     nbdkit) resident=$(fincore --bytes --noheadings --output RES "$dir/nbdkit.img" |
         awk '{printf "%d", $1 / 1048576}') ;;
     esac
@@ -156,7 +157,11 @@ print(json.dumps({"case": case, "round": int(rnd), "reads": fg["total_ios"],
                   "p99_us": round(p["99.000000"] / 1000),
                   "p99_9_us": round(p["99.900000"] / 1000),
                   "bg_write_mibps": round(bg[0], 1) if bg else None,
-                  "writeback_blocks": int(wb1) - int(wb0) if wb0 != "null" else None,
+                  "writeback_blocks": (int(wb1.split(",")[0]) - int(wb0.split(",")[0])
+                                       if wb0 != "null" else None),
+                  # Reads the cache missed (its region evicted: a log that wrapped over it).
+                  "read_misses": (int(wb1.split(",")[1]) - int(wb0.split(",")[1])
+                                  if wb0 != "null" else None),
                   "resident_mib": None if resident == "null" else int(resident),
                   "load1": float(load)}))
 EOF
@@ -171,8 +176,8 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 print()
 print("| case | rounds | reads | p50 µs | p99 µs | p99.9 µs (median; per round) | bg write MiB/s "
-      "| blocks written back | load (1 min) |")
-print("|---|---:|---:|---:|---:|---|---:|---:|---|")
+      "| blocks written back | read misses | load (1 min) |")
+print("|---|---:|---:|---:|---:|---|---:|---:|---:|---|")
 for case in dict.fromkeys(r["case"] for r in rows):
     rs = sorted((r for r in rows if r["case"] == case), key=lambda r: r["round"])
     med = lambda k: statistics.median(r[k] for r in rs)
@@ -182,5 +187,5 @@ for case in dict.fromkeys(r["case"] for r in rows):
     loads = " ".join(f"{r['load1']:.1f}" for r in rs)
     print(f"| {case} | {len(rs)} | {sum(r['reads'] for r in rs):,} | {med('p50_us'):,.0f} | "
           f"{med('p99_us'):,.0f} | **{med('p99_9_us'):,.0f}** ({per}) | {opt('bg_write_mibps')} | "
-          f"{opt('writeback_blocks')} | {loads} |")
+          f"{opt('writeback_blocks')} | {opt('read_misses')} | {loads} |")
 EOF
