@@ -22,7 +22,9 @@
 #            cache device and writeback reads them back and writes the backing device
 #            throughout (drained first, so every round starts alike)
 #   alone-b, wb-b  the same with the binary LOGCACHE_BIN_B (its own cache and backing): an A/B of
-#            two builds in one alternated run
+#            two builds in one alternated run (HDD_DIR_B puts their emulated HDD's file
+#            elsewhere: e.g. the same build, HDD_DIR_B=/var/tmp, shows what the emulation's own
+#            file IO on the cache's device costs)
 # logcache's backing device is an EMULATED 7200 rpm disk (`logcache-bench sim-hdd`, an
 # emulation) over a sparse file in HDD_DIR (default /dev/shm: a real backing disk is another
 # device, so the emulation's own file IO and syncs must not queue on the cache's device;
@@ -50,18 +52,20 @@ bench_bin=$(dirname "$bin")/logcache-bench
     (cd "$root" && cargo build --release -q -p logcache -p logcache-bench)
 dir=$(mktemp -d "$base/lcreadtail.XXXXXX")
 hdd_dir=$(mktemp -d "$hdd_base/lcreadtail-hdd.XXXXXX")
+hdd_dir_b=$(mktemp -d "${HDD_DIR_B:-$hdd_base}/lcreadtail-hdd.XXXXXX")
 pids=()
 cleanup() {
     kill_and_remove "$dir" "${pids[@]}"
-    rm -rf "$hdd_dir"
+    rm -rf "$hdd_dir" "$hdd_dir_b"
 }
 trap cleanup EXIT
 region=64M
 declare -A uri lc_bin
 # A logcache server NAME with binary BIN over its own emulated HDD; its region written once.
 start_logcache() {
-    local name=$1 run_bin=$2 hdd
-    start_sim_hdd "$bench_bin" "$hdd_dir/$name-hdd.img" 8G "$dir/$name-hdd.sock" \
+    local name=$1 run_bin=$2 hdd hdir=$hdd_dir
+    [ "$name" = lcb ] && hdir=$hdd_dir_b
+    start_sim_hdd "$bench_bin" "$hdir/$name-hdd.img" 8G "$dir/$name-hdd.sock" \
         "$dir/$name-hdd.log"
     pids+=("$sim_hdd_pid")
     hdd="nbd+unix:///?socket=$dir/$name-hdd.sock"
