@@ -77,6 +77,9 @@ pub struct Counters {
     pub discard_bytes: u64,
     pub write_zeroes: u64,
     pub write_zeroes_bytes: u64,
+    /// Write-zeroes whose zeros were written and synced again because another backing sync
+    /// failed (or the connection was replaced) between their zeroing and their own sync.
+    pub zeros_written_again: u64,
     /// Cached blocks dropped by TRIM, write-zeroes and write-around writes.
     pub blocks_invalidated: u64,
     /// Write requests handled in write-through and write-around mode.
@@ -160,6 +163,7 @@ impl Counters {
             ("discard_bytes", self.discard_bytes),
             ("write_zeroes", self.write_zeroes),
             ("write_zeroes_bytes", self.write_zeroes_bytes),
+            ("zeros_written_again", self.zeros_written_again),
             ("blocks_invalidated", self.blocks_invalidated),
             ("write_through_writes", self.write_through_writes),
             ("write_around_writes", self.write_around_writes),

@@ -1395,3 +1395,60 @@ fn a_power_cut_during_the_cache_loss_switch_answers_the_waiting_request() {
     );
     bounded("the power cut", move || crash.join().expect("the crash"));
 }
+
+/// Concurrent simulation seed 107844: a write-zeroes' zeros reached the backing device, then
+/// another thread's backing sync failed and the device dropped what no sync covered, the zeros
+/// included (as Linux's page cache may after a writeback error); the write-zeroes' own sync
+/// then succeeded and it marked the range applied, so recovery neither applied it again nor
+/// forgot it: after a power cut the block read its old data while block status called it zero,
+/// and a write-zeroes that had returned was undone. Now a zeroing whose write and sync a
+/// failed sync came between is written and synced again.
+#[test]
+fn a_write_zeroes_is_not_marked_applied_by_a_sync_after_one_that_dropped_its_zeros() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let lba = 40u64;
+    pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
+    let faulty = Arc::new(FaultDevice::new(pair.backing()));
+    let backing = Arc::new(GateDevice::new(faulty.clone()));
+    let opts = manual(4 * SEG_64K);
+    let e = Engine::open(pair.cache(), backing.clone(), opts.clone()).unwrap();
+    e.set_tunable("cache_mode", "write-through").unwrap();
+    // A write-through write, so the flush below owes the backing device a sync.
+    e.write(8 * 4096, &[0x22; 4096], false).unwrap();
+    // The zeroing reaches the backing device and is held before it returns.
+    backing.hold_after(OpKind::Discard);
+    let zeroer = e.clone();
+    let zeroing = std::thread::spawn(move || zeroer.write_zeroes(lba * 4096, 4096, false));
+    assert!(
+        backing.wait_held(OpKind::Discard, 1, HANG),
+        "the write-zeroes never zeroed the backing device"
+    );
+    // Meanwhile the flush's backing sync fails, and the device drops every unsynced write.
+    faulty.fail_next(OpKind::Flush, 1, FaultKind::Io);
+    let flusher = e.clone();
+    assert!(
+        bounded("the flush", move || flusher.flush()).is_err(),
+        "the flush whose backing sync failed"
+    );
+    pair.backing.crash_lose_all();
+    backing.release(OpKind::Discard);
+    bounded("the write-zeroes", move || zeroing.join().unwrap())
+        .expect("the write-zeroes with the backing device healthy again");
+    let cache_cut = power_cut_copy(&pair.cache);
+    let backing_cut = power_cut_copy(&pair.backing);
+    let written_again = e.stats().counters.zeros_written_again;
+    e.crash();
+    let e2 = Engine::open(Arc::new(cache_cut), Arc::new(backing_cut), opts).unwrap();
+    let mut buf = [0u8; 4096];
+    e2.read(lba * 4096, &mut buf).unwrap();
+    let mut extents = Vec::new();
+    e2.block_status(lba * 4096, 4096, 8, &mut extents).unwrap();
+    assert!(
+        buf == [0u8; 4096],
+        "block {lba} reads {:#x}.. after a power cut, not the zeros of a write-zeroes that \
+         returned OK (block status: {extents:?})",
+        buf[0]
+    );
+    assert_eq!(written_again, 1, "the zeros written again once");
+    e2.close().unwrap();
+}

@@ -496,16 +496,16 @@ fn zero_blocks(inner: &Inner, first: u64, end: u64) -> Result<()> {
         }
         let off = first * BLOCK_SIZE_BYTES;
         let len = (end - first) * BLOCK_SIZE_BYTES;
-        inner.backing.write_zeroes(off, len).map_err(|e| {
-            Error::io(
-                format!("zeroing {len} bytes at {off} on the backing device"),
-                e,
-            )
+        // The range is registered as zeroing and `backing_order` is held: writing the zeros
+        // again cannot wipe anything newer.
+        zeros_synced(inner, || {
+            inner.backing.write_zeroes(off, len).map_err(|e| {
+                Error::io(
+                    format!("zeroing {len} bytes at {off} on the backing device"),
+                    e,
+                )
+            })
         })?;
-        inner
-            .backing
-            .flush()
-            .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))?;
         // Recovery must not apply it again: writes that reach the backing device after it
         // (write-around) are in no log, and zeros applied again would wipe them. An older
         // zero range whose application failed holds the mark back (it is re-applied).
@@ -569,6 +569,42 @@ fn end_zeroing(inner: &Inner, st: &mut State, first: u64, end: u64, dropped_dirt
     }
 }
 
+/// How many times a zeroing is written and synced again because another backing sync failed
+/// (or the connection was replaced) between its write and its own sync.
+const ZEROS_SYNC_TRIES: u32 = 3;
+
+/// Backing syncs that failed so far and the backing device's reconnects: if either moved
+/// across a write and a sync, the sync may not cover the write.
+fn sync_risk(inner: &Inner) -> (u64, u64) {
+    let losses = inner.state.lock().bypass.losses();
+    (losses, inner.backing.reconnects())
+}
+
+/// Runs `write` (zeros onto the backing device) and syncs the backing device; again if another
+/// thread's backing sync failed (or the connection was replaced) in between. A device may drop
+/// unsynced writes with a failed sync and report success to the next one (Linux's page cache
+/// after a writeback error), so that success does not vouch for zeros written before the
+/// failure: marked applied on its strength, recovery kept the zero range (block status called
+/// the range zero) without applying it again while the backing device held the old data
+/// (concurrent simulation seed 107844: the writeback record's sync failed between a
+/// write-zeroes' zeroing and its sync). The caller holds `backing_order`.
+fn zeros_synced(inner: &Inner, write: impl Fn() -> Result<()>) -> Result<()> {
+    let sync_err = |e| Error::io(format!("syncing {}", inner.backing.describe()), e);
+    for _ in 0..ZEROS_SYNC_TRIES {
+        let before = sync_risk(inner);
+        write()?;
+        inner.backing.flush().map_err(sync_err)?;
+        if sync_risk(inner) == before {
+            return Ok(());
+        }
+        inner.state.lock().counters.zeros_written_again += 1;
+    }
+    Err(sync_err(std::io::Error::other(format!(
+        "other syncs of it failed each time while zeros were being made durable \
+         ({ZEROS_SYNC_TRIES} tries)"
+    ))))
+}
+
 /// Writes recovered zero range `z` to the backing device (not synced).
 pub fn reapply_zeros(backing: &dyn BlockDevice, z: &ZeroRange) -> Result<()> {
     let (off, len) = (z.lba * BLOCK_SIZE_BYTES, z.count * BLOCK_SIZE_BYTES);
@@ -586,17 +622,33 @@ pub fn reapply_zeros(backing: &dyn BlockDevice, z: &ZeroRange) -> Result<()> {
 /// state of the disk (applied at once, they landed before older epochs). Open waits for it, so
 /// no request can read or write the ranges meanwhile.
 pub fn apply_recovered_zeros(inner: &Inner, zeros: &[ZeroRange]) -> Result<()> {
+    // Failed backing syncs and reconnects since the chunk's first range was written.
+    let mut chunk_risk = None;
     for (i, z) in zeros.iter().enumerate() {
         wait_for_older(inner, z.seq)?;
         let last_of_chunk = zeros.get(i + 1).is_none_or(|next| next.seq != z.seq);
         {
             let _order = inner.backing_order.lock();
+            let risk = *chunk_risk.get_or_insert_with(|| sync_risk(inner));
             reapply_zeros(&*inner.backing, z)?;
             if last_of_chunk {
+                chunk_risk = None;
                 inner
                     .backing
                     .flush()
                     .map_err(|e| Error::io(format!("syncing {}", inner.backing.describe()), e))?;
+                if sync_risk(inner) != risk {
+                    // A failed sync may have dropped zeros of this chunk (see `zeros_synced`);
+                    // writing them again here could wipe blocks written back since. Not marked
+                    // applied: the next open applies them again.
+                    return Err(Error::io(
+                        format!("syncing {}", inner.backing.describe()),
+                        std::io::Error::other(
+                            "another sync of it failed while logged zeros were being applied \
+                             again; open the cache again to apply them",
+                        ),
+                    ));
+                }
                 inner.superblock.advance_zero_applied(z.seq)?;
             }
         }
