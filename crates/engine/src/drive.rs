@@ -22,6 +22,27 @@ use crate::writeback::{self, persist_position, writeback_position};
 /// background writeback has kept failing for this long (it retries meanwhile).
 pub const WRITEBACK_ERROR_PATIENCE: Duration = Duration::from_secs(3);
 
+/// For a waiter on background writeback: how long writeback has kept failing. Writeback
+/// retries a failed batch, so a waiter gives up only once it has failed for
+/// `WRITEBACK_ERROR_PATIENCE`: an error from before a backing reconnection (or a blip) does not
+/// fail a wait its next batch would satisfy.
+#[derive(Debug, Default)]
+pub struct WritebackPatience {
+    failing_since: Option<Instant>,
+}
+
+impl WritebackPatience {
+    /// Given writeback's current error: whether it has now failed for the whole patience.
+    pub fn run_out(&mut self, error: Option<&str>) -> bool {
+        if error.is_none() {
+            self.failing_since = None;
+            return false;
+        }
+        let since = *self.failing_since.get_or_insert_with(crate::sync::now);
+        crate::sync::now().saturating_duration_since(since) >= WRITEBACK_ERROR_PATIENCE
+    }
+}
+
 /// Starts the flusher and writeback threads (none in manual mode).
 pub fn start_threads(inner: &Arc<Inner>) -> Result<Vec<JoinHandle<()>>> {
     let mut threads = Vec::new();
@@ -180,7 +201,7 @@ pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<(
         (st.blocks.dirty_blocks(), st.counters.writeback_blocks)
     };
     let res = (|| {
-        let mut failing_since: Option<Instant> = None;
+        let mut patience = WritebackPatience::default();
         let mut bufs = inner.drive.inline().then(|| {
             WritebackBuffers::new(inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize)
         });
@@ -201,22 +222,13 @@ pub fn drain(inner: &Inner, mut progress: impl FnMut(DrainProgress)) -> Result<(
                 }
                 return Ok(());
             }
-            // Writeback retries a failed batch; give up only once it has kept failing for a
-            // while, so a transient backing error (a network blip) does not fail the drain.
-            match st.writeback.error() {
-                Some(e) => {
-                    let since = *failing_since.get_or_insert_with(crate::sync::now);
-                    if bufs.is_some()
-                        || crate::sync::now().saturating_duration_since(since)
-                            >= WRITEBACK_ERROR_PATIENCE
-                    {
-                        return Err(Error::Io {
-                            what: "drain stopped: writeback failed".into(),
-                            source: std::io::Error::other(e.to_string()),
-                        });
-                    }
-                }
-                None => failing_since = None,
+            // Inline (`bufs`), the batch's own error fails the drain at once.
+            let run_out = patience.run_out(st.writeback.error());
+            if let Some(e) = st.writeback.error().filter(|_| bufs.is_some() || run_out) {
+                return Err(Error::Io {
+                    what: "drain stopped: writeback failed".into(),
+                    source: std::io::Error::other(e.to_string()),
+                });
             }
             if let Some(bufs) = bufs.as_mut() {
                 let batch_blocks = inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize;

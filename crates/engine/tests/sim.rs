@@ -71,6 +71,9 @@
 //! This file holds one test: quiescence is read from the process's threads, so nothing else
 //! may run beside it.
 
+// The seam (`sync::sim`) is off when the `loom` feature puts loom's locks in the engine.
+#![cfg(not(feature = "loom"))]
+
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

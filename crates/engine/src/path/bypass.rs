@@ -19,7 +19,7 @@ use super::write;
 use crate::drive::wait_durable;
 use crate::drive::wait_for_room;
 use crate::drive::writeback_step_here;
-use crate::drive::WRITEBACK_ERROR_PATIENCE;
+use crate::drive::WritebackPatience;
 use crate::error::{Error, Result};
 use crate::format::chunk::{Entry, KIND_DROP, KIND_ZERO};
 use crate::format::BLOCK_SIZE_BYTES;
@@ -29,7 +29,7 @@ use crate::open::recover::ZeroRange;
 use crate::state::bypass::Lost;
 use crate::state::State;
 use crate::tunables;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Zeros for the partial blocks at the ends of a zeroed range.
 static ZERO_BLOCK: [u8; BLOCK_SIZE_BYTES as usize] = [0; BLOCK_SIZE_BYTES as usize];
@@ -741,7 +741,7 @@ fn rewrite_lost(inner: &Inner) -> Result<()> {
     }
     st.writeback.drain_requests().enter();
     inner.writeback_wake.notify_one();
-    let mut failing_since: Option<Instant> = None;
+    let mut patience = WritebackPatience::default();
     let res = loop {
         let end = match st.bypass.lost() {
             None => break Ok(()),
@@ -755,18 +755,10 @@ fn rewrite_lost(inner: &Inner) -> Result<()> {
         if let Err(e) = check_usable(&st) {
             break Err(e);
         }
-        // Writeback retries a failed batch: give up only once it has kept failing for a
-        // while, so an error from before a backing reconnection (or a blip) does not fail
-        // the flush that its next batch would satisfy.
-        match st.writeback.error() {
-            Some(e) => {
-                let since = *failing_since.get_or_insert_with(crate::sync::now);
-                if crate::sync::now().saturating_duration_since(since) >= WRITEBACK_ERROR_PATIENCE {
-                    let e = format!("writing their cached copies again failed: {e}");
-                    break Err(lost_error(st.bypass.lost().map_or("", |l| l.1), &e));
-                }
-            }
-            None => failing_since = None,
+        let run_out = patience.run_out(st.writeback.error());
+        if let Some(e) = st.writeback.error().filter(|_| run_out) {
+            let e = format!("writing their cached copies again failed: {e}");
+            break Err(lost_error(st.bypass.lost().map_or("", |l| l.1), &e));
         }
         // Writeback takes durable chunks only, and copies marked dirty may be in RAM.
         if let Err(e) = crate::sync::unlocked(&mut st, || wait_durable(inner)) {
