@@ -98,6 +98,13 @@ pub fn relocate_head<'a>(
     if st.blocks.dirty_blocks() > live_max {
         return Ok((st, evicted));
     }
+    // No chunk open and none can open (the ring or the RAM buffers full, the head held, say
+    // by a slow backing zeroing): nothing could be moved, so the segment is not read. Before,
+    // every flusher wake read it whole and moved nothing.
+    if !st.ring.open().active && !st.ring.can_open_segment(true) {
+        st.counters.relocations_without_room += 1;
+        return Ok((st, evicted));
+    }
     let mut live = Vec::with_capacity(st.ring.segment(slot).live_blocks as usize);
     for b in 0..inner.geo.blocks_per_segment {
         let c = inner.geo.cache_block(slot, b);

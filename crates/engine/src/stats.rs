@@ -32,6 +32,8 @@ pub struct Counters {
     pub segments_reclaimed: u64,
     /// Live blocks copied from the head segment to the open chunk to free the head.
     pub blocks_relocated: u64,
+    /// Relocations not tried (the head segment not read) for want of room to move blocks to.
+    pub relocations_without_room: u64,
     pub superblock_writes: u64,
     /// Checkpoint bitmap pages written by folds (before segments left the log).
     pub checkpoint_pages_written: u64,
@@ -129,6 +131,7 @@ impl Counters {
             ("cache_syncs", self.cache_syncs),
             ("segments_reclaimed", self.segments_reclaimed),
             ("blocks_relocated", self.blocks_relocated),
+            ("relocations_without_room", self.relocations_without_room),
             ("superblock_writes", self.superblock_writes),
             ("checkpoint_pages_written", self.checkpoint_pages_written),
             ("write_waits", self.write_waits),

@@ -623,6 +623,13 @@ impl Ring {
     /// Opens segment `next_segment_id` if its slot and a RAM buffer are free; its first chunk
     /// gets `next_seq`. Writers leave `RESERVE_SEGMENTS` free for the relocator
     /// (`use_reserve`), so it can always make room.
+    /// Whether `open_segment(use_reserve, ..)` would open one now: a free segment beyond the
+    /// reserve (all of them with `use_reserve`) and a free RAM buffer.
+    pub fn can_open_segment(&self, use_reserve: bool) -> bool {
+        let keep_free = if use_reserve { 0 } else { RESERVE_SEGMENTS };
+        self.free_segments() > keep_free && !self.free_buffers.is_empty()
+    }
+
     pub fn open_segment(&mut self, use_reserve: bool, next_seq: u64) -> bool {
         assert!(!self.open.active);
         let keep_free = if use_reserve { 0 } else { RESERVE_SEGMENTS };
