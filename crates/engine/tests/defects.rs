@@ -1452,3 +1452,98 @@ fn a_write_zeroes_is_not_marked_applied_by_a_sync_after_one_that_dropped_its_zer
     assert_eq!(written_again, 1, "the zeros written again once");
     e2.close().unwrap();
 }
+
+/// A backing device whose first sync after a write of `trigger` at offset 0 fails and drops
+/// every write no sync covered (as Linux's page cache may after a writeback error).
+struct DropsAfter {
+    inner: Arc<SimDevice>,
+    trigger: u8,
+    armed: AtomicBool,
+    failed: AtomicBool,
+}
+
+impl BlockDevice for DropsAfter {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        if offset == 0 && buf.first() == Some(&self.trigger) && !self.failed.load(Ordering::SeqCst)
+        {
+            self.armed.store(true, Ordering::SeqCst);
+        }
+        self.inner.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            self.failed.store(true, Ordering::SeqCst);
+            self.inner.crash_lose_all();
+            return Err(std::io::Error::other(
+                "injected: a sync that dropped what it covered",
+            ));
+        }
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len_bytes: u64) -> std::io::Result<()> {
+        self.inner.discard(offset, len_bytes)
+    }
+    fn describe(&self) -> String {
+        "a backing device dropping writes with a failed sync".into()
+    }
+}
+
+/// Long sweep, cache-loss seed 101575: the switch to the backing device alone writes the dirty
+/// copies still in RAM one flush epoch at a time, each synced. Block 0's older epoch's copy
+/// landed and was synced, which found its sectors again (no longer lost); the newer epoch's
+/// copy then failed to land (its sync failed, dropping it). The block read the older epoch's
+/// data, and a flush returned OK over the newest write, acknowledged and now gone. Now a sector
+/// is found again only with its newest epoch: it stays lost (reads EIO, flushes fail).
+#[test]
+fn a_sector_whose_newest_epoch_in_ram_failed_to_land_stays_lost() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let cache = Arc::new(FaultDevice::new(pair.cache()));
+    let backing = Arc::new(DropsAfter {
+        inner: Arc::new(pair.backing.clone()),
+        trigger: 3,
+        armed: AtomicBool::new(false),
+        failed: AtomicBool::new(false),
+    });
+    let opts = OpenOptions {
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(cache.clone(), backing.clone(), opts).unwrap();
+    e.set_tunable("writeback_threshold_percent", "100").unwrap();
+    // Epoch 1, flushed: durable on the cache device and still in its segment's RAM buffer.
+    e.write(0, &[1; 4096], false).unwrap();
+    e.flush().unwrap();
+    // Epoch 2, in the open chunk: block 0 again (its epoch-1 copy kept as a shadow).
+    e.write(0, &[3; 4096], false).unwrap();
+    cache.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    cache.fail_next(OpKind::Flush, u64::MAX, FaultKind::Io);
+    let _ = e.flush();
+    assert!(
+        eventually(|| e.stats().serving_alone),
+        "the engine never served from the backing device alone: {:?}",
+        e.stats()
+    );
+    assert!(
+        backing.failed.load(Ordering::SeqCst),
+        "the newer epoch's sync never failed"
+    );
+    let mut buf = [0u8; 4096];
+    if e.read(0, &mut buf).is_ok() {
+        assert!(
+            buf == [3; 4096],
+            "block 0 reads {:#x}.., older than its newest acknowledged write",
+            buf[0]
+        );
+    }
+    assert!(
+        e.flush().is_err(),
+        "a flush returned OK while the newest write of block 0 is gone"
+    );
+    e.crash();
+}
