@@ -14,6 +14,7 @@ mod engine;
 mod histogram;
 mod read;
 mod sim_hdd;
+mod usage;
 
 use std::process::ExitCode;
 

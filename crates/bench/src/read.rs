@@ -190,10 +190,5 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
 
 /// This process's user + system CPU time, every thread (librbd's included).
 fn process_cpu_seconds() -> f64 {
-    // SAFETY: getrusage writes only the struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    assert_eq!(rc, 0, "getrusage(RUSAGE_SELF) cannot fail");
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    secs(ru.ru_utime) + secs(ru.ru_stime)
+    crate::usage::Usage::process().cpu_seconds
 }
