@@ -45,6 +45,22 @@ pub fn reclaim<'a>(
     Ok((st, true))
 }
 
+/// What one `relocate_head` call did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HeadWork {
+    /// Live blocks were copied into the open chunk: the segment dies once that chunk is
+    /// sealed and synced.
+    pub moved: bool,
+    /// Clean blocks were dropped: no log entry, so the segment may be reclaimable at once.
+    pub evicted: bool,
+}
+
+impl HeadWork {
+    pub fn any(self) -> bool {
+        self.moved || self.evicted
+    }
+}
+
 /// A live block of the head segment, as it was when the relocator looked.
 struct LiveBlock {
     block_in_segment: u32,
@@ -59,14 +75,15 @@ struct LiveBlock {
 pub fn relocate_head<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
-) -> Result<(MutexGuard<'a, State>, bool)> {
+) -> Result<(MutexGuard<'a, State>, HeadWork)> {
+    let nothing = HeadWork::default();
     if !st.under_pressure() || st.health.is_failed() {
-        return Ok((st, false));
+        return Ok((st, nothing));
     }
     // The oldest segment that still has live blocks: segments before it are dead and only wait
     // for a sync to be reclaimed. Only segments wholly on the cache device qualify.
     let Some((head, slot)) = st.ring.oldest_live_on_device() else {
-        return Ok((st, false));
+        return Ok((st, nothing));
     };
     // Clean blocks are the cheapest room there is: their data is on the backing device, so
     // they are dropped, not moved. Only dirty blocks need relocating.
@@ -80,13 +97,14 @@ pub fn relocate_head<'a>(
             }
         }
         if st.ring.segment(slot).live_blocks == 0 {
-            return Ok((st, true));
+            return Ok((st, HeadWork { evicted, ..nothing }));
         }
     }
+    let evicted_only = HeadWork { evicted, ..nothing };
     // In flush-epoch order a moved block would join a later epoch, and shadows have no index
     // entry to move with: writers wait for writeback, which frees the head epoch first.
     if st.ordered() {
-        return Ok((st, evicted));
+        return Ok((st, evicted_only));
     }
     // Moving blocks only makes room if there is room to make: with dirty data near the ring's
     // capacity, relocation would cycle the same blocks forever; writers then wait for
@@ -96,14 +114,14 @@ pub fn relocate_head<'a>(
     let data_per_segment = chunk::plan(inner.geo.blocks_per_segment).1 as u64;
     let live_max = usable_segments * data_per_segment * RELOCATE_LIVE_MAX_PERCENT / 100;
     if st.blocks.dirty_blocks() > live_max {
-        return Ok((st, evicted));
+        return Ok((st, evicted_only));
     }
     // No chunk open and none can open (the ring or the RAM buffers full, the head held, say
     // by a slow backing zeroing): nothing could be moved, so the segment is not read. Before,
     // every flusher wake read it whole and moved nothing.
     if !st.ring.open().active && !st.ring.can_open_segment(true) {
         st.counters.relocations_without_room += 1;
-        return Ok((st, evicted));
+        return Ok((st, evicted_only));
     }
     let mut live = Vec::with_capacity(st.ring.segment(slot).live_blocks as usize);
     for b in 0..inner.geo.blocks_per_segment {
@@ -198,5 +216,11 @@ pub fn relocate_head<'a>(
         st.promotion.note_relocation(now);
     }
     // The caller seals once after a batch of relocations, so they share one chunk.
-    Ok((st, moved > 0 || evicted))
+    Ok((
+        st,
+        HeadWork {
+            moved: moved > 0,
+            evicted,
+        },
+    ))
 }

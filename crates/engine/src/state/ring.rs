@@ -335,6 +335,19 @@ impl Ring {
         self.free_segments() < free_segments_low(self.segment_count)
     }
 
+    /// Whether the ring is low on free segments and the oldest segment with live blocks holds
+    /// dirty ones, which only writeback can make droppable in flush-epoch order (where the
+    /// relocator does not move them): writeback should run ahead of the head before writers
+    /// wait. Twice the relocator's margin, so writeback starts a batch's time earlier.
+    pub fn head_wants_writeback(&self) -> bool {
+        if self.free_segments() >= 2 * free_segments_low(self.segment_count) {
+            return false;
+        }
+        self.in_log()
+            .find(|(_, _, seg)| seg.live_blocks > 0)
+            .is_some_and(|(_, _, seg)| seg.dirty_blocks > 0)
+    }
+
     pub fn segment(&self, slot: u32) -> &SegmentInfo {
         &self.segments[slot as usize]
     }
@@ -742,12 +755,14 @@ impl Ring {
         keep_from_seq: u64,
         pinned: impl Fn(u32) -> bool,
     ) -> u64 {
+        let unsynced_from = self.first_unsynced_segment();
         for (id, slot, seg) in self.in_log() {
             if self.is_open_slot(slot)
                 || seg.phase() != Phase::OnDevice
                 || seg.live_blocks != 0
                 || seg.dead_by_seq > synced_seq
                 || seg.last_sealed_seq >= keep_from_seq
+                || id >= unsynced_from
                 || pinned(slot)
             {
                 return id;
@@ -756,13 +771,25 @@ impl Ring {
         self.next_segment_id
     }
 
-    /// Whether the head segment is dead and only waits for the chunks that killed it to sync.
+    /// The oldest segment holding a chunk written but not yet synced (`u64::MAX`: none). It
+    /// stays until the sync (`note_synced` finds its slot by id); a segment emptied by
+    /// dropping clean blocks right after its last chunk was written is one.
+    fn first_unsynced_segment(&self) -> u64 {
+        self.unsynced_ends
+            .iter()
+            .map(|&(_, id, _)| id)
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Whether the head segment is dead and only waits for a sync: of the chunks that killed
+    /// it, or of its own last chunks.
     pub fn head_waits_for_sync(&self, synced_seq: u64) -> bool {
         let seg = &self.segments[self.slot_of(self.head_segment_id) as usize];
         seg.id == self.head_segment_id
             && seg.full
             && seg.live_blocks == 0
-            && seg.dead_by_seq > synced_seq
+            && (seg.dead_by_seq > synced_seq || self.first_unsynced_segment() <= seg.id)
     }
 
     /// Frees the slots of segments before `new_head`, whose reclaim the superblock now records.

@@ -1,6 +1,7 @@
 //! The writeback rate policy (`next_batch_plan`): full speed while a `drain` waits, writers
 //! wait for room in a ring out of free segments (not for a RAM buffer: that is the flusher's
-//! work), or the front end has been idle for `writeback_idle_ms`. Above
+//! work), the ring runs low on free segments with dirty blocks at its head in flush-epoch
+//! order, or the front end has been idle for `writeback_idle_ms`. Above
 //! `writeback_threshold_percent`, a proportional controller (bcache's model): the excess over
 //! the threshold is written back over about `SETTLE_S`, so under a steady load the dirty level
 //! settles where writeback matches the dirtying rate. Between `HIGH_WATER_PERCENT` and
@@ -72,8 +73,12 @@ pub fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instan
     // Outside write-back mode dirty blocks are leftovers of it: write them back now. Writers
     // waiting for room in a ring that is out of free segments need writeback; writers waiting
     // for a RAM buffer need the flusher, and writeback would only compete with it.
+    // In flush-epoch order the relocator does not move dirty blocks: writeback alone lets the
+    // head pass them, so it starts as the ring runs low, not once writers already wait (they
+    // then waited for every batch: half a writer's time in `bench engine`, issue 20).
     if st.writeback.draining()
         || (st.room.writers_wait() && st.under_pressure())
+        || (st.ordered() && st.ring.head_wants_writeback())
         || inner.tunables.get(tunables::CACHE_MODE) != tunables::MODE_WRITE_BACK
     {
         return full;
