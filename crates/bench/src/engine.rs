@@ -18,7 +18,7 @@ use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
 use logcache_testkit::rng::Rng;
 
 use crate::histogram::Histogram;
-use crate::usage::Usage;
+use crate::usage::{SchedTime, Usage};
 
 #[derive(Args)]
 pub struct EngineBenchArgs {
@@ -60,6 +60,9 @@ struct RunResult {
     process: Usage,
     /// The writer threads alone, summed.
     writers: Usage,
+    /// The writers' time on a CPU and waiting for one, summed, and their wall time summed.
+    writers_sched: Option<SchedTime>,
+    writers_wall_ns: u64,
 }
 
 pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
@@ -102,6 +105,18 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
             let o = v.as_object_mut().expect("an object");
             o.extend(r.process.per_op_json("process", r.writes));
             o.extend(r.writers.per_op_json("writer", r.writes));
+            if let Some(s) = r.writers_sched {
+                // Where the writers' wall time went: running, waiting for a CPU (other work on
+                // the machine, or the engine's own threads), or asleep (room, a parked lock).
+                let wall = r.writers_wall_ns.max(1) as f64;
+                let share = |ns: u64| (ns as f64 / wall * 1000.0).round() / 1000.0;
+                let asleep = r
+                    .writers_wall_ns
+                    .saturating_sub(s.on_cpu_ns + s.runnable_ns);
+                o.insert("writer_on_cpu_share".into(), share(s.on_cpu_ns).into());
+                o.insert("writer_runnable_share".into(), share(s.runnable_ns).into());
+                o.insert("writer_asleep_share".into(), share(asleep).into());
+            }
             println!("{v}");
         } else {
             println!(
@@ -169,26 +184,34 @@ fn run_one(args: &EngineBenchArgs, threads: usize, checkpoints: u32) -> anyhow::
         .map(|t| {
             let e = engine.clone();
             let stop = stop.clone();
-            std::thread::spawn(move || -> anyhow::Result<(u64, Histogram, Usage)> {
-                let usage_before = Usage::thread();
-                let mut rng = Rng::new(0x5eed + t as u64);
-                let mut data = vec![0u8; 4096];
-                rng.fill(&mut data);
-                let mut hist = Histogram::default();
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    // Check the clock and flag once per batch, not per write.
-                    for _ in 0..256 {
-                        let lba = rng.below(span_blocks);
-                        data[0..8].copy_from_slice(&n.to_le_bytes());
-                        let t0 = Instant::now();
-                        e.write(lba * 4096, &data, false)?;
-                        hist.record(t0.elapsed().as_nanos() as u64);
-                        n += 1;
+            std::thread::spawn(
+                move || -> anyhow::Result<(u64, Histogram, Usage, Option<SchedTime>, u64)> {
+                    let usage_before = Usage::thread();
+                    let sched_before = SchedTime::thread();
+                    let wall = Instant::now();
+                    let mut rng = Rng::new(0x5eed + t as u64);
+                    let mut data = vec![0u8; 4096];
+                    rng.fill(&mut data);
+                    let mut hist = Histogram::default();
+                    let mut n = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        // Check the clock and flag once per batch, not per write.
+                        for _ in 0..256 {
+                            let lba = rng.below(span_blocks);
+                            data[0..8].copy_from_slice(&n.to_le_bytes());
+                            let t0 = Instant::now();
+                            e.write(lba * 4096, &data, false)?;
+                            hist.record(t0.elapsed().as_nanos() as u64);
+                            n += 1;
+                        }
                     }
-                }
-                Ok((n, hist, Usage::thread() - usage_before))
-            })
+                    let sched = sched_before
+                        .zip(SchedTime::thread())
+                        .map(|(b, a)| a.since(b));
+                    let wall_ns = wall.elapsed().as_nanos() as u64;
+                    Ok((n, hist, Usage::thread() - usage_before, sched, wall_ns))
+                },
+            )
         })
         .collect();
     std::thread::sleep(Duration::from_secs_f64(args.seconds));
@@ -196,13 +219,17 @@ fn run_one(args: &EngineBenchArgs, threads: usize, checkpoints: u32) -> anyhow::
     let mut hist = Histogram::default();
     let mut writes = 0;
     let mut writers = Usage::default();
+    let mut writers_sched = Some(SchedTime::default());
+    let mut writers_wall_ns = 0;
     for w in workers {
-        let (n, h, u) = w
+        let (n, h, u, sched, wall_ns) = w
             .join()
             .map_err(|_| anyhow::anyhow!("a writer thread panicked"))??;
         writes += n;
         hist.merge(&h);
         writers = writers.plus(u);
+        writers_sched = writers_sched.zip(sched).map(|(a, b)| a.plus(b));
+        writers_wall_ns += wall_ns;
     }
     let seconds = started.elapsed().as_secs_f64();
     let process = Usage::process() - process_before;
@@ -217,5 +244,7 @@ fn run_one(args: &EngineBenchArgs, threads: usize, checkpoints: u32) -> anyhow::
         waits: stats.counters.write_waits,
         process,
         writers,
+        writers_sched,
+        writers_wall_ns,
     })
 }

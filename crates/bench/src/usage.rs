@@ -82,6 +82,40 @@ impl Usage {
     }
 }
 
+/// Where the calling thread's time went so far, from `/proc/thread-self/schedstat`: on a CPU,
+/// and runnable but waiting for one (preempted, or woken and not yet run). The rest of the wall
+/// time it slept (a lock parked, a wait for room). None where the file is missing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SchedTime {
+    pub on_cpu_ns: u64,
+    pub runnable_ns: u64,
+}
+
+impl SchedTime {
+    pub fn thread() -> Option<SchedTime> {
+        let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+        let mut f = s.split_whitespace().map(|x| x.parse::<u64>().ok());
+        Some(SchedTime {
+            on_cpu_ns: f.next()??,
+            runnable_ns: f.next()??,
+        })
+    }
+
+    pub fn since(self, before: SchedTime) -> SchedTime {
+        SchedTime {
+            on_cpu_ns: self.on_cpu_ns - before.on_cpu_ns,
+            runnable_ns: self.runnable_ns - before.runnable_ns,
+        }
+    }
+
+    pub fn plus(self, o: SchedTime) -> SchedTime {
+        SchedTime {
+            on_cpu_ns: self.on_cpu_ns + o.on_cpu_ns,
+            runnable_ns: self.runnable_ns + o.runnable_ns,
+        }
+    }
+}
+
 impl Sub for Usage {
     type Output = Usage;
 
