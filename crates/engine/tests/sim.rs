@@ -122,8 +122,9 @@ const CI_LOSS_SCHEDULES: u64 = 100;
 /// the switch wrote an older shadow of a block a write-zeroes under way had dropped, and
 /// marked it found; 100940: a sync of the switch's label mark failed, dropping a
 /// write-around write, and a later flush returned OK; 101575: an older epoch's sync found a
-/// sector whose newer epoch then failed to land, and a flush returned OK; docs/RELIABILITY.md).
-const FOUND_LOSS_SEEDS: [u64; 3] = [50_030, 100_940, 101_575];
+/// sector whose newer epoch then failed to land, and a flush returned OK; 101855: a partial
+/// write-through dropped the cached copy a failed sync's lost write needed; docs/RELIABILITY.md).
+const FOUND_LOSS_SEEDS: [u64; 4] = [50_030, 100_940, 101_575, 101_855];
 /// Ordinary seeds outside CI's range that once failed, run in every CI-kind run (107844: the
 /// writeback record's backing sync failed between a write-zeroes' zeroing and its own sync,
 /// dropping the zeros, and the range was marked applied; docs/RELIABILITY.md).

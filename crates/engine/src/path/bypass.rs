@@ -171,9 +171,10 @@ fn bypass_io<'a>(
 /// write must go the write-back way instead (`any_dirty`).
 fn begin_bypass_write(
     inner: &Inner,
-    first: u64,
-    end: u64,
+    offset_bytes: u64,
+    len_bytes: u64,
 ) -> Result<Option<MutexGuard<'_, State>>> {
+    let (first, end) = blocks_of(offset_bytes, len_bytes);
     let mut st = inner.state.lock();
     loop {
         check_usable(&st)?;
@@ -183,6 +184,17 @@ fn begin_bypass_write(
         if st.bypass.writing_any(first, end) {
             inner.progress.wait_for(&mut st, Duration::from_millis(100));
             continue;
+        }
+        // A block this write covers only in part loses the cached copy's other sectors with
+        // the drop range (the new copy holds this write's sectors only): as an eviction, a
+        // failed sync may then have lost a bypass write nothing can write again (cache-loss
+        // sim seed 101855: a partial write-through over a block a dropped write-through wrote).
+        for lba in [first, end - 1] {
+            let covered_bytes = (offset_bytes + len_bytes).min((lba + 1) * BLOCK_SIZE_BYTES)
+                - offset_bytes.max(lba * BLOCK_SIZE_BYTES);
+            if covered_bytes < BLOCK_SIZE_BYTES {
+                st.note_copy_dropped(lba);
+            }
         }
         st = log_range(inner, st, KIND_DROP, first, end)?;
         // Another write (or a zeroing) of these blocks may have begun while this one waited
@@ -216,7 +228,7 @@ fn end_bypass_write(inner: &Inner, first: u64, end: u64, logged_since_losses: Op
 /// after this data and leave the clean copy wrong.
 pub fn write_through(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()> {
     let (first, end) = blocks_of(offset_bytes, data.len() as u64);
-    let Some(mut st) = begin_bypass_write(inner, first, end)? else {
+    let Some(mut st) = begin_bypass_write(inner, offset_bytes, data.len() as u64)? else {
         return write::write(inner, offset_bytes, data, true);
     };
     st.counters.write_through_writes += 1;
@@ -233,7 +245,7 @@ pub fn write_through(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()
 /// Write-around: the data goes to the backing device only; cached copies are dropped.
 pub fn write_around(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()> {
     let (first, end) = blocks_of(offset_bytes, data.len() as u64);
-    let Some(mut st) = begin_bypass_write(inner, first, end)? else {
+    let Some(mut st) = begin_bypass_write(inner, offset_bytes, data.len() as u64)? else {
         return write::write(inner, offset_bytes, data, true);
     };
     st.counters.writes += 1;

@@ -231,6 +231,15 @@ impl State {
         self.epochs.started_at(oldest.0, oldest.1)
     }
 
+    /// The cached copy of `lba`, if any, is about to be dropped while its data may be needed to
+    /// write a bypass write again (`state/lost.rs`): recorded as an eviction is.
+    pub fn note_copy_dropped(&mut self, lba: u64) {
+        if let Some(c) = self.blocks.lookup(lba) {
+            let (slot, b) = self.geo.split(c);
+            self.bypass.note_evicted((self.ring.segment(slot).id, b));
+        }
+    }
+
     /// Drops a clean block from the cache (its data is on the backing device). No log entry
     /// records this: if a crash brings the block back, it holds what the backing device holds.
     pub fn evict(&mut self, c: CacheBlock) {
