@@ -1547,3 +1547,34 @@ fn a_sector_whose_newest_epoch_in_ram_failed_to_land_stays_lost() {
     );
     e.crash();
 }
+
+/// Long sweep, cache-loss seed 101855: a write-through write of block 0 reached the backing
+/// device; a partial write-through of the same block then dropped its cached copy (the new
+/// copy holds only its own sector); a backing sync failed, dropping both writes. Writeback
+/// wrote the partial copy again and the next flush returned OK, with sector 0 back to its old
+/// data. Now the dropped copy counts as evicted: nothing can write the first write again, so
+/// flushes fail (until the cache is reopened) instead of returning OK.
+#[test]
+fn a_partial_write_through_over_an_unsynced_one_keeps_flushes_truthful() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let backing = Arc::new(FaultDevice::new(pair.backing()));
+    let opts = manual(4 * SEG_64K);
+    let e = Engine::open(pair.cache(), backing.clone(), opts.clone()).unwrap();
+    e.set_tunable("cache_mode", "write-through").unwrap();
+    e.write(0, &[0x44; 4096], false).unwrap();
+    e.write(512, &[0x55; 512], false).unwrap();
+    backing.fail_next(OpKind::Flush, 1, FaultKind::Io);
+    assert!(e.flush().is_err(), "the flush whose backing sync failed");
+    pair.backing.crash_lose_all();
+    for _ in 0..3 {
+        if e.flush().is_ok() {
+            let image = pair.backing.durable_image();
+            assert!(
+                image[..512] == [0x44; 512] && image[512..1024] == [0x55; 512],
+                "a flush returned OK with block 0 not durable: sector 0 holds {:#x}..",
+                image[0]
+            );
+        }
+    }
+    e.crash();
+}
