@@ -193,8 +193,12 @@ def summary(res):
         if all(r["bg_jobs"] in dev for r in reads):
             ref = " / ".join(fmt(dev[r["bg_jobs"]], 0) for r in reads)
             per += f" µs; the device alone, same job: {ref}"
-            if max(dev.values()) > 1000:
-                verdict += " (the device's own p99.9 is over 1 ms)"
+            over = [str(r["bg_jobs"]) for r in reads if dev[r["bg_jobs"]] > 1000]
+            if over:
+                # Name the loads where the device alone misses too: the verdict is only
+                # bounded by the device where that holds.
+                verdict += (f" (the device's own p99.9 is over 1 ms with {'/'.join(over)} "
+                            f"background jobs)")
         out.append(["issue 20: foreground read p99.9 ≤ 1 ms with writeback running (write-back, "
                     f"writeback threshold 0%, {bgs} background jobs; seed 004's job)",
                     f"{per} µs ({ran})", verdict, {"issue20": "fg-read-p999"}])
