@@ -7,6 +7,7 @@ pub mod alone;
 pub mod bypass;
 pub mod in_ram;
 pub mod lost;
+pub mod prefetch;
 pub mod read;
 pub mod reserve;
 pub mod write;

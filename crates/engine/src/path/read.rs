@@ -18,6 +18,7 @@ use crate::geometry::{sector_mask, CacheBlock};
 use crate::inner::{check_usable, Inner};
 use crate::io::aligned::AlignedBuf;
 use crate::io::{recycle_read_ops, ReadOp};
+use crate::path::prefetch::IndexPrefetch;
 use crate::promote;
 use crate::state::{Location, State};
 
@@ -25,37 +26,9 @@ const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 const SECTOR: usize = SECTOR_SIZE_BYTES as usize;
 /// Blocks looked up per lock hold, and the longest cache-device run read as one IO (1 MiB).
 pub(crate) const WINDOW_BLOCKS: usize = 256;
-/// How far ahead of its lookup a block's index slot is hinted into the CPU cache. The index is
-/// a hash table far larger than the caches, so each lookup is a cache miss; paid in series they
-/// were 10% of the server's samples in 1 MiB cached reads (issue 20). A lookup is ~20 ns of
-/// work, a miss ~100 ns: eight in flight hide it.
+/// How far ahead of its lookup a block's index slot is hinted into the CPU cache: a lookup is
+/// ~20 ns of work, a miss ~100 ns, so eight in flight hide it.
 const PREFETCH_AHEAD_BLOCKS: u64 = 8;
-
-/// Issues the index prefetches of a request's blocks, `PREFETCH_AHEAD_BLOCKS` ahead of its
-/// lookups (each block once).
-struct Prefetch {
-    next_lba: u64,
-    end_lba: u64,
-}
-
-impl Prefetch {
-    fn new(offset_bytes: u64, len_bytes: u64) -> Prefetch {
-        Prefetch {
-            next_lba: offset_bytes / BLOCK_SIZE_BYTES,
-            end_lba: (offset_bytes + len_bytes).div_ceil(BLOCK_SIZE_BYTES),
-        }
-    }
-
-    /// Before `lba` is looked up: the blocks up to `PREFETCH_AHEAD_BLOCKS` past it are hinted.
-    #[inline]
-    fn before(&mut self, st: &State, lba: u64) {
-        let until_lba = (lba + PREFETCH_AHEAD_BLOCKS + 1).min(self.end_lba);
-        while self.next_lba < until_lba {
-            st.blocks.prefetch(self.next_lba);
-            self.next_lba += 1;
-        }
-    }
-}
 
 /// A block of the window whose newest copy is on the cache device, pinned until read.
 #[derive(Clone, Copy, Debug)]
@@ -203,7 +176,7 @@ fn plan_cached(
     let _ = promote::decide(inner, st, offset_bytes, len_bytes);
     let from = s.planned.len();
     let mut done = 0usize;
-    let mut prefetch = Prefetch::new(offset_bytes, len_bytes);
+    let mut prefetch = IndexPrefetch::new(offset_bytes, len_bytes, PREFETCH_AHEAD_BLOCKS);
     while done < buf.len() {
         let pos = offset_bytes + done as u64;
         prefetch.before(st, pos / BLOCK_SIZE_BYTES);
@@ -244,7 +217,7 @@ fn with_scratch<T>(f: impl FnOnce(&mut Scratch) -> T) -> T {
 fn all_cached(st: &State, offset_bytes: u64, len_bytes: u64) -> bool {
     let end_bytes = offset_bytes + len_bytes;
     let mut pos = offset_bytes;
-    let mut prefetch = Prefetch::new(offset_bytes, len_bytes);
+    let mut prefetch = IndexPrefetch::new(offset_bytes, len_bytes, PREFETCH_AHEAD_BLOCKS);
     while pos < end_bytes {
         prefetch.before(st, pos / BLOCK_SIZE_BYTES);
         let in_block = (pos % BLOCK_SIZE_BYTES) as usize;
@@ -281,7 +254,7 @@ fn read_windows(
     // continue into the next window.
     let mut miss_start: Option<usize> = None;
     let mut first = true;
-    let mut prefetch = Prefetch::new(offset_bytes, buf.len() as u64);
+    let mut prefetch = IndexPrefetch::new(offset_bytes, buf.len() as u64, PREFETCH_AHEAD_BLOCKS);
     while done < buf.len() {
         s.planned.clear();
         s.partials.clear();

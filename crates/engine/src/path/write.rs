@@ -4,6 +4,7 @@
 use crate::sync::MutexGuard;
 
 use super::admission::Turn;
+use super::prefetch::IndexPrefetch;
 use crate::error::Result;
 use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
 use crate::geometry::sector_mask;
@@ -13,10 +14,8 @@ use crate::verify::{read_verified, SCRATCH};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 const SECTOR: usize = SECTOR_SIZE_BYTES as usize;
-/// How many blocks ahead a multi-block write asks the CPU to load the index slot it will
-/// probe. The index is a hash table far larger than the CPU caches, so each block's lookup is
-/// otherwise a cache (and TLB) miss paid in series: 85% of `write`'s own time in a profile of
-/// 1 MiB writes (issue 20). A few blocks of work (~1 µs) hide a miss.
+/// How many blocks ahead a multi-block write hints the index slot it will probe
+/// (`IndexPrefetch`): a few blocks of work (~1 µs) hide a miss.
 const PREFETCH_AHEAD_BLOCKS: u64 = 4;
 
 /// Copies `data` into the log. `dirty`: the backing device does not hold it yet (write-back);
@@ -36,7 +35,7 @@ fn write_blocks(
     turn: &mut Turn,
 ) -> Result<()> {
     let mut done = 0usize;
-    let last_lba = (offset_bytes + data.len() as u64 - 1) / BLOCK_SIZE_BYTES;
+    let mut prefetch = IndexPrefetch::new(offset_bytes, data.len() as u64, PREFETCH_AHEAD_BLOCKS);
     while done < data.len() {
         let pos = offset_bytes + done as u64;
         let lba = pos / BLOCK_SIZE_BYTES;
@@ -44,18 +43,9 @@ fn write_blocks(
         let len = (BLOCK - in_block).min(data.len() - done);
         // The request is counted under the first block's lock hold, not with a lock of its own.
         let request_bytes = if done == 0 { data.len() as u64 } else { 0 };
-        let ahead = |first: bool| {
-            // The first block also warms the next few; later ones the block PREFETCH_AHEAD on.
-            let from = if first {
-                lba + 1
-            } else {
-                lba + PREFETCH_AHEAD_BLOCKS
-            };
-            from..=(lba + PREFETCH_AHEAD_BLOCKS).min(last_lba)
-        };
         let place = InRequest {
             request_bytes,
-            prefetch_lbas: ahead(done == 0),
+            prefetch: &mut prefetch,
         };
         write_block(
             inner,
@@ -72,10 +62,10 @@ fn write_blocks(
 }
 
 /// Where a block sits in its request: the request's size (counted with its first block only)
-/// and the later blocks whose index slots to prefetch.
-struct InRequest {
+/// and the request's index prefetch.
+struct InRequest<'a> {
     request_bytes: u64,
-    prefetch_lbas: std::ops::RangeInclusive<u64>,
+    prefetch: &'a mut IndexPrefetch,
 }
 
 /// Older data a partial write merges with, read from the cache device outside the lock.
@@ -88,13 +78,13 @@ fn write_block(
     lba: u64,
     first_sector: usize,
     src: &[u8],
-    place: InRequest,
+    place: InRequest<'_>,
     dirty: bool,
     turn: &mut Turn,
 ) -> Result<()> {
     let InRequest {
         request_bytes,
-        prefetch_lbas,
+        prefetch,
     } = place;
     debug_assert_eq!(src.len() % SECTOR, 0);
     let new_mask = sector_mask(first_sector, src.len() / SECTOR);
@@ -102,9 +92,7 @@ fn write_block(
     let in_block = first_sector * SECTOR;
     let mut disk_copy: Option<OnDiskCopy> = None;
     let mut st = inner.state.lock();
-    for ahead in prefetch_lbas {
-        st.blocks.prefetch(ahead);
-    }
+    prefetch.before(&st, lba);
     check_usable(&st)?;
     // No longer zeros, from before the write can return (early is safe: a write is in flight).
     st.zeros.remove(lba, lba + 1);

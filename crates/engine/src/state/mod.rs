@@ -235,9 +235,15 @@ impl State {
     /// write a bypass write again (`state/lost.rs`): recorded as an eviction is.
     pub fn note_copy_dropped(&mut self, lba: u64) {
         if let Some(c) = self.blocks.lookup(lba) {
-            let (slot, b) = self.geo.split(c);
-            self.bypass.note_evicted((self.ring.segment(slot).id, b));
+            self.note_evicted(c);
         }
+    }
+
+    /// Records `c`'s log position as evicted: its copy may have been a bypass write's that a
+    /// failed sync then loses.
+    fn note_evicted(&mut self, c: CacheBlock) {
+        let (slot, b) = self.geo.split(c);
+        self.bypass.note_evicted((self.ring.segment(slot).id, b));
     }
 
     /// Drops a clean block from the cache (its data is on the backing device). No log entry
@@ -249,9 +255,7 @@ impl State {
             .remove_block(c)
             .expect("evicting a block not in the index");
         debug_assert!(self.blocks.lookup(lba).is_none());
-        // Its copy may have been a bypass write's that a failed sync then loses.
-        let (slot, b) = self.geo.split(c);
-        self.bypass.note_evicted((self.ring.segment(slot).id, b));
+        self.note_evicted(c);
         self.drop_live(c, None);
         self.counters.blocks_evicted += 1;
         self.promotion.invalidate();
