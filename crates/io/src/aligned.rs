@@ -13,6 +13,9 @@ pub const BUFFER_ALIGN_BYTES: usize = 4096;
 /// and every close the unmapping of it, used or not.
 const MAP_MIN_BYTES: usize = 1 << 20;
 
+/// The size (and alignment) of an x86-64 transparent huge page.
+pub const HUGE_PAGE_BYTES: usize = 2 << 20;
+
 /// A zero-initialised byte buffer whose start is 4 KiB-aligned.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
@@ -53,6 +56,56 @@ impl AlignedBuf {
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len_bytes }
+    }
+
+    /// A buffer of at least `len_bytes` (rounded up to whole 2 MiB huge pages) whose start is
+    /// 2 MiB-aligned and which the kernel is asked to back with transparent huge pages
+    /// (`MADV_HUGEPAGE`; without them it is an ordinary mapped buffer). For a large buffer
+    /// reused for many O_DIRECT reads: the kernel pins a read's pages for each IO, one page
+    /// table entry per 4 KiB page, and that cost ~4.5% of the server's CPU for 1 MiB cached
+    /// reads; with huge pages it is a few entries (and the CRC pass and the reply's copy miss
+    /// the TLB less).
+    pub fn new_huge_pages(len_bytes: usize) -> Self {
+        assert!(len_bytes > 0);
+        let len_bytes = len_bytes.next_multiple_of(HUGE_PAGE_BYTES);
+        // Mapped one huge page larger, then trimmed to the aligned part: mmap promises only
+        // 4 KiB alignment.
+        let mapped_bytes = len_bytes + HUGE_PAGE_BYTES;
+        // SAFETY: a fresh anonymous private mapping; no existing memory is touched.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            std::alloc::handle_alloc_error(Self::layout(len_bytes));
+        }
+        let base = raw as usize;
+        let start = base.next_multiple_of(HUGE_PAGE_BYTES);
+        let head_bytes = start - base;
+        let tail_bytes = mapped_bytes - head_bytes - len_bytes;
+        // SAFETY: the head and tail lie inside the mapping made above and outside the part
+        // kept; unmapping them cannot fail but for bad arguments, which these are not.
+        unsafe {
+            if head_bytes > 0 {
+                let rc = libc::munmap(raw, head_bytes);
+                assert_eq!(rc, 0, "munmap of a huge-page buffer's head");
+            }
+            if tail_bytes > 0 {
+                let rc = libc::munmap((start + len_bytes) as *mut libc::c_void, tail_bytes);
+                assert_eq!(rc, 0, "munmap of a huge-page buffer's tail");
+            }
+            // Only a hint: where the kernel refuses, the buffer works with small pages.
+            let _ = libc::madvise(start as *mut libc::c_void, len_bytes, libc::MADV_HUGEPAGE);
+        }
+        let ptr = NonNull::new(start as *mut u8).expect("mmap returned a null mapping");
+        debug_assert!(len_bytes >= MAP_MIN_BYTES, "dropped as a mapping");
         AlignedBuf { ptr, len_bytes }
     }
 
@@ -113,6 +166,20 @@ mod tests {
             assert!(b.iter().all(|&x| x == 0));
             b[len - 1] = 7;
             assert_eq!(b[len - 1], 7);
+        }
+    }
+
+    #[test]
+    fn huge_page_buffers_are_whole_aligned_huge_pages_and_zeroed() {
+        for len in [1usize, 4096, (1 << 20) + 4096, 2 << 20, (2 << 20) + 1] {
+            let mut b = AlignedBuf::new_huge_pages(len);
+            assert_eq!(b.as_ptr() as usize % HUGE_PAGE_BYTES, 0);
+            assert_eq!(b.len(), len.next_multiple_of(HUGE_PAGE_BYTES));
+            assert!(b.iter().all(|&x| x == 0));
+            let last = b.len() - 1;
+            b[0] = 1;
+            b[last] = 7;
+            assert_eq!((b[0], b[last]), (1, 7));
         }
     }
 }

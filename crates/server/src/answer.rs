@@ -2,6 +2,7 @@
 //! buffer, the reply to any other command's result (success, or the engine's error as an
 //! NBD errno with its message), and BLOCK_STATUS: one chunk per selected metadata context.
 
+use logcache_engine::io::aligned::AlignedBuf;
 use logcache_engine::CachedRead;
 use logcache_nbd::consts::CMD_FLAG_REQ_ONE;
 use logcache_nbd::reply::BlockDescriptor;
@@ -16,9 +17,9 @@ use crate::{errno, ops, reply};
 /// starts on a 4 KiB boundary, which lets the engine read the cache device straight into it
 /// (O_DIRECT, no bounce) and the reply go out from there: no copy of the data in between.
 /// `out` only grows (it is never zero-filled again); returns the reply, a slice of it.
-pub(crate) fn read_aligned<'a>(
+pub(crate) fn read_aligned<'a, B: ReplyBuffer>(
     connection: &Connection,
-    out: &'a mut Vec<u8>,
+    out: &'a mut B,
     header: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
     request: &Request,
@@ -55,14 +56,15 @@ pub(crate) fn read_cached<'a>(
 
 /// Lays out a READ reply in `out` (header, then the data on a 4 KiB boundary) and lets `read`
 /// fill the data: `None` if it declined (`Ok(false)`), the error reply if it failed.
-fn read_into_reply<'a>(
+fn read_into_reply<'a, B: ReplyBuffer>(
     connection: &Connection,
-    out: &'a mut Vec<u8>,
+    out: &'a mut B,
     header: &mut Vec<u8>,
     request: &Request,
     read: impl FnOnce(u64, &mut [u8]) -> logcache_engine::Result<bool>,
 ) -> Option<&'a [u8]> {
     let layout = ReadLayout::new(connection, out, header, request);
+    let out = out.bytes_mut();
     match read(request.offset_bytes, layout.data(out)) {
         Ok(true) => Some(layout.finish(connection, out, header, request, Ok(()))),
         Ok(false) => None,
@@ -85,7 +87,7 @@ impl ReadLayout {
     /// never zero-filled again).
     pub(crate) fn new(
         connection: &Connection,
-        out: &mut Vec<u8>,
+        out: &mut impl ReplyBuffer,
         header: &mut Vec<u8>,
         request: &Request,
     ) -> ReadLayout {
@@ -99,9 +101,7 @@ impl ReadLayout {
             request.length_bytes,
         );
         let total_bytes = DATA_ALIGN_BYTES + header.len() + length_bytes;
-        if out.len() < total_bytes {
-            out.resize(total_bytes, 0);
-        }
+        let out = out.room(total_bytes);
         let data_start = aligned_data_start(out.as_ptr() as usize, 0, header.len());
         let start = data_start - header.len();
         ReadLayout {
@@ -137,6 +137,61 @@ impl ReadLayout {
         }
         out[self.start..self.data_start].copy_from_slice(header);
         &out[self.start..self.data_start + self.length_bytes]
+    }
+}
+
+/// A buffer READ replies are laid out in (`ReadLayout`): it only grows, so it is not
+/// zero-filled again per request.
+pub(crate) trait ReplyBuffer {
+    /// At least `bytes` of room, the whole buffer.
+    fn room(&mut self, bytes: usize) -> &mut [u8];
+    /// The whole buffer as it is.
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
+
+impl ReplyBuffer for Vec<u8> {
+    fn room(&mut self, bytes: usize) -> &mut [u8] {
+        if self.len() < bytes {
+            self.resize(bytes, 0);
+        }
+        self
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+/// The reply buffer of a worker's large READs (`LARGE_READ_MIN_BYTES` and up): whole 2 MiB
+/// huge pages (`AlignedBuf::new_huge_pages`), so the kernel pins a few pages per O_DIRECT
+/// read rather than one per 4 KiB, and the CRC pass and the send's copy walk few TLB entries.
+/// Empty until the first large READ; replaced by a larger one when a READ needs more.
+#[derive(Default)]
+pub(crate) struct LargeReplyBuffer(Option<AlignedBuf>);
+
+impl LargeReplyBuffer {
+    pub(crate) fn len_bytes(&self) -> usize {
+        self.0.as_ref().map_or(0, |buf| buf.len())
+    }
+
+    /// Lets the memory go (after a READ larger than the connection keeps buffers for).
+    pub(crate) fn release(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl ReplyBuffer for LargeReplyBuffer {
+    fn room(&mut self, bytes: usize) -> &mut [u8] {
+        if self.len_bytes() < bytes {
+            // Dropped first, so two large buffers are never mapped at once.
+            self.0 = None;
+            self.0 = Some(AlignedBuf::new_huge_pages(bytes));
+        }
+        self.bytes_mut()
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.0.as_deref_mut().unwrap_or_default()
     }
 }
 

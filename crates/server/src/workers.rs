@@ -20,10 +20,10 @@ use logcache_engine::{CachedRead, Result, WriteReservation};
 use logcache_nbd::request::{Command, Request};
 use parking_lot::{Condvar, Mutex};
 
-use crate::answer::{recycle_reads, ReadLayout};
+use crate::answer::{recycle_reads, LargeReplyBuffer, ReadLayout};
 use crate::connection::Connection;
 use crate::limits::{
-    BATCHED_READ_MAX_BYTES, BUFFER_KEEP_BYTES, MAX_BATCHED_READS,
+    BATCHED_READ_MAX_BYTES, BUFFER_KEEP_BYTES, LARGE_READ_MIN_BYTES, MAX_BATCHED_READS,
     MAX_IN_FLIGHT_BYTES_PER_CONNECTION, MAX_IN_FLIGHT_JOBS_PER_CONNECTION,
     MAX_WORKERS_PER_CONNECTION, MAX_WORKERS_PER_SLOW_CONNECTION, SECTOR_BYTES,
 };
@@ -270,6 +270,8 @@ fn work(shared: &Shared, connection: &Connection) {
 #[derive(Default)]
 struct Buffers {
     out: Vec<u8>,
+    /// The reply buffer of large READs (huge pages, see `LargeReplyBuffer`).
+    large_out: LargeReplyBuffer,
     header: Vec<u8>,
     scratch: Vec<u8>,
     batch_outs: Vec<Vec<u8>>,
@@ -376,6 +378,18 @@ fn run(connection: &Connection, job: Job, buffers: &mut Buffers) {
         reply.clear();
         answer::block_status(connection, reply, &request);
         let _ = connection.sink.send(reply);
+    } else if request.command == Command::Read && request.length_bytes >= LARGE_READ_MIN_BYTES {
+        let reply = answer::read_aligned(
+            connection,
+            &mut buffers.large_out,
+            &mut buffers.header,
+            &mut buffers.scratch,
+            &request,
+        );
+        let _ = connection.sink.send(reply);
+        if buffers.large_out.len_bytes() > BUFFER_KEEP_BYTES {
+            buffers.large_out.release();
+        }
     } else if request.command == Command::Read {
         let reply = answer::read_aligned(
             connection,
