@@ -48,6 +48,9 @@ pub struct Counters {
     pub writeback_bytes: u64,
     /// Writeback batches (each ends with a sync of the backing device).
     pub writeback_batches: u64,
+    /// Writeback batches written and synced to the backing device again because another
+    /// backing sync failed between their writes and their sync (it may have dropped them).
+    pub writeback_written_again: u64,
     /// Clean blocks dropped to make room.
     pub blocks_evicted: u64,
     /// Dirty copies kept after an overwrite from a later flush epoch, to be written back in
@@ -167,6 +170,7 @@ impl Counters {
             ("write_zeroes", self.write_zeroes),
             ("write_zeroes_bytes", self.write_zeroes_bytes),
             ("zeros_written_again", self.zeros_written_again),
+            ("writeback_written_again", self.writeback_written_again),
             ("blocks_invalidated", self.blocks_invalidated),
             ("write_through_writes", self.write_through_writes),
             ("write_around_writes", self.write_around_writes),

@@ -1578,3 +1578,112 @@ fn a_partial_write_through_over_an_unsynced_one_keeps_flushes_truthful() {
     }
     e.crash();
 }
+
+/// Long sweep, seed 118513: a writer that finds the open chunk full seals it (a chunk full of
+/// acknowledged writes) and puts its own write in the next chunk, or waits for room when no
+/// RAM buffer is free for the next segment. Nothing asked for a sync of the sealed chunk: the
+/// periodic seal looked only at the open chunk's oldest write, so the sealed chunk's writes
+/// waited for the next chunk's deadline (a whole interval late), or, with the next segment
+/// never opened, for ever; a power cut after the interval lost writes the seal interval
+/// promised durable. Now the periodic seal keeps the oldest write of chunks sealed meanwhile
+/// and asks for their sync at its deadline.
+#[test]
+fn a_chunk_a_writer_sealed_is_synced_by_its_own_writes_deadline() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let opts = OpenOptions {
+        seal_interval_ms: Some(1000),
+        ..manual(4 * SEG_64K)
+    };
+    let e = Engine::open(pair.cache(), pair.backing(), opts.clone()).unwrap();
+    e.write(0, &[7; 4096], false).unwrap();
+    // Block 0's write arrived before this moment; the writes below fill its chunk.
+    let after_first = Instant::now();
+    std::thread::sleep(Duration::from_millis(2));
+    let mut lba = 1u64;
+    while e.stats().counters.chunks_sealed == 0 {
+        assert!(
+            lba < 64,
+            "no chunk was sealed by a writer after {lba} writes"
+        );
+        e.write(lba * 4096, &[7; 4096], false).unwrap();
+        lba += 1;
+    }
+    // Block 0's deadline has passed; the open chunk's (the last write's, later) has not.
+    e.seal_if_due(after_first + Duration::from_millis(1000));
+    e.run_flusher().unwrap();
+    e.crash();
+    pair.cache.crash_lose_all();
+    let e = Engine::open(pair.cache(), pair.backing(), opts).unwrap();
+    let mut b = [0u8; 4096];
+    e.read(0, &mut b).unwrap();
+    assert!(
+        b == [7u8; 4096],
+        "block 0 reads {:#x}.. after a power cut, though its write waited the seal interval \
+         (its chunk was sealed by a later write, {} writes in all)",
+        b[0],
+        lba
+    );
+    e.close().unwrap();
+}
+
+/// Long sweep, seed 120988: a writeback batch wrote its blocks to the backing device; another
+/// thread's backing sync then failed, and the device dropped every write no sync covered (as
+/// Linux's page cache may after a writeback error), the batch's included; the batch's own
+/// sync succeeded and it marked the blocks clean on its strength. In the sim the batch was the
+/// rewrite of a write-through FUA write that an earlier failed sync had lost; its cached copy
+/// was a hole in the log, so after a power cut the sector read its old data. Now a batch
+/// whose writes and sync a failed sync came between is written and synced again.
+#[test]
+fn a_writeback_batch_is_not_marked_clean_by_a_sync_after_one_that_dropped_it() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let lba = 40u64;
+    pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
+    let faulty = Arc::new(FaultDevice::new(pair.backing()));
+    let backing = Arc::new(GateDevice::new(faulty.clone()));
+    let opts = OpenOptions {
+        seal_interval_ms: Some(1000),
+        ..manual(4 * SEG_64K)
+    };
+    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+    // A write-through write, so a flush owes the backing device a sync (switching to
+    // write-through drains dirty blocks: this comes first).
+    e.set_tunable("cache_mode", "write-through").unwrap();
+    e.write(8 * 4096, &[0x33; 4096], false).unwrap();
+    e.set_tunable("cache_mode", "write-back").unwrap();
+    // A dirty block, durable in the cache (a due periodic seal, not a flush: a flush would
+    // pay the sync owed).
+    e.write(lba * 4096, &[0x22; 4096], false).unwrap();
+    e.seal_if_due(Instant::now() + Duration::from_secs(3600));
+    e.run_flusher().unwrap();
+    // Writeback's write of the dirty block reaches the backing device and is held before it
+    // returns.
+    backing.hold_after(OpKind::Write);
+    let wb = e.clone();
+    let batch = std::thread::spawn(move || wb.writeback_step(16));
+    assert!(
+        backing.wait_held(OpKind::Write, 1, HANG),
+        "writeback never wrote the dirty block"
+    );
+    // Meanwhile the flush's backing sync fails, and the device drops every unsynced write.
+    faulty.fail_next(OpKind::Flush, 1, FaultKind::Io);
+    let flusher = e.clone();
+    assert!(
+        bounded("the flush", move || flusher.flush()).is_err(),
+        "the flush whose backing sync failed"
+    );
+    pair.backing.crash_lose_all();
+    backing.release(OpKind::Write);
+    let cleaned = bounded("the writeback batch", move || batch.join().unwrap())
+        .expect("the batch, with the backing device healthy again");
+    // (The write-through copy of block 8 became dirty with the failed sync; block 40 is the
+    // batch's one block.)
+    assert_eq!(cleaned, 1, "the batch marked block {lba} clean");
+    let on_backing = pair.backing.durable_image()[(lba * 4096) as usize];
+    assert!(
+        on_backing == 0x22,
+        "block {lba} marked clean while the backing device holds {on_backing:#x}.. for \
+         good, not its data"
+    );
+    assert_eq!(e.stats().counters.writeback_written_again, 1);
+    e.crash();
+}

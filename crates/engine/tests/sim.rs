@@ -127,8 +127,11 @@ const CI_LOSS_SCHEDULES: u64 = 100;
 const FOUND_LOSS_SEEDS: [u64; 4] = [50_030, 100_940, 101_575, 101_855];
 /// Ordinary seeds outside CI's range that once failed, run in every CI-kind run (107844: the
 /// writeback record's backing sync failed between a write-zeroes' zeroing and its own sync,
-/// dropping the zeros, and the range was marked applied; docs/RELIABILITY.md).
-const FOUND_SEEDS: [u64; 1] = [107_844];
+/// dropping the zeros, and the range was marked applied; 118513: a chunk a writer sealed
+/// (full) was never synced, the periodic seal watching only the open chunk; 120988: the
+/// flusher's backing sync failed between a writeback batch's writes and its own sync, and the
+/// batch was marked clean; docs/RELIABILITY.md).
+const FOUND_SEEDS: [u64; 3] = [107_844, 118_513, 120_988];
 /// Steps after a cache loss by which every request and background IO must have stopped.
 const DEAD_STEPS_MAX: u64 = 20_000;
 /// The cache modes a cache-loss schedule fixes (`Case::fixed_mode`).
@@ -682,6 +685,8 @@ struct Totals {
     reserved_writes_redone: u64,
     /// Zeroings written and synced again after another backing sync failed in between.
     zeros_written_again: u64,
+    /// Writeback batches written again after another backing sync failed in between.
+    writeback_written_again: u64,
     /// Cache-loss cycles, per mode of `MODES`.
     losses: [u64; 3],
     /// ... after which the engine had failed (with a reason), per mode.
@@ -1409,6 +1414,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         case.totals.writes_reserved += before_cut.counters.writes_reserved;
         case.totals.reserved_writes_redone += before_cut.counters.reserved_writes_redone;
         case.totals.zeros_written_again += before_cut.counters.zeros_written_again;
+        case.totals.writeback_written_again += before_cut.counters.writeback_written_again;
         let gave_up = before_cut.cache_failed.is_some()
             || (before_cut.failed.is_some() && before_cut.writeback_lag_bytes == 0);
         let must_refuse = !loss && before_cut.serving_alone;
@@ -2653,11 +2659,13 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     );
     eprintln!(
         "sim: {} backing flushes failed ({} of them the flusher's), {} clean copies left out of \
-         the log for want of a backing sync, {} zeroings written again after another sync failed",
+         the log for want of a backing sync, {} zeroings and {} writeback batches written again \
+         after another sync failed",
         totals.backing_flush_faults,
         totals.flusher_backing_flush_faults,
         totals.clean_entries_holed,
-        totals.zeros_written_again
+        totals.zeros_written_again,
+        totals.writeback_written_again
     );
     eprintln!(
         "sim: {} reserved writes published, {} gave up and were written the ordinary way",

@@ -87,7 +87,11 @@ fn has_work(st: &State) -> bool {
 }
 
 fn next_wake(inner: &Inner, st: &State) -> Duration {
-    match (inner.seal_interval_ms(), st.ring.open().first_write_at) {
+    let oldest = match (st.ring.open().first_write_at, st.ring.sealed_write_at()) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    match (inner.seal_interval_ms(), oldest) {
         (ms, Some(t)) if ms > 0 => {
             let due = t + Duration::from_millis(ms);
             due.saturating_duration_since(crate::sync::now())
@@ -97,21 +101,28 @@ fn next_wake(inner: &Inner, st: &State) -> Duration {
     }
 }
 
-/// Seals the open chunk if its oldest write waited the seal interval, and asks for a sync.
+/// Seals the open chunk if its oldest write waited the seal interval, and asks for a sync;
+/// asks for one too when a chunk sealed meanwhile for another reason (full, by a writer) holds
+/// a write that waited the interval: nobody else may ever ask for its sync.
 pub fn seal_if_due(inner: &Inner, st: &mut State, now: Instant) {
     let interval_ms = inner.seal_interval_ms();
     if interval_ms == 0 || st.health.is_failed() {
         return;
     }
-    let due =
-        st.ring.open().first_write_at.is_some_and(|t| {
-            now.saturating_duration_since(t) >= Duration::from_millis(interval_ms)
-        });
-    if due && st.seal(&inner.buffers) {
-        let last = st.seqs.last_sealed();
-        st.seqs.want_sync(last);
+    let due = |t: Option<Instant>| {
+        t.is_some_and(|t| now.saturating_duration_since(t) >= Duration::from_millis(interval_ms))
+    };
+    let open_due = due(st.ring.open().first_write_at);
+    if !open_due && !due(st.ring.sealed_write_at()) {
+        return;
+    }
+    if open_due && st.seal(&inner.buffers) {
         st.counters.periodic_seals += 1;
     }
+    // The sync asked for below covers every chunk sealed so far, this one's too.
+    st.ring.take_sealed_write_at();
+    let last = st.seqs.last_sealed();
+    st.seqs.want_sync(last);
 }
 
 /// One round: write the queued chunks, sync if anyone needs it, publish, reclaim. Called with

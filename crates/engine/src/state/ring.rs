@@ -209,6 +209,11 @@ pub struct Ring {
     /// Chunks written since the last sync: (slot, segment id, end block). A sync makes them
     /// durable and advances their segments' `synced_blocks`.
     unsynced_ends: Vec<(u32, u64, u32)>,
+    /// The oldest write of the chunks sealed since the periodic seal last asked for a sync
+    /// (`take_sealed_write_at`): a chunk a writer sealed because it was full is due a sync
+    /// by its own first write's deadline, not the next chunk's (which may never start: with
+    /// no RAM buffer free the next segment does not open; sim seed 118513).
+    sealed_write_at: Option<Instant>,
 }
 
 impl Ring {
@@ -269,6 +274,7 @@ impl Ring {
             queue: VecDeque::new(),
             unsynced_bytes: 0,
             unsynced_ends: Vec::new(),
+            sealed_write_at: None,
         };
         ring.check();
         ring
@@ -606,6 +612,10 @@ impl Ring {
         let next_start = sealed.end_block();
         self.segments[o.slot as usize].last_sealed_seq = o.seq;
         self.queue.push_back(sealed);
+        self.sealed_write_at = match (self.sealed_write_at, o.first_write_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         if self.blocks_per_segment - next_start >= 2 {
             self.open_chunk_at(o.slot, o.segment_id, next_start, next_seq);
         } else {
@@ -613,8 +623,22 @@ impl Ring {
             self.open.active = false;
             self.open.seq = next_seq;
             self.open.pending_blocks = 0;
+            // Its writes are in the sealed chunk now (`sealed_write_at`); an inactive chunk
+            // holding a stale time had the flusher wake every millisecond to seal nothing.
+            self.open.first_write_at = None;
             self.open_segment(false, next_seq);
         }
+    }
+
+    /// The oldest write of the chunks sealed since the last call, if any (see
+    /// `sealed_write_at`); the caller asks for a sync of every chunk sealed so far.
+    pub fn take_sealed_write_at(&mut self) -> Option<Instant> {
+        self.sealed_write_at.take()
+    }
+
+    /// The oldest write of the chunks sealed since `take_sealed_write_at` last ran.
+    pub fn sealed_write_at(&self) -> Option<Instant> {
+        self.sealed_write_at
     }
 
     fn open_chunk_at(&mut self, slot: u32, segment_id: u64, start_block: u32, seq: u64) {

@@ -5,7 +5,8 @@
 //! 2. Without the lock, read them from the cache device in runs of adjacent cache blocks and
 //!    verify their checksums: corrupt data is never written back.
 //! 3. Write them to the backing device in backing-address order, runs of adjacent blocks merged,
-//!    up to `writeback_io_depth` writes in flight; then sync it.
+//!    up to `writeback_io_depth` writes in flight; then sync it (both again if another backing
+//!    sync failed in between: it may have dropped them).
 //! 4. Under the lock, mark clean each block the index still points at with the same dirty
 //!    sectors (a block overwritten meanwhile is dead; its newer copy stays dirty).
 //!
@@ -29,6 +30,9 @@ const RUN_BLOCKS_MAX: usize = 256;
 /// Dirty blocks this close together in the log are read with one IO, gaps included: one
 /// sequential read of the cache device costs less than many small ones.
 const READ_GAP_BLOCKS_MAX: u32 = 32;
+/// Times a batch is written and synced while other backing syncs keep failing in between
+/// before it gives up (the blocks stay dirty; writeback retries later).
+const SYNC_TRIES: u32 = 3;
 
 /// A dirty block taken for writeback.
 #[derive(Clone, Copy, Debug)]
@@ -335,25 +339,46 @@ fn copy_out(
     }
     plan_ios(inner, bufs, &bad);
     let depth = inner.drive.writeback_io_depth(&inner.tunables);
-    let reconnects = inner.backing.reconnects();
-    let bytes = write_ios(inner, &bufs.data, &bufs.ios, depth).map_err(CopyError::Backing)?;
-    inner.backing.flush().map_err(|e| {
-        CopyError::BackingSync(Error::io(
-            format!("syncing {}", inner.backing.describe()),
-            e,
-        ))
-    })?;
-    if inner.backing.reconnects() != reconnects {
-        // Some of this batch went over a connection that broke: the server may have lost
-        // them even though the flush succeeded. The blocks stay dirty; the batch runs again.
-        return Err(CopyError::BackingSync(Error::io(
-            format!("writeback to {}", inner.backing.describe()),
-            std::io::Error::other(
-                "the backing device reconnected during the batch; writing it again",
-            ),
-        )));
+    let failed_syncs = || inner.state.lock().bypass.losses();
+    for _ in 0..SYNC_TRIES {
+        let reconnects = inner.backing.reconnects();
+        let losses = failed_syncs();
+        let bytes = write_ios(inner, &bufs.data, &bufs.ios, depth).map_err(CopyError::Backing)?;
+        inner.backing.flush().map_err(|e| {
+            CopyError::BackingSync(Error::io(
+                format!("syncing {}", inner.backing.describe()),
+                e,
+            ))
+        })?;
+        if inner.backing.reconnects() != reconnects {
+            // Some of this batch went over a connection that broke: the server may have lost
+            // them even though the flush succeeded. The blocks stay dirty; the batch runs
+            // again.
+            return Err(CopyError::BackingSync(Error::io(
+                format!("writeback to {}", inner.backing.describe()),
+                std::io::Error::other(
+                    "the backing device reconnected during the batch; writing it again",
+                ),
+            )));
+        }
+        if failed_syncs() == losses {
+            return Ok((bad, bytes));
+        }
+        // Another thread's backing sync failed between this batch's writes and its sync. A
+        // device may drop unsynced writes with a failed sync and report success to the next
+        // one (Linux's page cache after a writeback error), so this sync does not vouch for
+        // the batch: marked clean on its strength, a block a failed sync had dropped read
+        // its old data after a power cut (sim seed 120988: the rewrite of a lost
+        // write-through FUA write, dropped by the flusher's failed sync). Write it again.
+        inner.state.lock().counters.writeback_written_again += 1;
     }
-    Ok((bad, bytes))
+    Err(CopyError::Backing(Error::io(
+        format!("writeback to {}", inner.backing.describe()),
+        std::io::Error::other(format!(
+            "other syncs of it failed each time while the batch was being made durable \
+             ({SYNC_TRIES} tries); the blocks stay dirty"
+        )),
+    )))
 }
 
 /// Which device a batch's copy failed on: a read of the cache device is that device failing;
