@@ -40,7 +40,7 @@ test: setup
 
 ## The benchmark harness (bench/run; see bench/README.md). bench-smoke runs every experiment at
 ## tiny sizes into a temp dir and checks that each produced well-formed rows (docs/ untouched);
-## bench-quick (about 7 minutes) and bench-full regenerate docs/BENCHMARKS.md and bench/results/.
+## bench-quick (about 12 minutes) and bench-full regenerate docs/BENCHMARKS.md and bench/results/.
 bench-smoke: setup
 	$(CARGO) build --release -p logcache -p logcache-bench
 	./bench/run --smoke --no-build

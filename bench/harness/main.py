@@ -103,7 +103,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(prog="bench/run", description=__doc__)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                   help="every experiment at small sizes; about 7 minutes")
+                   help="every experiment at small sizes; about 12 minutes")
     g.add_argument("--full", dest="mode", action="store_const", const="full",
                    help="every experiment at full sizes; long")
     g.add_argument("--smoke", dest="mode", action="store_const", const="smoke",

@@ -168,7 +168,7 @@ def issue20_table(issue20):
             figure, verdict, cpu = ("not in the stored results", f"not measured: `bench/run --quick "
                                     f"--only {exp}`", "–")
         rows.append([goal, figure, cpu, verdict, f"`{exp}`"])
-    return table(["goal", "figure (this run; ratios: mean (range) over rounds)",
+    return table(["goal", "figure (this run; ratios: median (min–max, rounds) of per-round ratios)",
                   "server CPU µs/IO (logcache / reference)", "verdict", "experiment"], rows,
                  ["---", "---:", "---:", "---", "---"])
 
@@ -203,7 +203,7 @@ def render_report(names, results_dir, doc_path, chart_dir, mode):
         "Do not edit: change the experiments (bench/experiments/) or bench/manual.md and rerun. -->",
         "",
         f"Generated {now} from the results of `bench/run --{mode}` (each section gives its own "
-        "date, command and machine). Regenerate everything with `bench/run --quick` (about 7 "
+        "date, command and machine). Regenerate everything with `bench/run --quick` (about 12 "
         "minutes) or `bench/run --full` (long); `bench/run --smoke` is the CI check. All "
         "figures of the generated sections go through fio's nbd engine (`--ioengine=nbd`, one "
         "NBD connection per fio job) to servers on Unix sockets, and contenders are alternated "
