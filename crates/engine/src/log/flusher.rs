@@ -319,7 +319,13 @@ fn prepare_chunk<'a>(
     let first_crc = crcs.len();
     let n = state::chunk_meta::finish(
         meta,
-        data,
+        state::chunk_meta::ChunkData {
+            bytes: data,
+            ready: |i, lba| {
+                let off = meta_off + meta_len + i * BLOCK;
+                inner.buffers.take_ready_crc(sc.buffer, off, lba)
+            },
+        },
         &inner.geo,
         synced_seq,
         sc.entry_count,

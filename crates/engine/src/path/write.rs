@@ -91,6 +91,10 @@ fn write_block(
     let new_dirty = if dirty { new_mask } else { 0 };
     let in_block = first_sector * SECTOR;
     let mut disk_copy: Option<OnDiskCopy> = None;
+    // A whole block's CRC, from the source while it is in the CPU's cache and before the lock
+    // (writers wait for each other there): the flusher takes it instead of reading the block
+    // again (`copy_in`).
+    let src_crc = (src.len() == BLOCK).then(|| inner.geo.block_crc(lba, src));
     let mut st = inner.state.lock();
     prefetch.before(&st, lba);
     check_usable(&st)?;
@@ -106,9 +110,14 @@ fn write_block(
         // An overwrite of a block in the open chunk happens in place.
         if let Some(c) = old {
             if let Location::OpenChunk { buffer } = st.locate(c) {
-                let off = st.offset_in_buffer(c) + in_block;
+                let block_off = st.offset_in_buffer(c);
                 // SAFETY: open-chunk blocks are written only under the state lock, held here.
-                unsafe { inner.buffers.slice_mut(buffer, off, src.len()) }.copy_from_slice(src);
+                let dst = unsafe {
+                    inner
+                        .buffers
+                        .slice_mut(buffer, block_off + in_block, src.len())
+                };
+                copy_in(inner, buffer, block_off, lba, src, src_crc, dst);
                 let old_dirty = st.blocks.dirty(c);
                 if old_dirty == 0 && dirty {
                     st.counters.blocks_dirtied += 1;
@@ -175,7 +184,15 @@ fn write_block(
         } else if new_mask != FULL_MASK {
             dst.fill(0); // sectors not valid are never read, but keep the log deterministic
         }
-        dst[in_block..in_block + src.len()].copy_from_slice(src);
+        copy_in(
+            inner,
+            nbuf,
+            noff,
+            lba,
+            src,
+            src_crc,
+            &mut dst[in_block..in_block + src.len()],
+        );
         st.blocks.set_valid(nc, old_valid | new_mask);
         st.set_dirty_mask(nc, old_dirty | new_dirty);
         if old_dirty == 0 && dirty {
@@ -193,6 +210,31 @@ fn write_block(
         st.bypass.spoil_trims(lba, lba + 1);
         count_write(&mut st, hit, new_mask);
         return Ok(());
+    }
+}
+
+/// Copies `src` into `dst`, part or all of the open-chunk block at `block_off` of buffer `buf`
+/// (backing block `lba`). A whole block comes with its CRC (`src_crc`), left for the flusher
+/// (`SegmentBuffers::set_ready_crc`), which would otherwise read the block again after it has
+/// left the CPU's cache to checksum it; after a partial write the flusher computes it.
+/// (One pass that copies and checksums together measured no faster than a copy and a CRC of
+/// the cache-hot source: the CRC instructions bound both. BENCHMARKS.md, issue 20.)
+fn copy_in(
+    inner: &Inner,
+    buf: u32,
+    block_off: usize,
+    lba: u64,
+    src: &[u8],
+    src_crc: Option<u32>,
+    dst: &mut [u8],
+) {
+    dst.copy_from_slice(src);
+    match src_crc {
+        Some(crc) => {
+            debug_assert_eq!(dst.len(), BLOCK);
+            inner.buffers.set_ready_crc(buf, block_off, lba, crc);
+        }
+        None => inner.buffers.clear_ready_crc(buf, block_off),
     }
 }
 

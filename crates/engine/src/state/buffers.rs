@@ -15,14 +15,35 @@
 //!   written, and what it stores there is never read back (a hole); no Rust code reads them.
 //!
 //! So any two concurrent accesses to the same bytes are both reads, or that last case.
+//!
+//! Beside the bytes, each block position keeps a *ready CRC*: the write path computes a whole
+//! block's CRC from its source as it copies it in, and the flusher takes that CRC instead of
+//! reading the block again. It follows the bytes' protocol (set and cleared
+//! under the state lock while the block is in the open chunk, taken by the flusher once the
+//! chunk is sealed), and names the backing block it was computed for: a CRC is used only for
+//! that block, and the flusher takes (clears) every data position of each chunk it writes, so
+//! a buffer reused for another segment starts with none.
 
+use crate::format::BLOCK_SIZE_BYTES;
 use crate::io::aligned::AlignedBuf;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 pub const NO_BUFFER: u32 = u32::MAX;
+const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 
 pub struct SegmentBuffers {
     bufs: Vec<AlignedBuf>,
     segment_size_bytes: usize,
+    /// Per block position of every buffer, its ready CRC (see the module's comment).
+    /// Relaxed: the state lock and the flusher's queue order every access.
+    ready: Vec<ReadyCrc>,
+}
+
+#[derive(Default)]
+struct ReadyCrc {
+    /// The backing block the CRC was computed for, plus one; 0: none.
+    lba_plus_one: AtomicU64,
+    crc: AtomicU32,
 }
 
 impl SegmentBuffers {
@@ -33,7 +54,38 @@ impl SegmentBuffers {
                 .map(|_| AlignedBuf::new(segment_size_bytes as usize))
                 .collect(),
             segment_size_bytes: segment_size_bytes as usize,
+            ready: (0..count as usize * segment_size_bytes as usize / BLOCK)
+                .map(|_| ReadyCrc::default())
+                .collect(),
         }
+    }
+
+    fn ready_at(&self, buf: u32, offset_bytes: usize) -> &ReadyCrc {
+        assert!(offset_bytes % BLOCK == 0 && offset_bytes < self.segment_size_bytes);
+        let per_buffer = self.segment_size_bytes / BLOCK;
+        &self.ready[buf as usize * per_buffer + offset_bytes / BLOCK]
+    }
+
+    /// Records `crc` as the CRC of the block at `offset_bytes` of buffer `buf`, as backing
+    /// block `lba`. The caller holds the state lock and just wrote the whole block.
+    pub fn set_ready_crc(&self, buf: u32, offset_bytes: usize, lba: u64, crc: u32) {
+        let r = self.ready_at(buf, offset_bytes);
+        r.crc.store(crc, Relaxed);
+        r.lba_plus_one.store(lba + 1, Relaxed);
+    }
+
+    /// The block at `offset_bytes` of buffer `buf` changed in part: its CRC must be computed.
+    pub fn clear_ready_crc(&self, buf: u32, offset_bytes: usize) {
+        self.ready_at(buf, offset_bytes)
+            .lba_plus_one
+            .store(0, Relaxed);
+    }
+
+    /// Takes (and clears) the ready CRC of the block at `offset_bytes` of buffer `buf`, if it
+    /// was computed for backing block `lba`.
+    pub fn take_ready_crc(&self, buf: u32, offset_bytes: usize, lba: u64) -> Option<u32> {
+        let r = self.ready_at(buf, offset_bytes);
+        (r.lba_plus_one.swap(0, Relaxed) == lba + 1).then(|| r.crc.load(Relaxed))
     }
 
     pub fn count(&self) -> u32 {

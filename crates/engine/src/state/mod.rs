@@ -296,6 +296,11 @@ impl State {
             return None;
         }
         let (slot, b) = self.ring.take_data_block(now);
+        // A CRC left at this position by an earlier use of the buffer is not this block's.
+        buffers.clear_ready_crc(
+            self.ring.open_buffer(),
+            b as usize * BLOCK_SIZE_BYTES as usize,
+        );
         let c = self.geo.cache_block(slot, b);
         debug_assert_eq!(self.blocks.dirty(c), 0);
         self.blocks.set_valid(c, 0);
@@ -361,6 +366,10 @@ impl State {
             let seq = self.ring.open().seq;
             let (slot, first_block, taken) = self.ring.take_data_run(left as u32, now);
             for b in first_block..first_block + taken {
+                buffers.clear_ready_crc(
+                    self.ring.open_buffer(),
+                    b as usize * BLOCK_SIZE_BYTES as usize,
+                );
                 let c = self.geo.cache_block(slot, b);
                 debug_assert_eq!(self.blocks.dirty(c), 0);
                 debug_assert!(
