@@ -56,7 +56,7 @@ pub fn promote(inner: &Inner, guard: u64, offset_bytes: u64, data: &[u8]) {
         if st.blocks.lookup(lba).is_some() {
             continue; // written since it was read: the cache has newer data
         }
-        let Some(c) = st.reserve_block(&inner.buffers, crate::sync::now(), false) else {
+        let Some(c) = st.reserve_block(&inner.buffers, crate::sync::now, false) else {
             st.counters.promotions_raced += end - lba;
             break;
         };

@@ -190,7 +190,7 @@ pub fn relocate_head<'a>(
         if st.blocks.lookup(l.lba) != Some(l.cache_block) {
             continue; // overwritten while we read
         }
-        let Some(nc) = st.reserve_block(&inner.buffers, now, true) else {
+        let Some(nc) = st.reserve_block(&inner.buffers, || now, true) else {
             break;
         };
         let Location::OpenChunk { buffer } = st.locate(nc) else {

@@ -146,7 +146,7 @@ fn write_block(
             continue;
         }
         let sealed_before = st.counters.chunks_sealed;
-        let Some(nc) = st.reserve_block(&inner.buffers, crate::sync::now(), false) else {
+        let Some(nc) = st.reserve_block(&inner.buffers, crate::sync::now, false) else {
             turn.hold(&mut st.room);
             st = crate::drive::wait_for_room(inner, st)?;
             continue;

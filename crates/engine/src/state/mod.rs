@@ -281,12 +281,13 @@ impl State {
     }
 
     /// Takes the next data block of the open chunk, sealing and opening chunks and segments as
-    /// needed. `None` when the log or the RAM buffers are full: the caller must wait.
+    /// needed. `None` when the log or the RAM buffers are full: the caller must wait. `now`:
+    /// the clock, read only for a chunk's first block.
     /// `use_reserve`: the relocator may take the last free segment, which writers leave to it.
     pub fn reserve_block(
         &mut self,
         buffers: &SegmentBuffers,
-        now: Instant,
+        now: impl FnOnce() -> Instant,
         use_reserve: bool,
     ) -> Option<CacheBlock> {
         if self.ring.open_entries_full() {

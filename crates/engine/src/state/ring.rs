@@ -472,13 +472,14 @@ impl Ring {
     }
 
     /// Takes the open chunk's next data block, as (slot, block in segment); it is live from
-    /// now on.
-    pub fn take_data_block(&mut self, now: Instant) -> (u32, u32) {
+    /// now on. `now` is called only for the chunk's first block (the periodic seal's start):
+    /// a clock read per write was ~2% of the writer's time (issue 20).
+    pub fn take_data_block(&mut self, now: impl FnOnce() -> Instant) -> (u32, u32) {
         let o = &mut self.open;
         assert!(o.active && o.data_count < o.data_capacity);
         let b = o.data_start() + o.data_count;
         o.data_count += 1;
-        o.first_write_at.get_or_insert(now);
+        o.first_write_at.get_or_insert_with(now);
         let seg = &mut self.segments[o.slot as usize];
         seg.live_blocks += 1;
         assert!(b < self.blocks_per_segment);
