@@ -197,6 +197,7 @@ impl Engine {
         state.counters.superblock_writes += 1;
         state.changes.tracked = loaded.tracked;
         let pins = (0..geo.segment_count).map(|_| AtomicU32::new(0)).collect();
+        let index_hint = state.blocks.slot_hint();
         let inner = Arc::new_cyclic(|me| Inner {
             me: me.clone(),
             lost: Default::default(),
@@ -204,6 +205,7 @@ impl Engine {
             cache,
             backing,
             state: Mutex::new(state),
+            index_hint,
             flusher_wake: Condvar::new(),
             progress: Condvar::new(),
             writeback_wake: Condvar::new(),

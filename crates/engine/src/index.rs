@@ -36,6 +36,34 @@ pub struct BlockIndex {
     len: usize,
 }
 
+/// The slot table's address and size, to hint a slot into the CPU cache from a thread that
+/// does not hold the state lock (the write path, before it takes the lock). A prefetch reads
+/// nothing the program sees and never faults: it needs no lock, and is at worst wasted.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotHint {
+    base_addr: usize,
+    mask: usize,
+}
+
+impl SlotHint {
+    /// Hints the slot `lookup(lba)` will probe first.
+    #[inline]
+    pub fn prefetch(self, lba: u64) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let slot = (self.base_addr as *const u32).wrapping_add(mix(lba) as usize & self.mask);
+            // SAFETY: a prefetch is only a hint: it never faults and loads nothing visible.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    slot.cast::<i8>(),
+                )
+            };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = lba;
+    }
+}
+
 /// A strong 64-bit mix (the MurmurHash3 `fmix64` finalizer): every input bit affects every output
 /// bit, so lbas that differ only in high bits or share their low bits still spread evenly.
 #[inline]
@@ -149,6 +177,15 @@ impl BlockIndex {
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = lba;
+    }
+
+    /// Where the slot table is, for [`SlotHint::prefetch`] without the state lock. The table
+    /// is allocated once and never moves, so the hint stays right for the index's life.
+    pub fn slot_hint(&self) -> SlotHint {
+        SlotHint {
+            base_addr: self.slots.as_ptr() as usize,
+            mask: self.mask,
+        }
     }
 
     /// Maps `lba` → `block`. `block` must be unmapped (panics otherwise). If `lba` was mapped to

@@ -22,6 +22,9 @@ pub(crate) struct Inner {
     pub cache: Arc<dyn BlockDevice>,
     pub backing: Arc<dyn BlockDevice>,
     pub state: Mutex<State>,
+    /// The index's slot table (fixed for the engine's life), for the write path's prefetch
+    /// before it takes the state lock.
+    pub index_hint: crate::index::SlotHint,
     /// Wakes the flusher (work queued, sync wanted, closing).
     pub flusher_wake: Condvar,
     /// Wakes writers waiting for room and flushes waiting for a sync.

@@ -91,6 +91,9 @@ fn write_block(
     let new_dirty = if dirty { new_mask } else { 0 };
     let in_block = first_sector * SECTOR;
     let mut disk_copy: Option<OnDiskCopy> = None;
+    // The index slot the lookup under the lock will probe, hinted first: its cache miss then
+    // overlaps the CRC below instead of lengthening the lock hold.
+    inner.index_hint.prefetch(lba);
     // A whole block's CRC, from the source while it is in the CPU's cache and before the lock
     // (writers wait for each other there): the flusher takes it instead of reading the block
     // again (`copy_in`).

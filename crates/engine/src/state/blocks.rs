@@ -64,6 +64,11 @@ impl Blocks {
         self.index.prefetch(lba);
     }
 
+    /// The index's slot table, for hints made without the state lock (`SlotHint`).
+    pub fn slot_hint(&self) -> crate::index::SlotHint {
+        self.index.slot_hint()
+    }
+
     #[inline]
     pub fn lba_of(&self, c: CacheBlock) -> Option<u64> {
         self.index.lba_of(c)
