@@ -227,6 +227,16 @@ impl Scheduler {
         self.shared.gate.lock().mode
     }
 
+    /// Nothing can run and no timer is due: every lock wait becomes due again. A lock waiter
+    /// is retried once something moved (`Gate::progress`), but a holder may let go with no
+    /// event the scheduler sees (a request that returned after it, its engine failed, doing
+    /// no IO): its waiters slept for ever (cache-loss sim seed 104622: a TRIM and a write
+    /// waited for an export's gate after the export had ended). A retry of a lock still taken
+    /// only registers the wait again.
+    pub fn retry_locks(&self) {
+        self.shared.gate.lock().progress += 1;
+    }
+
     /// Marks a change the scheduler should wait to settle (a request finished).
     pub fn touch(&self) {
         self.shared.version.fetch_add(1, Ordering::SeqCst);
