@@ -55,6 +55,8 @@ pub struct WritebackBuffers {
     /// Indexes into `blocks` in write order.
     order: Vec<usize>,
     ios: Vec<WbIo>,
+    /// The helpers that keep `writeback_io_depth` writes in flight, kept across batches.
+    io: inflight::Helpers,
 }
 
 impl WritebackBuffers {
@@ -66,6 +68,7 @@ impl WritebackBuffers {
             slots: Vec::new(),
             order: Vec::with_capacity(batch_blocks_max),
             ios: Vec::with_capacity(batch_blocks_max),
+            io: inflight::Helpers::default(),
         }
     }
 }
@@ -343,7 +346,8 @@ fn copy_out(
     for _ in 0..SYNC_TRIES {
         let reconnects = inner.backing.reconnects();
         let losses = failed_syncs();
-        let bytes = write_ios(inner, &bufs.data, &bufs.ios, depth).map_err(CopyError::Backing)?;
+        let bytes = write_ios(inner, &mut bufs.io, &bufs.data, &bufs.ios, depth)
+            .map_err(CopyError::Backing)?;
         inner.backing.flush().map_err(|e| {
             CopyError::BackingSync(Error::io(
                 format!("syncing {}", inner.backing.describe()),
@@ -458,8 +462,14 @@ fn plan_ios(inner: &Inner, bufs: &mut WritebackBuffers, bad: &[usize]) {
 
 /// Issues `ios` with up to `depth` in flight (see `inflight`). Returns the bytes written; on an
 /// error, the first one (the rest of the batch is abandoned; it stays dirty).
-fn write_ios(inner: &Inner, data: &[u8], ios: &[WbIo], depth: usize) -> Result<u64> {
-    inflight::run(ios, depth, |io| {
+fn write_ios(
+    inner: &Inner,
+    helpers: &mut inflight::Helpers,
+    data: &[u8],
+    ios: &[WbIo],
+    depth: usize,
+) -> Result<u64> {
+    helpers.run(ios, depth, |io| {
         inner
             .backing
             .write_at(&data[io.start..io.start + io.len], io.offset_bytes)
