@@ -16,6 +16,26 @@ const MAP_MIN_BYTES: usize = 1 << 20;
 /// The size (and alignment) of an x86-64 transparent huge page.
 pub const HUGE_PAGE_BYTES: usize = 2 << 20;
 
+/// A fresh private anonymous mapping of `len_bytes` (zero-filled, page-aligned), owned by the
+/// caller; out of memory ends the process as a failed allocation does.
+fn map_anonymous(len_bytes: usize) -> *mut libc::c_void {
+    // SAFETY: a new mapping at an address the kernel picks; no existing memory is touched.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len_bytes,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        std::alloc::handle_alloc_error(AlignedBuf::layout(len_bytes));
+    }
+    raw
+}
+
 /// A zero-initialised byte buffer whose start is 4 KiB-aligned.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
@@ -34,20 +54,7 @@ impl AlignedBuf {
         assert_eq!(len_bytes % 512, 0, "aligned buffers are whole sectors");
         let layout = Self::layout(len_bytes);
         if len_bytes >= MAP_MIN_BYTES {
-            // SAFETY: a fresh private anonymous mapping, owned by the buffer until drop.
-            let raw = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len_bytes,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if raw == libc::MAP_FAILED {
-                std::alloc::handle_alloc_error(layout);
-            }
+            let raw = map_anonymous(len_bytes);
             let ptr = NonNull::new(raw as *mut u8).expect("mmap returned a null mapping");
             // Pages are at least 4 KiB: the mapping's start is aligned.
             debug_assert_eq!(ptr.as_ptr() as usize % BUFFER_ALIGN_BYTES, 0);
@@ -72,20 +79,7 @@ impl AlignedBuf {
         // Mapped one huge page larger, then trimmed to the aligned part: mmap promises only
         // 4 KiB alignment.
         let mapped_bytes = len_bytes + HUGE_PAGE_BYTES;
-        // SAFETY: a fresh anonymous private mapping; no existing memory is touched.
-        let raw = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                mapped_bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if raw == libc::MAP_FAILED {
-            std::alloc::handle_alloc_error(Self::layout(len_bytes));
-        }
+        let raw = map_anonymous(mapped_bytes);
         let base = raw as usize;
         let start = base.next_multiple_of(HUGE_PAGE_BYTES);
         let head_bytes = start - base;
