@@ -56,6 +56,8 @@ mod close_race_tests;
 #[cfg(test)]
 mod room_wake_tests;
 #[cfg(test)]
+mod sync_catch_up_tests;
+#[cfg(test)]
 mod test_setup;
 #[cfg(test)]
 mod thread_start_tests;
@@ -116,6 +118,8 @@ impl Engine {
         opts: OpenOptions,
     ) -> Result<Engine> {
         let started = Instant::now();
+        // Every sync of the backing device, recovery's included, is counted (`backing.rs`).
+        let backing = Arc::new(crate::backing::Backing::new(backing));
         let sb = checkpoint::read(&*cache)?.ok_or_else(|| {
             Error::NotFormatted(format!(
                 "{} holds no logcache superblock; format it first",
@@ -692,8 +696,10 @@ impl Engine {
     pub fn stats(&self) -> Stats {
         let st = self.inner.state.lock();
         let g = &self.inner.geo;
+        let mut counters = st.counters.clone();
+        counters.backing_syncs_waited = self.inner.backing.syncs_waited();
         Stats {
-            counters: st.counters.clone(),
+            counters,
             recovery: self.inner.recovery.clone(),
             exported_size_bytes: g.exported_size_bytes,
             segment_size_bytes: g.segment_size_bytes,

@@ -13,6 +13,14 @@ pub fn close_between_holds(_inner: &crate::inner::Inner) {
     imp::close_between_holds(_inner);
 }
 
+/// In `path::bypass::sync_backing`, after the backing device's sync failed and before its
+/// thread takes the state lock to handle the failure.
+#[inline(always)]
+pub fn backing_sync_failed(_inner: &crate::inner::Inner) {
+    #[cfg(test)]
+    imp::backing_sync_failed(_inner);
+}
+
 /// The flusher finished one pass of its loop (it is about to wait, step again or exit); called
 /// with the state lock held, so a test that saw the count move knows the pass's decision.
 #[inline(always)]
@@ -47,6 +55,7 @@ mod imp {
     #[derive(Default)]
     pub struct Failpoints {
         close_between_holds: Mutex<Option<Hook>>,
+        backing_sync_failed: Mutex<Option<Hook>>,
         flusher_passes: Mutex<u64>,
         flusher_passed: Condvar,
     }
@@ -55,6 +64,11 @@ mod imp {
         /// Runs `hook` (once) at `close_between_holds`.
         pub fn on_close_between_holds(&self, hook: impl Fn(&Inner) + Send + Sync + 'static) {
             *self.close_between_holds.lock() = Some(Box::new(hook));
+        }
+
+        /// Runs `hook` (once) at `backing_sync_failed`.
+        pub fn on_backing_sync_failed(&self, hook: impl Fn(&Inner) + Send + Sync + 'static) {
+            *self.backing_sync_failed.lock() = Some(Box::new(hook));
         }
 
         pub fn flusher_passes(&self) -> u64 {
@@ -99,6 +113,13 @@ mod imp {
             }
             hit
         })
+    }
+
+    pub(super) fn backing_sync_failed(inner: &Inner) {
+        let hook = inner.failpoints.backing_sync_failed.lock().take();
+        if let Some(hook) = hook {
+            hook(inner);
+        }
     }
 
     pub(super) fn close_between_holds(inner: &Inner) {

@@ -20,7 +20,8 @@ use crate::tunables::{self, Tunables};
 pub(crate) struct Inner {
     pub geo: Geometry,
     pub cache: Arc<dyn BlockDevice>,
-    pub backing: Arc<dyn BlockDevice>,
+    /// The backing device, its syncs counted (`backing.rs`).
+    pub backing: Arc<crate::backing::Backing>,
     pub state: Mutex<State>,
     /// The index's slot table (fixed for the engine's life), for the write path's prefetch
     /// before it takes the state lock.

@@ -10,6 +10,7 @@
 //! `format`, `io`, `geometry`, `tunables`, `stats`, `index` → `state` → `inner`, `verify` →
 //! `bitmaps` → `reclaim` → `log` → `writeback` → `promote`, `path`, `status`, `checkpoints` → `export`, `open`, `inspect` → `engine`.
 
+mod backing;
 mod bitmaps;
 mod checkpoints;
 mod drive;

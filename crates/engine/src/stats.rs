@@ -51,6 +51,12 @@ pub struct Counters {
     /// Writeback batches written and synced to the backing device again because another
     /// backing sync failed between their writes and their sync (it may have dropped them).
     pub writeback_written_again: u64,
+    /// Successful backing syncs that found another, failed sync not yet handled by its
+    /// thread, and handled it first (`State::note_backing_synced`).
+    pub backing_failures_caught_up: u64,
+    /// Successful backing syncs that waited, before returning, for older syncs still in
+    /// flight (one may have dropped the writes this one would vouch for: `backing.rs`).
+    pub backing_syncs_waited: u64,
     /// Clean blocks dropped to make room.
     pub blocks_evicted: u64,
     /// Dirty copies kept after an overwrite from a later flush epoch, to be written back in
@@ -171,6 +177,11 @@ impl Counters {
             ("write_zeroes_bytes", self.write_zeroes_bytes),
             ("zeros_written_again", self.zeros_written_again),
             ("writeback_written_again", self.writeback_written_again),
+            (
+                "backing_failures_caught_up",
+                self.backing_failures_caught_up,
+            ),
+            ("backing_syncs_waited", self.backing_syncs_waited),
             ("blocks_invalidated", self.blocks_invalidated),
             ("write_through_writes", self.write_through_writes),
             ("write_around_writes", self.write_around_writes),

@@ -1687,3 +1687,118 @@ fn a_writeback_batch_is_not_marked_clean_by_a_sync_after_one_that_dropped_it() {
     assert_eq!(e.stats().counters.writeback_written_again, 1);
     e.crash();
 }
+
+/// Polls until `done` or the engine shows a backing sync waiting for an older one still in
+/// flight; panics after `HANG`.
+fn until_done_or_a_sync_waits(e: &Engine, done: impl Fn() -> bool) {
+    assert!(
+        eventually(|| done() || e.stats().counters.backing_syncs_waited > 0),
+        "neither finished nor waited for the held sync"
+    );
+}
+
+/// The window the check above left open (56e9a75, RELIABILITY "left open"): the failing
+/// thread counted its failure (`Bypass::losses`) only after its sync returned, so a batch
+/// whose own sync succeeded in between, while the failed one was still on its way back,
+/// was marked clean on its strength though the failed sync had dropped its writes. Now the
+/// backing device's wrapper counts a failure before the failed sync returns, and a successful
+/// sync returns only once every sync in flight beside it has ended (`backing.rs`).
+#[test]
+fn a_writeback_batch_is_not_marked_clean_while_the_sync_that_dropped_it_returns() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let lba = 40u64;
+    pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
+    let faulty = Arc::new(FaultDevice::new(pair.backing()));
+    let backing = Arc::new(GateDevice::new(faulty.clone()));
+    let opts = OpenOptions {
+        seal_interval_ms: Some(1000),
+        ..manual(4 * SEG_64K)
+    };
+    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+    // A write-through write, so a flush owes the backing device a sync.
+    e.set_tunable("cache_mode", "write-through").unwrap();
+    e.write(8 * 4096, &[0x33; 4096], false).unwrap();
+    e.set_tunable("cache_mode", "write-back").unwrap();
+    // A dirty block, durable in the cache (a due periodic seal, not a flush).
+    e.write(lba * 4096, &[0x22; 4096], false).unwrap();
+    e.seal_if_due(Instant::now() + Duration::from_secs(3600));
+    e.run_flusher().unwrap();
+    // Writeback's write reaches the backing device and is held before it returns.
+    backing.hold_after(OpKind::Write);
+    let wb = e.clone();
+    let batch = std::thread::spawn(move || wb.writeback_step(16));
+    assert!(
+        backing.wait_held(OpKind::Write, 1, HANG),
+        "writeback never wrote the dirty block"
+    );
+    // A flush's backing sync fails, the device drops every unsynced write, and the failed
+    // sync is held before it returns to its thread.
+    backing.hold_next_after(OpKind::Flush);
+    faulty.fail_next(OpKind::Flush, 1, FaultKind::Io);
+    let f = e.clone();
+    let flush = std::thread::spawn(move || f.flush());
+    assert!(
+        backing.wait_held(OpKind::Flush, 1, HANG),
+        "the flush never synced the backing device"
+    );
+    pair.backing.crash_lose_all();
+    // The batch goes on: its own sync succeeds while the failed one is still held.
+    backing.release(OpKind::Write);
+    until_done_or_a_sync_waits(&e, || batch.is_finished());
+    backing.release(OpKind::Flush);
+    assert!(
+        bounded("the flush", move || flush.join().unwrap()).is_err(),
+        "the flush whose backing sync failed"
+    );
+    let cleaned = bounded("the writeback batch", move || batch.join().unwrap())
+        .expect("the batch, with the backing device healthy again");
+    assert_eq!(cleaned, 1, "the batch marked block {lba} clean");
+    let on_backing = pair.backing.durable_image()[(lba * 4096) as usize];
+    assert!(
+        on_backing == 0x22,
+        "block {lba} marked clean while the backing device holds {on_backing:#x}.. for \
+         good, not its data (a sync that failed beside the batch's had not returned)"
+    );
+    assert_eq!(e.stats().counters.writeback_written_again, 1);
+    e.crash();
+}
+
+/// The same window for a sync that vouches for write-through writes: flush A's backing sync
+/// fails and drops a write-through write, and is held before it returns; flush B's sync
+/// succeeds meanwhile. B noted the writes synced (`synced_gen`) and returned OK; A then found
+/// nothing at risk, and a power cut lost the write a flush had returned OK for. Now B's sync
+/// returns once A's has ended, and B handles A's failure first if A's thread has not yet
+/// (`State::note_backing_synced`), so B rewrites the copy or fails.
+#[test]
+fn a_flush_is_not_vouched_for_by_a_sync_beside_one_that_failed() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let faulty = Arc::new(FaultDevice::new(pair.backing()));
+    let backing = Arc::new(GateDevice::new(faulty.clone()));
+    let e = Engine::open(pair.cache(), backing.clone(), manual(4 * SEG_64K)).unwrap();
+    e.set_tunable("cache_mode", "write-through").unwrap();
+    e.write(0, &[0x44; 4096], false).unwrap();
+    backing.hold_next_after(OpKind::Flush);
+    faulty.fail_next(OpKind::Flush, 1, FaultKind::Io);
+    let a = e.clone();
+    let flush_a = std::thread::spawn(move || a.flush());
+    assert!(
+        backing.wait_held(OpKind::Flush, 1, HANG),
+        "flush A never synced the backing device"
+    );
+    pair.backing.crash_lose_all();
+    let b = e.clone();
+    let flush_b = std::thread::spawn(move || b.flush());
+    until_done_or_a_sync_waits(&e, || flush_b.is_finished());
+    backing.release(OpKind::Flush);
+    assert!(
+        bounded("flush A", move || flush_a.join().unwrap()).is_err(),
+        "flush A, whose backing sync failed"
+    );
+    let b_ok = bounded("flush B", move || flush_b.join().unwrap()).is_ok();
+    let flushed = b_ok || (0..3).any(|_| e.flush().is_ok());
+    assert!(
+        flushed,
+        "no flush returned OK with the backing device healthy"
+    );
+    after_a_power_cut_blocks_read(&pair, e, manual(4 * SEG_64K), &[(0, 0x44)]);
+}

@@ -689,6 +689,10 @@ struct Totals {
     zeros_written_again: u64,
     /// Writeback batches written again after another backing sync failed in between.
     writeback_written_again: u64,
+    /// Successful backing syncs that waited for an older one in flight before returning, and
+    /// those that handled a failure its own thread had not handled yet (`backing.rs`).
+    backing_syncs_waited: u64,
+    backing_failures_caught_up: u64,
     /// Cache-loss cycles, per mode of `MODES`.
     losses: [u64; 3],
     /// ... after which the engine had failed (with a reason), per mode.
@@ -1420,6 +1424,8 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         case.totals.reserved_writes_redone += before_cut.counters.reserved_writes_redone;
         case.totals.zeros_written_again += before_cut.counters.zeros_written_again;
         case.totals.writeback_written_again += before_cut.counters.writeback_written_again;
+        case.totals.backing_syncs_waited += before_cut.counters.backing_syncs_waited;
+        case.totals.backing_failures_caught_up += before_cut.counters.backing_failures_caught_up;
         let gave_up = before_cut.cache_failed.is_some()
             || (before_cut.failed.is_some() && before_cut.writeback_lag_bytes == 0);
         let must_refuse = !loss && before_cut.serving_alone;
@@ -2665,12 +2671,15 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     eprintln!(
         "sim: {} backing flushes failed ({} of them the flusher's), {} clean copies left out of \
          the log for want of a backing sync, {} zeroings and {} writeback batches written again \
-         after another sync failed",
+         after another sync failed; {} backing syncs waited for an older one in flight, {} \
+         handled another's failure first",
         totals.backing_flush_faults,
         totals.flusher_backing_flush_faults,
         totals.clean_entries_holed,
         totals.zeros_written_again,
-        totals.writeback_written_again
+        totals.writeback_written_again,
+        totals.backing_syncs_waited,
+        totals.backing_failures_caught_up
     );
     eprintln!(
         "sim: {} reserved writes published, {} gave up and were written the ordinary way",

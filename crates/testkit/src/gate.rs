@@ -27,6 +27,8 @@ struct Doors {
     only: [Option<(u64, u64)>; 4],
     /// Per operation kind: held after it was done (before it returns) instead of before.
     after: [bool; 4],
+    /// Per operation kind: if set, how many more operations are held; the ones after pass.
+    quota: [Option<u32>; 4],
     /// Per operation kind: operations waiting at the door now.
     waiting: [u32; 4],
     /// Per operation kind: operations that were held and then went through.
@@ -58,6 +60,7 @@ impl GateDevice {
         d.closed[op as usize] = true;
         d.only[op as usize] = None;
         d.after[op as usize] = false;
+        d.quota[op as usize] = None;
     }
 
     /// Holds every later operation of kind `op` after the device did it, before it returns
@@ -68,6 +71,18 @@ impl GateDevice {
         d.closed[op as usize] = true;
         d.only[op as usize] = None;
         d.after[op as usize] = true;
+        d.quota[op as usize] = None;
+    }
+
+    /// Holds the next operation of kind `op` after the device did it, before it returns (a
+    /// sync that failed and has not told its caller yet), until `release(op)`; the ones after
+    /// it pass (another thread's sync runs meanwhile).
+    pub fn hold_next_after(&self, op: OpKind) {
+        let mut d = self.doors.lock();
+        d.closed[op as usize] = true;
+        d.only[op as usize] = None;
+        d.after[op as usize] = true;
+        d.quota[op as usize] = Some(1);
     }
 
     /// Holds later operations of kind `op` that overlap bytes `[offset, offset + len_bytes)`
@@ -78,6 +93,7 @@ impl GateDevice {
         d.closed[op as usize] = true;
         d.only[op as usize] = Some((offset, offset + len_bytes));
         d.after[op as usize] = false;
+        d.quota[op as usize] = None;
     }
 
     /// Lets held and later operations of kind `op` through.
@@ -120,6 +136,11 @@ impl GateDevice {
             if offset + len <= start || offset >= end {
                 return;
             }
+        }
+        match &mut d.quota[i] {
+            Some(0) => return,
+            Some(n) => *n -= 1,
+            None => {}
         }
         let until = Instant::now() + HOLD_MAX;
         d.waiting[i] += 1;
@@ -241,6 +262,28 @@ mod tests {
         assert_eq!(dev.durable_image()[0], 7, "the held sync was done");
         gate.release(OpKind::Flush);
         t.join().unwrap();
+    }
+
+    #[test]
+    fn a_hold_of_the_next_operation_lets_the_later_ones_pass() {
+        let dev = SimDevice::new(1 << 20);
+        let gate = Arc::new(GateDevice::new(Arc::new(dev.clone())));
+        gate.hold_next_after(OpKind::Flush);
+        let g = gate.clone();
+        let t = std::thread::spawn(move || g.flush().unwrap());
+        assert!(gate.wait_held(OpKind::Flush, 1, Duration::from_secs(60)));
+        // A later sync passes (and makes this write durable) while the first is held.
+        gate.write_at(&[9; 4096], 0).unwrap();
+        gate.flush().unwrap();
+        assert_eq!(dev.durable_image()[0], 9);
+        assert_eq!(
+            gate.passed(OpKind::Flush),
+            0,
+            "the first sync is still held"
+        );
+        gate.release(OpKind::Flush);
+        t.join().unwrap();
+        assert_eq!(gate.passed(OpKind::Flush), 1);
     }
 
     #[test]

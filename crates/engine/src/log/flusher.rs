@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::io::BlockDevice as _;
 use crate::sync::MutexGuard;
 
 use crate::error::{Error, Result};
@@ -153,7 +154,12 @@ fn step<'a>(
         let res = inner.backing.flush();
         st = inner.state.lock();
         match res {
-            Ok(()) => st.note_backing_synced(target, log_pos, inner.backing.reconnects()),
+            Ok(()) => st.note_backing_synced(
+                target,
+                log_pos,
+                inner.backing.reconnects(),
+                inner.backing.failed_syncs(),
+            ),
             Err(e) => {
                 // The backing device is away (a remote server restarting, say): not a cache
                 // failure, and nothing waits for this sync; the clean sectors stay out of the
@@ -163,6 +169,7 @@ fn step<'a>(
                 st.counters.io_errors += 1;
                 st.backing_writes_lost(
                     Error::io(format!("syncing {}", inner.backing.describe()), e).to_string(),
+                    inner.backing.failed_syncs(),
                 );
             }
         }

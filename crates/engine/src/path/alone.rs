@@ -35,6 +35,7 @@ use crate::format::label::{
 };
 use crate::format::SECTOR_SIZE_BYTES;
 use crate::inner::Inner;
+use crate::io::BlockDevice as _;
 use crate::state::State;
 use crate::status::{Extent, ExtentKind};
 

@@ -586,10 +586,12 @@ fn end_zeroing(inner: &Inner, st: &mut State, first: u64, end: u64, dropped_dirt
 const ZEROS_SYNC_TRIES: u32 = 3;
 
 /// Backing syncs that failed so far and the backing device's reconnects: if either moved
-/// across a write and a sync, the sync may not cover the write.
+/// across a write and a sync, the sync may not cover the write. Counted by the backing
+/// device's wrapper before a failed sync returns, and a successful one returns only once the
+/// syncs in flight beside it have ended (`backing.rs`): counted by the failing thread after
+/// its sync returned (`Bypass::losses`), a sync of ours that ended in between was believed.
 fn sync_risk(inner: &Inner) -> (u64, u64) {
-    let losses = inner.state.lock().bypass.losses();
-    (losses, inner.backing.reconnects())
+    (inner.backing.failed_syncs(), inner.backing.reconnects())
 }
 
 /// Runs `write` (zeros onto the backing device) and syncs the backing device; again if another
@@ -728,13 +730,21 @@ pub fn sync_backing(inner: &Inner) -> Result<()> {
     };
     if let Some((target, log_pos)) = owed {
         let res = inner.backing.flush();
+        if res.is_err() {
+            crate::failpoint::backing_sync_failed(inner);
+        }
         let mut st = inner.state.lock();
         match res {
-            Ok(()) => st.note_backing_synced(target, log_pos, inner.backing.reconnects()),
+            Ok(()) => st.note_backing_synced(
+                target,
+                log_pos,
+                inner.backing.reconnects(),
+                inner.backing.failed_syncs(),
+            ),
             Err(e) => {
                 let e = Error::io(format!("syncing {}", inner.backing.describe()), e);
                 st.counters.io_errors += 1;
-                st.backing_writes_lost(e.to_string());
+                st.backing_writes_lost(e.to_string(), inner.backing.failed_syncs());
                 return Err(e);
             }
         }

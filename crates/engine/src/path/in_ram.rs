@@ -17,6 +17,7 @@
 
 use crate::format::{BLOCK_SIZE_BYTES, SECTORS_PER_BLOCK, SECTOR_SIZE_BYTES};
 use crate::inner::Inner;
+use crate::io::BlockDevice as _;
 use crate::state::{Location, State};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;

@@ -17,6 +17,7 @@ use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
 use crate::geometry::{sector_mask, CacheBlock};
 use crate::inner::{check_usable, Inner};
 use crate::io::aligned::AlignedBuf;
+use crate::io::BlockDevice as _;
 use crate::io::{recycle_read_ops, ReadOp};
 use crate::path::prefetch::IndexPrefetch;
 use crate::promote;

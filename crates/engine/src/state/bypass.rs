@@ -45,6 +45,9 @@ pub struct Bypass {
     /// Backing syncs failed (or replaced connections found) so far: a write-through write
     /// that saw this move while under way marks its own copy dirty.
     losses: u64,
+    /// The backing device's count of failed syncs (`Backing::failed_syncs`) as of the last
+    /// failure handled: a success that finds it behind handles the rest first.
+    failed_syncs_handled: u64,
     /// Bypass writes a failed sync may have lost, until durable again (module doc).
     lost: Option<Lost>,
     /// Why, for the error flushes return meanwhile.
@@ -313,6 +316,16 @@ impl Bypass {
     /// Failed backing syncs so far (see `losses`).
     pub fn losses(&self) -> u64 {
         self.losses
+    }
+
+    /// The backing device had counted `failed_syncs` failed syncs when one was handled.
+    pub fn note_failed_syncs_handled(&mut self, failed_syncs: u64) {
+        self.failed_syncs_handled = self.failed_syncs_handled.max(failed_syncs);
+    }
+
+    /// Whether some of the backing device's `failed_syncs` failed syncs were not handled yet.
+    pub fn failed_syncs_unhandled(&self, failed_syncs: u64) -> bool {
+        failed_syncs > self.failed_syncs_handled
     }
 
     /// Bypass writes a failed sync may have lost, and why, while not durable again.

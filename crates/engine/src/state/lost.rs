@@ -35,7 +35,10 @@ impl State {
     /// A backing sync failed with `why`, or found a connection replaced: bypass writes no
     /// earlier sync covered may be lost. Their cached copies are marked dirty (clean sectors
     /// become dirty: writeback writes them again); if some write has no copy, they stay lost.
-    pub fn backing_writes_lost(&mut self, why: String) {
+    /// `failed_syncs`: the backing device's count of failed syncs now (`Backing`), all of
+    /// them handled by this call.
+    pub fn backing_writes_lost(&mut self, why: String, failed_syncs: u64) {
+        self.bypass.note_failed_syncs_handled(failed_syncs);
         let lost = self.bypass.at_risk().map(|gone| {
             if gone {
                 Lost::Gone
@@ -51,13 +54,32 @@ impl State {
 
     /// A successful backing sync that started at bypass generation `target` with the log's
     /// next chunk at `log_pos`; a replaced connection counts its writes lost instead.
-    pub fn note_backing_synced(&mut self, target: u64, log_pos: (u64, u32), reconnects: u64) {
+    /// `failed_syncs` is the backing device's count of failed syncs now (`Backing`): one
+    /// that failed beside this sync (which returned only once that one ended) and that its
+    /// thread has not handled yet may have dropped writes this sync would vouch for. It is
+    /// handled here first, so the success goes to `synced_held`, not `synced_gen`: noted
+    /// first, the failure then found nothing at risk and the dropped writes counted durable.
+    pub fn note_backing_synced(
+        &mut self,
+        target: u64,
+        log_pos: (u64, u32),
+        reconnects: u64,
+        failed_syncs: u64,
+    ) {
         self.counters.backing_syncs += 1;
+        if self.bypass.failed_syncs_unhandled(failed_syncs) {
+            self.counters.backing_failures_caught_up += 1;
+            self.backing_writes_lost(
+                "another sync of the backing device failed while this one was in flight".into(),
+                failed_syncs,
+            );
+        }
         if !self.bypass.note_synced(target, log_pos, reconnects) {
             self.backing_writes_lost(
                 "a connection to the backing device was replaced after writes bypassing the \
                  cache were sent on it (the server may have lost them)"
                     .into(),
+                failed_syncs,
             );
         }
     }

@@ -14,6 +14,7 @@
 
 use std::sync::atomic::Ordering;
 
+use crate::io::BlockDevice as _;
 use crate::sync::MutexGuard;
 
 use super::inflight;
@@ -199,7 +200,7 @@ pub fn batch<'a>(
             st.counters.io_errors += 1;
             // The sync covered every write the backing device had: a bypass write no earlier
             // sync covered may be gone with it (`state/lost.rs`).
-            st.backing_writes_lost(e.to_string());
+            st.backing_writes_lost(e.to_string(), inner.backing.failed_syncs());
             return (st, Err(e));
         }
         Err(CopyError::CacheRead(e) | CopyError::Backing(e)) => {
@@ -342,7 +343,10 @@ fn copy_out(
     }
     plan_ios(inner, bufs, &bad);
     let depth = inner.drive.writeback_io_depth(&inner.tunables);
-    let failed_syncs = || inner.state.lock().bypass.losses();
+    // Counted before a failed sync returns, and a successful sync returns once every sync in
+    // flight beside it has ended (`backing.rs`): a failure that could have dropped the batch
+    // shows here even if its thread has not handled it yet.
+    let failed_syncs = || inner.backing.failed_syncs();
     for _ in 0..SYNC_TRIES {
         let reconnects = inner.backing.reconnects();
         let losses = failed_syncs();

@@ -10,6 +10,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::io::BlockDevice as _;
 use crate::sync::MutexGuard;
 
 use crate::format::label::{WritebackRecord, RECORD_OFFSET_IN_LABEL_BYTES, RECORD_SORTED};
@@ -85,7 +86,10 @@ pub fn write(inner: &Inner, st: &mut MutexGuard<'_, State>) {
         Err(Ok(_)) => st.counters.io_errors += 1,
         Err(Err(e)) => {
             st.counters.io_errors += 1;
-            st.backing_writes_lost(format!("syncing {}: {e}", inner.backing.describe()));
+            st.backing_writes_lost(
+                format!("syncing {}: {e}", inner.backing.describe()),
+                inner.backing.failed_syncs(),
+            );
         }
     }
 }
