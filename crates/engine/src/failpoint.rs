@@ -13,8 +13,8 @@ pub fn close_between_holds(_inner: &crate::inner::Inner) {
     imp::close_between_holds(_inner);
 }
 
-/// In `path::bypass::sync_backing`, after the backing device's sync failed and before its
-/// thread takes the state lock to handle the failure.
+/// In `path::bypass::sync_backing` (and `path::alone::sync`), after the backing device's sync
+/// failed and before its thread handles the failure.
 #[inline(always)]
 pub fn backing_sync_failed(_inner: &crate::inner::Inner) {
     #[cfg(test)]

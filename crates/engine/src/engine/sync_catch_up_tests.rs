@@ -4,7 +4,8 @@
 //! Noted first, the success moved `synced_gen` over the write-through write the failed sync
 //! had dropped and the flush returned OK; the failing thread then found nothing at risk, and a
 //! power cut lost the write. Now the success finds the backing device's failed-sync count
-//! ahead of what the state handled and handles it first (`State::note_backing_synced`).
+//! ahead of what the state handled and handles it first (`State::note_backing_synced`); and
+//! the same while serving from the backing device alone (`path::lost::Lost::note_synced`).
 
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -92,4 +93,67 @@ fn a_sync_that_succeeds_before_a_failed_one_is_handled_does_not_vouch_for_its_wr
         "flush B returned OK without handling A's failure"
     );
     e.close().unwrap();
+}
+
+/// The same gap while serving from the backing device alone (`path::lost`'s own bookkeeping):
+/// flush B's success noted first moved `synced_gen` over the write flush A's failed sync had
+/// dropped, A then found it covered, and B returned OK over a write that was gone.
+#[test]
+fn served_alone_a_sync_that_succeeds_before_a_failed_one_is_noted_does_not_vouch_for_it() {
+    let (cache, backing) = formatted((1 << 20) + (16 << 16), 16 << 20, 64 << 10);
+    let cache_dev = Arc::new(FaultDevice::new(shared(&cache)));
+    let faulty = Arc::new(FaultDevice::new(shared(&backing)));
+    let opts = OpenOptions {
+        ram_buffer_bytes: 4 << 16,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(cache_dev.clone(), faulty.clone(), opts).expect("open");
+    // The cache device fails with nothing dirty lost: the engine serves from the backing
+    // device alone (the flush is answered from there).
+    cache_dev.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    e.write(0, &[0x11; 4096], false).unwrap();
+    let _ = e.flush();
+    assert!(
+        e.stats().serving_alone,
+        "the engine serves from the backing device alone"
+    );
+    e.flush().expect("a flush served alone");
+    e.write(8 << 12, &[0x44; 4096], false).unwrap();
+    faulty.fail_next(OpKind::Flush, 1, FaultKind::Io);
+    let (at_tx, at_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let go_rx = parking_lot::Mutex::new(go_rx);
+    e.inner.failpoints.on_backing_sync_failed(move |_| {
+        at_tx.send(()).expect("the test waits");
+        let _ = go_rx.lock().recv_timeout(BOUND);
+    });
+    let a = e.clone();
+    let flush_a = std::thread::spawn(move || a.flush());
+    at_rx
+        .recv_timeout(BOUND)
+        .expect("flush A's backing sync failed");
+    backing.crash_lose_all();
+    let b = e.clone();
+    let flush_b = std::thread::spawn(move || b.flush());
+    let (b_tx, b_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = b_tx.send(flush_b.join().expect("flush B"));
+    });
+    let b_res = b_rx.recv_timeout(BOUND).expect("flush B returned");
+    go_tx.send(()).expect("flush A waits");
+    assert!(
+        flush_a.join().expect("flush A").is_err(),
+        "flush A, whose backing sync failed"
+    );
+    let on_backing = backing.durable_image()[8 << 12];
+    assert!(
+        b_res.is_err() || on_backing == 0x44,
+        "flush B returned OK while the write it covers is gone from the backing device \
+         (holds {on_backing:#x}): a sync that succeeded before another's failure was noted \
+         vouched for it"
+    );
+    // Nothing can write it again: every later flush fails until reopen.
+    assert!(e.flush().is_err(), "a flush after the write was lost");
+    e.crash();
 }

@@ -116,18 +116,25 @@ fn take_over(inner: &Arc<Inner>) {
     // none starts after `deciding`.
     let order = inner.backing_order.lock();
     let record_guard = inner.last_record.lock();
-    let (lost, in_ram, bypass_lost, bypass_unsynced) = {
+    let (lost, in_ram, bypass_lost, bypass_unsynced, failed_syncs) = {
         let st = inner.state.lock();
+        let failed_syncs = inner.backing.failed_syncs();
+        let unsynced = st.bypass.sync_owed().is_some();
         (
             crate::path::lost::collect(&inner.geo, &st),
             crate::path::in_ram::collect(inner, &st),
-            st.bypass.lost().is_some(),
-            st.bypass.sync_owed().is_some(),
+            // A failed sync whose thread has not handled it yet counts too.
+            st.bypass.lost().is_some()
+                || (unsynced && st.bypass.failed_syncs_unhandled(failed_syncs)),
+            unsynced,
+            failed_syncs,
         )
     };
     // Writes that bypassed the cache keep their rule alone: lost to a failed sync already,
     // or unsynced (a failed sync from now on may lose them).
-    inner.lost.carry_bypass(bypass_lost, bypass_unsynced);
+    inner
+        .lost
+        .carry_bypass(bypass_lost, bypass_unsynced, failed_syncs);
     let lost_sectors: u64 = lost.values().map(|s| s.lost.count_ones() as u64).sum();
     let lost_bytes = lost_sectors * SECTOR_SIZE_BYTES;
     // Installed before the label is marked (nothing reads it before `YES`): tests that cut
@@ -323,7 +330,9 @@ pub fn noting_sync<T, E>(
     let target = inner.lost.sync_target();
     let res = step();
     if res.is_err() {
-        inner.lost.note_synced(target, false);
+        inner
+            .lost
+            .note_synced(target, false, inner.backing.failed_syncs());
     }
     res
 }
@@ -398,7 +407,12 @@ pub fn flush(inner: &Inner) -> Result<()> {
 pub fn sync(inner: &Inner) -> Result<()> {
     let target = inner.lost.sync_target();
     let res = inner.backing.flush();
-    inner.lost.note_synced(target, res.is_ok());
+    if res.is_err() {
+        crate::failpoint::backing_sync_failed(inner);
+    }
+    inner
+        .lost
+        .note_synced(target, res.is_ok(), inner.backing.failed_syncs());
     res.map_err(|e| backing_err("syncing the backing device".into(), e))
 }
 

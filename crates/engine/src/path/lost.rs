@@ -47,6 +47,9 @@ pub struct Lost {
     /// gone (a later sync does not vouch for them), and no copy of them is left, so every
     /// later flush fails (issue 20's rule for writes that bypass the cache).
     sync_lost: AtomicBool,
+    /// The backing device's failed syncs (`Backing::failed_syncs`) noted here so far: a
+    /// success that finds more counts as the failure its thread has not noted yet.
+    failed_noted: AtomicU64,
 }
 
 /// The dirty sectors of the index (and of shadows, older flush epochs' dirty copies that the
@@ -129,19 +132,27 @@ impl Lost {
         self.written_gen.load(Ordering::Acquire)
     }
 
-    /// A backing sync that started at `target` returned `ok`.
-    pub fn note_synced(&self, target: u64, ok: bool) {
-        if ok {
+    /// A backing sync that started at `target` returned `ok`; `failed_syncs` is the backing
+    /// device's count of failed syncs now. A success that finds a failure not noted here yet
+    /// (a sync in flight beside it failed, and its thread is on its way) counts as that
+    /// failure: noted first, it moved `synced_gen` over writes the failed sync had dropped,
+    /// and the failure then found them covered (`backing.rs`).
+    pub fn note_synced(&self, target: u64, ok: bool, failed_syncs: u64) {
+        if ok && failed_syncs <= self.failed_noted.load(Ordering::Acquire) {
             self.synced_gen.fetch_max(target, Ordering::AcqRel);
-        } else if self.written_gen.load(Ordering::Acquire) > self.synced_gen.load(Ordering::Acquire)
-        {
+            return;
+        }
+        if self.written_gen.load(Ordering::Acquire) > self.synced_gen.load(Ordering::Acquire) {
             self.sync_lost.store(true, Ordering::Release);
         }
+        self.failed_noted.fetch_max(failed_syncs, Ordering::AcqRel);
     }
 
     /// At the switch: bypass writes of the cached engine a failed sync may have lost
-    /// (`lost`), or not yet synced (`unsynced`: a failed sync from now on may lose them).
-    pub fn carry_bypass(&self, lost: bool, unsynced: bool) {
+    /// (`lost`), or not yet synced (`unsynced`: a failed sync from now on may lose them);
+    /// `failed_syncs`, the backing device's failed syncs the cached engine accounted for.
+    pub fn carry_bypass(&self, lost: bool, unsynced: bool, failed_syncs: u64) {
+        self.failed_noted.fetch_max(failed_syncs, Ordering::AcqRel);
         if lost {
             self.sync_lost.store(true, Ordering::Release);
         }
