@@ -56,6 +56,8 @@ mod close_race_tests;
 #[cfg(test)]
 mod room_wake_tests;
 #[cfg(test)]
+mod round_wake_tests;
+#[cfg(test)]
 mod sync_catch_up_tests;
 #[cfg(test)]
 mod test_setup;

@@ -107,6 +107,12 @@ const WRITE_AROUND_WINDOW_ODDS: u64 = 6;
 /// One ordinary schedule in this many runs with `writeback_order = sorted` (the relocator moves
 /// dirty blocks only then), drawn from a stream of its own.
 const SORTED_ODDS: u64 = 4;
+/// One schedule in this many has `RAM_BUFFERS_MANY_FACTOR` times the RAM buffers, drawn from a
+/// stream of its own: with two or three the flusher is woken for every sealed chunk (buffers
+/// run short at once), so only with more does it let sealed chunks wait for a round
+/// (`flusher::queue_wants_round`).
+const RAM_BUFFERS_MANY_ODDS: u64 = 3;
+const RAM_BUFFERS_MANY_FACTOR: u64 = 4;
 /// One cycle in this many of a sorted schedule ends in a relocator read window
 /// (`relocator_read_check`, issue 19's defect 3).
 const RELOCATOR_WINDOW_ODDS: u64 = 3;
@@ -1105,8 +1111,14 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
     // schedule a seed drew before this choice existed stays the same.
     let clean_holes_per_backing_sync =
         [0, 1, 3, 256][Rng::new(seed ^ 0x0068_6f6c_6573).below(4) as usize];
+    let ram_buffers = rng.range(2, 4)
+        * if Rng::new(seed ^ 0x6275_6666_6572_7321).chance(1, RAM_BUFFERS_MANY_ODDS) {
+            RAM_BUFFERS_MANY_FACTOR
+        } else {
+            1
+        };
     let opts = OpenOptions {
-        ram_buffer_bytes: segment * rng.range(2, 4),
+        ram_buffer_bytes: segment * ram_buffers,
         seal_interval_ms: Some(seal_interval_ms),
         // Fewer decisions by the wall clock: a replay then takes the same path more often.
         promote_pause_after_relocation: Duration::ZERO,

@@ -13,7 +13,7 @@ use crate::format::BLOCK_SIZE_BYTES;
 use crate::geometry::CacheBlock;
 use crate::inner::{fail_cache, mark_failed, Inner};
 use crate::reclaim;
-use crate::state::{self, SealedChunk, State};
+use crate::state::{self, SealedChunk, State, RESERVE_SEGMENTS};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 /// The flusher syncs the cache device at least once per this many bytes written, which bounds
@@ -30,27 +30,50 @@ const RELOCATIONS_PER_ROUND_MAX: usize = 8;
 const HEAD_SEGMENTS_PER_ROUND_MAX: usize = 32;
 /// How often an idle flusher looks again at the periodic seal and pinned segments.
 const IDLE_WAKE: Duration = Duration::from_millis(100);
+/// Sealed chunks that wait before the flusher starts a round for them alone (`queue_wants_round`
+/// has the exceptions). Each round takes the state lock several times, and a writer that finds
+/// it held parks; woken per chunk, the flusher took it six times as often once the block CRCs
+/// left its round (BENCHMARKS.md, "What the writer sleeps on since 9ec4a33"). The cost: a flush
+/// may find up to this many chunks still to write (it would have found about one).
+pub const ROUND_CHUNKS: usize = 4;
+/// Sealed chunks fewer than `ROUND_CHUNKS` get a round once they waited about this long (the
+/// flusher sleeps at most this long while any is queued), so a slow writer's chunks do not
+/// wait in RAM for the seal interval.
+const QUEUED_WAKE: Duration = Duration::from_millis(2);
 
 /// The flusher thread's loop.
 pub fn run(inner: &Inner) {
     let mut st = inner.state.lock();
+    // Since when sealed chunks have waited for a round without being worth one
+    // (`queue_wants_round`): after `QUEUED_WAKE` they get one anyway.
+    let mut queued_since: Option<Instant> = None;
     loop {
         if st.health.is_failed() {
             break;
         }
+        let now = crate::sync::now();
         // Before the work check, not only when idle: under ring pressure there is always
         // "work" (the relocator's), and acknowledged writes must still be sealed and synced
         // within the seal interval.
-        seal_if_due(inner, &mut st, crate::sync::now());
-        if !has_work(&st) {
+        seal_if_due(inner, &mut st, now);
+        let queue_overdue =
+            queued_since.is_some_and(|t| now.saturating_duration_since(t) >= QUEUED_WAKE);
+        if !has_work(&st, queue_overdue) {
             crate::failpoint::flusher_pass_done(inner);
             if st.health.closing() {
                 break;
             }
+            queued_since = if st.ring.queue_is_empty() {
+                None
+            } else {
+                Some(queued_since.unwrap_or(now))
+            };
             let timeout = next_wake(inner, &st);
             inner.flusher_wake.wait_for(&mut st, timeout);
             continue;
         }
+        // A round takes the whole queue (up to `CHUNKS_PER_ROUND_MAX`).
+        queued_since = None;
         match step(inner, st) {
             Ok((guard, progressed)) => {
                 st = guard;
@@ -77,8 +100,33 @@ pub fn run(inner: &Inner) {
     inner.progress.notify_all();
 }
 
-fn has_work(st: &State) -> bool {
-    let durability_work = !st.ring.queue_is_empty() || st.seqs.sync_wanted();
+/// Whether the sealed chunks queued are worth a round now: `ROUND_CHUNKS` of them, or any when
+/// someone waits on the flusher (a flush, a writer for room, close) or the RAM buffers (half of
+/// them, with few) or free segments run low: writers must not come to wait for room because
+/// the flusher slept. A chunk left queued still has its seal deadline (`seal_if_due`).
+pub fn queue_wants_round(st: &State) -> bool {
+    let queued = st.ring.queue_len();
+    queued > 0
+        && (queued >= ROUND_CHUNKS
+            || st.seqs.sync_wanted()
+            || st.room.writers_wait()
+            || st.health.closing()
+            || st.ring.free_buffer_count() <= (st.ring.buffer_count() / 2).min(ROUND_CHUNKS as u32)
+            || st.ring.free_segments() <= RESERVE_SEGMENTS + 2 * ROUND_CHUNKS as u64)
+}
+
+/// A writer (or promotion) sealed a chunk: wakes the flusher if the queue is worth a round.
+pub fn chunk_sealed(inner: &Inner, st: &State) {
+    if queue_wants_round(st) {
+        inner.flusher_wake.notify_one();
+    }
+}
+
+/// `queue_overdue`: sealed chunks have waited `QUEUED_WAKE` for a round.
+fn has_work(st: &State, queue_overdue: bool) -> bool {
+    let durability_work = queue_wants_round(st)
+        || (queue_overdue && !st.ring.queue_is_empty())
+        || st.seqs.sync_wanted();
     // Closing: only what close waits for. Room-making may never finish (a log full of dirty
     // blocks waits for writeback, which has stopped) and nobody needs it any more.
     if st.health.closing() {
@@ -92,13 +140,18 @@ fn next_wake(inner: &Inner, st: &State) -> Duration {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     };
-    match (inner.seal_interval_ms(), oldest) {
+    let wake = match (inner.seal_interval_ms(), oldest) {
         (ms, Some(t)) if ms > 0 => {
             let due = t + Duration::from_millis(ms);
             due.saturating_duration_since(crate::sync::now())
                 .clamp(Duration::from_millis(1), IDLE_WAKE)
         }
         _ => IDLE_WAKE,
+    };
+    if st.ring.queue_is_empty() {
+        wake
+    } else {
+        wake.min(QUEUED_WAKE)
     }
 }
 

@@ -155,8 +155,8 @@ fn write_block(
             continue;
         };
         if st.counters.chunks_sealed != sealed_before {
-            // A chunk is ready: the flusher may be asleep.
-            inner.flusher_wake.notify_one();
+            // A chunk is ready: the flusher may be asleep (woken per few chunks, not each).
+            crate::log::flusher::chunk_sealed(inner, &st);
         }
         // Fill the new block: older data first (if any sector survives), then the new sectors.
         let loc_new = st.locate(nc);

@@ -706,6 +706,11 @@ impl Ring {
         self.queue.is_empty()
     }
 
+    /// How many sealed chunks wait for the flusher.
+    pub fn queue_len(&self) -> usize {
+        self.queue.len()
+    }
+
     /// The sealed chunks waiting for the flusher, oldest first.
     pub fn queued(&self) -> impl Iterator<Item = &SealedChunk> {
         self.queue.iter()
