@@ -148,7 +148,9 @@ fn next_wake(inner: &Inner, st: &State) -> Duration {
         }
         _ => IDLE_WAKE,
     };
-    if st.ring.queue_is_empty() {
+    // A front chunk still receiving reserved blocks cannot be taken; whoever finishes it
+    // wakes the flusher (`path/reserve.rs`), so no need to look every `QUEUED_WAKE`.
+    if st.ring.queue_is_empty() || st.ring.front_pending() {
         wake
     } else {
         wake.min(QUEUED_WAKE)
