@@ -9,6 +9,9 @@ mod server_support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use std::io::Write;
+
+use logcache_nbd::consts::EINVAL;
 use logcache_nbd::request::Command as NbdCommand;
 use logcache_testkit::fault::OpKind;
 use server_support::*;
@@ -441,4 +444,128 @@ fn large_writes_go_straight_into_the_log_and_one_cut_mid_payload_publishes_nothi
     gated.engine.read(4 * MIB, &mut out).unwrap();
     assert!(out == old, "a write cut mid-payload was published");
     assert_eq!(gated.engine.stats().counters.writes_reserved, 2);
+}
+
+/// Small writes streamed on one connection, with READs, FLUSHes and refused requests among
+/// them, as fio's nbd engine sends them at a high iodepth: the reader decodes many per
+/// receive and batches their replies. The stream is cut at irregular points (headers split
+/// from payloads, a header split in two); then writes go one at a time, each payload a moment
+/// after its header (the reader finds only the header, and must send the reply it batched
+/// before it sleeps, or the client never sends again). Every request gets exactly one reply,
+/// the right one; every READ sees the writes sent before it (or, sector by sector, one sent
+/// after it: a READ on a worker races the writes behind it, as NBD allows); the engine holds
+/// the last write of each block.
+#[test]
+fn small_writes_streamed_or_one_at_a_time_get_each_its_own_reply() {
+    const BLOCKS: u64 = 64;
+    let fixture = Fixture::start("streamed-writes");
+    let mut client = RawClient::go(&fixture.socket, false, false);
+    let export_bytes = fixture.export_size_bytes();
+    let mut model = vec![0u8; (BLOCKS * BLOCK) as usize];
+    // What each request's reply must be: its error, and a READ's offset and data when sent.
+    type Owed = HashMap<u64, (u32, Option<(u64, Vec<u8>)>)>;
+    let mut expected = Owed::new();
+    // Every write: its cookie, offset and data (a READ may see a later one).
+    let mut writes: Vec<(u64, u64, Vec<u8>)> = Vec::new();
+    let mut stream = Vec::new();
+    for i in 0..900u64 {
+        let cookie = 1000 + i;
+        let (request, payload) = match i % 50 {
+            // A READ of two blocks, after every write to them sent so far.
+            7 | 31 => {
+                let offset_bytes = (i * 5 % (BLOCKS - 1)) * BLOCK;
+                let range = offset_bytes as usize..(offset_bytes + 2 * BLOCK) as usize;
+                expected.insert(cookie, (0, Some((offset_bytes, model[range].to_vec()))));
+                let request = request(NbdCommand::Read, cookie, offset_bytes, 2 * BLOCK as u32);
+                (request, Vec::new())
+            }
+            19 => {
+                expected.insert(cookie, (0, None));
+                (request(NbdCommand::Flush, cookie, 0, 0), Vec::new())
+            }
+            // A write past the end: refused, its payload read and skipped.
+            43 => {
+                expected.insert(cookie, (EINVAL, None));
+                let request = request(NbdCommand::Write, cookie, export_bytes, BLOCK as u32);
+                (request, pattern(cookie, BLOCK as usize))
+            }
+            // Whole blocks, and a few sub-block writes.
+            _ => {
+                let length_bytes = if i % 9 == 0 { 512 } else { BLOCK };
+                let offset_bytes = (i * 37 % BLOCKS) * BLOCK + (i % 9 == 0) as u64 * 1024;
+                let data = pattern(cookie, length_bytes as usize);
+                let start = offset_bytes as usize;
+                model[start..start + data.len()].copy_from_slice(&data);
+                writes.push((cookie, offset_bytes, data.clone()));
+                expected.insert(cookie, (0, None));
+                let request = request(NbdCommand::Write, cookie, offset_bytes, length_bytes as u32);
+                (request, data)
+            }
+        };
+        stream.extend_from_slice(&request.encode());
+        stream.extend_from_slice(&payload);
+    }
+    // Whether the sector at `offset_bytes` read as `got` by the READ `cookie`: as when it was
+    // sent, or as a write sent after it left it.
+    let sector_ok = |cookie: u64, offset_bytes: u64, sent: &[u8], got: &[u8]| {
+        got == sent
+            || writes.iter().any(|(w, at, data)| {
+                *w > cookie
+                    && (*at..*at + data.len() as u64).contains(&offset_bytes)
+                    && data[(offset_bytes - at) as usize..][..512] == *got
+            })
+    };
+    let check_reply = |client: &mut RawClient, owed: &mut Owed| {
+        let reply = client.read_simple_reply();
+        let (error, read) = owed
+            .remove(&reply.cookie)
+            .unwrap_or_else(|| panic!("a reply to cookie {} not owed", reply.cookie));
+        assert_eq!(reply.error, error, "cookie {}", reply.cookie);
+        if let Some((offset_bytes, sent)) = read {
+            let got = client.read_exact(sent.len());
+            for (i, (sent, got)) in sent.chunks(512).zip(got.chunks(512)).enumerate() {
+                let sector_bytes = offset_bytes + 512 * i as u64;
+                assert!(
+                    sector_ok(reply.cookie, sector_bytes, sent, got),
+                    "READ {} of byte {sector_bytes}: neither the data written before it nor after",
+                    reply.cookie
+                );
+            }
+        }
+    };
+    // Streamed: one thread sends, cut at irregular points; this one reads the replies.
+    let mut sender_socket = client.stream.try_clone().unwrap();
+    let cuts: Vec<usize> = (0..stream.len()).map(|i| 1 + i * 7919 % 9001).collect();
+    let sender = std::thread::spawn(move || {
+        let mut rest = &stream[..];
+        for cut in cuts {
+            if rest.is_empty() {
+                break;
+            }
+            let (piece, after) = rest.split_at(cut.min(rest.len()));
+            sender_socket.write_all(piece).unwrap();
+            rest = after;
+        }
+    });
+    let mut owed = expected.clone();
+    for _ in 0..expected.len() {
+        check_reply(&mut client, &mut owed);
+    }
+    sender.join().unwrap();
+    assert!(owed.is_empty());
+    // One at a time, the payload a moment after its header.
+    for i in 0..40u64 {
+        let cookie = 5000 + i;
+        let offset_bytes = (i * 13 % BLOCKS) * BLOCK;
+        let data = pattern(cookie, BLOCK as usize);
+        model[offset_bytes as usize..(offset_bytes + BLOCK) as usize].copy_from_slice(&data);
+        let request = request(NbdCommand::Write, cookie, offset_bytes, BLOCK as u32);
+        client.send(&request.encode());
+        std::thread::sleep(Duration::from_millis(2));
+        client.send(&data);
+        owed.insert(cookie, (0, None));
+        check_reply(&mut client, &mut owed);
+    }
+    assert_eq!(fixture.engine_bytes(0, model.len()), model);
+    assert!(fixture.server.stats().requests >= 940);
 }
