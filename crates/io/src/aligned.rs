@@ -143,7 +143,7 @@ impl Drop for AlignedBuf {
 
 /// True when `buf` starts on a 4 KiB boundary.
 pub fn is_aligned(buf: &[u8]) -> bool {
-    (buf.as_ptr() as usize) % BUFFER_ALIGN_BYTES == 0
+    (buf.as_ptr() as usize).is_multiple_of(BUFFER_ALIGN_BYTES)
 }
 
 #[cfg(test)]

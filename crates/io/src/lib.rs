@@ -8,6 +8,7 @@
 //! file descriptor.
 
 pub mod aligned;
+pub mod crc32c;
 pub mod file;
 pub mod memory;
 mod read_op;
@@ -117,7 +118,7 @@ pub fn write_zero_blocks<D: BlockDevice + ?Sized>(
 
 /// Checks the alignment contract shared by all devices (wrappers in other crates use it too).
 pub fn check_range(dev_size_bytes: u64, offset: u64, len_bytes: u64) -> io::Result<()> {
-    if offset % SECTOR_SIZE_BYTES != 0 || len_bytes % SECTOR_SIZE_BYTES != 0 {
+    if !offset.is_multiple_of(SECTOR_SIZE_BYTES) || !len_bytes.is_multiple_of(SECTOR_SIZE_BYTES) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("unaligned device IO: offset {offset} length {len_bytes}"),

@@ -8,6 +8,9 @@ pub mod chunk;
 pub mod label;
 pub mod superblock;
 
+// Our own CRC32C (AVX-512 carry-less fold where the CPU has it), same values as the crate.
+use logcache_io::crc32c;
+
 /// The unit of caching and of every cache-device IO.
 pub const BLOCK_SIZE_BYTES: u64 = 4096;
 /// The unit of dirty/valid tracking: one mask bit per sector.
