@@ -109,22 +109,31 @@ fn log_range_some(
     (lba, seq, last_seq, pos)
 }
 
-/// As `log_range_some`, waiting for room in the log until the whole range is logged.
-fn log_range<'a>(
+/// Logs the drop range of a bypass write of blocks `[first, end)` (`begin_bypass_write`),
+/// waiting for room in the log until it is all logged. `false`, with the rest not logged: while
+/// this write waited for room, a block of the range got a dirty copy (a write that went the
+/// write-back way meanwhile) or another bypass write of them began. A drop range logged then
+/// would kill that dirty copy, newest data of sectors this write does not cover among them
+/// (sim seed 181568: a write-around's drop range, logged after its wait, killed a concurrent
+/// partial write's only copy, and reads of its sectors returned the backing device's older
+/// data); the caller starts over.
+fn log_drop_range<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
-    kind: u8,
     first: u64,
     end: u64,
-) -> Result<MutexGuard<'a, State>> {
+) -> Result<(MutexGuard<'a, State>, bool)> {
     let mut lba = first;
     loop {
         check_usable(&st)?;
-        (lba, _, _, _) = log_range_some(&mut st, inner, kind, lba, end);
+        (lba, _, _, _) = log_range_some(&mut st, inner, KIND_DROP, lba, end);
         if lba == end {
-            return Ok(st);
+            return Ok((st, true));
         }
         st = wait_for_room(inner, st)?;
+        if any_dirty(&st, first, end) || st.bypass.writing_any(first, end) {
+            return Ok((st, false));
+        }
     }
 }
 
@@ -196,10 +205,13 @@ fn begin_bypass_write(
                 st.note_copy_dropped(lba);
             }
         }
-        st = log_range(inner, st, KIND_DROP, first, end)?;
-        // Another write (or a zeroing) of these blocks may have begun while this one waited
-        // for room in the log: then log the range again once it is over.
-        if !st.bypass.writing_any(first, end) && !any_dirty(&st, first, end) {
+        let logged;
+        (st, logged) = log_drop_range(inner, st, first, end)?;
+        // Otherwise another write (or a zeroing) of these blocks began while this one waited
+        // for room in the log: check again from the start (it may have to go the write-back
+        // way now, or wait for the other write and log the range again).
+        if logged {
+            debug_assert!(!st.bypass.writing_any(first, end) && !any_dirty(&st, first, end));
             st.bypass.begin_writing(first, end);
             st.bypass.spoil_trims(first, end);
             return Ok(Some(st));
