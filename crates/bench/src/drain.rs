@@ -487,7 +487,7 @@ impl Bench<'_> {
             engine
                 .write(lba * BLOCK_BYTES, &data, false)
                 .with_context(|| format!("writing block {lba}"))?;
-            if flush_blocks.is_some_and(|n| (i as u64 + 1) % n == 0) {
+            if flush_blocks.is_some_and(|n| (i as u64 + 1).is_multiple_of(n)) {
                 engine.flush().context("flushing the cache")?;
             }
         }

@@ -88,7 +88,7 @@ pub fn run(args: &ReadBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.seconds > 0.0, "--seconds must be positive");
     anyhow::ensure!(args.iodepth >= 1, "--iodepth must be at least 1");
     anyhow::ensure!(
-        args.bs_kib >= 4 && args.bs_kib % 4 == 0,
+        args.bs_kib >= 4 && args.bs_kib.is_multiple_of(4),
         "--bs-kib must be a multiple of 4"
     );
     let bs_bytes = args.bs_kib * 1024;

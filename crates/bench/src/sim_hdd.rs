@@ -91,7 +91,7 @@ pub fn run(args: &SimHddArgs) -> Result<()> {
     // Before any thread exists, so every thread inherits the mask and only sigwait sees them.
     let signals = block_termination_signals()?;
     // Everything the options alone decide is checked before the file is touched.
-    if args.size == 0 || args.size % SECTOR_SIZE_BYTES != 0 {
+    if args.size == 0 || !args.size.is_multiple_of(SECTOR_SIZE_BYTES) {
         bail!(
             "--size {} must be a positive multiple of {SECTOR_SIZE_BYTES} bytes",
             args.size

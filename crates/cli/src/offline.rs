@@ -342,7 +342,7 @@ fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut value = n;
     let mut unit = None;
-    while value >= 1024 && value % 1024 == 0 && unit.is_none_or(|u| u + 1 < UNITS.len()) {
+    while value >= 1024 && value.is_multiple_of(1024) && unit.is_none_or(|u| u + 1 < UNITS.len()) {
         value /= 1024;
         unit = Some(unit.map_or(0, |u| u + 1));
     }

@@ -751,7 +751,9 @@ impl Engine {
     }
 
     fn check_range(&self, offset_bytes: u64, len_bytes: u64) -> Result<()> {
-        if offset_bytes % SECTOR_SIZE_BYTES != 0 || len_bytes % SECTOR_SIZE_BYTES != 0 {
+        if !offset_bytes.is_multiple_of(SECTOR_SIZE_BYTES)
+            || !len_bytes.is_multiple_of(SECTOR_SIZE_BYTES)
+        {
             return Err(Error::InvalidArgument(format!(
                 "offset {offset_bytes} and length {len_bytes} must be multiples of {SECTOR_SIZE_BYTES}"
             )));

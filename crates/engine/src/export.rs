@@ -236,7 +236,10 @@ impl Export {
     /// must lie inside one run and come in increasing order.
     pub fn read(&mut self, first_block: u64, buf: &mut [u8]) -> Result<()> {
         let block = BLOCK_SIZE_BYTES as usize;
-        assert!(!buf.is_empty() && buf.len() % block == 0, "whole blocks");
+        assert!(
+            !buf.is_empty() && buf.len().is_multiple_of(block),
+            "whole blocks"
+        );
         let count = (buf.len() / block) as u64;
         assert!(
             self.runs

@@ -82,7 +82,7 @@ fn run_case(seed: u64) {
                     let fua = rng.chance(1, 10);
                     // Half the plain ones the way a connection's reader takes large writes
                     // (chosen by id: each seed draws what it drew before).
-                    let ok = if !fua && id % 2 == 0 {
+                    let ok = if !fua && id.is_multiple_of(2) {
                         reserved_write(&e, first * 512, &data, id, &mut || Ok(())).is_ok()
                     } else {
                         e.write(first * 512, &data, fua).is_ok()

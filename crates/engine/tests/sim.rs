@@ -1364,7 +1364,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
                 continue;
             }
             // Chosen by the trace so far, not the seed's stream: schedules stay as they were.
-            if case.trace % 16 == 0 {
+            if case.trace.is_multiple_of(16) {
                 // At a random moment, the backing device alone (every write it received kept:
                 // one of the states a power cut now could leave).
                 case.note("backing check");

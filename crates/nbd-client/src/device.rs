@@ -290,7 +290,8 @@ impl NbdDevice {
     }
 
     fn check_range(&self, offset: u64, len_bytes: u64) -> io::Result<()> {
-        if offset % SECTOR_SIZE_BYTES != 0 || len_bytes % SECTOR_SIZE_BYTES != 0 {
+        if !offset.is_multiple_of(SECTOR_SIZE_BYTES) || !len_bytes.is_multiple_of(SECTOR_SIZE_BYTES)
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("unaligned device IO: offset {offset} length {len_bytes}"),

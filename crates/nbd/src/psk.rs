@@ -43,7 +43,7 @@ pub fn parse_psk_file(text: &str) -> Result<Vec<(String, Vec<u8>)>, PskLineError
 }
 
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     (0..hex.len())

@@ -42,7 +42,7 @@ pub(crate) fn read_cached<'a>(
     request: &Request,
 ) -> Option<&'a [u8]> {
     let sector_bytes = crate::limits::SECTOR_BYTES;
-    if request.offset_bytes % sector_bytes != 0
+    if !request.offset_bytes.is_multiple_of(sector_bytes)
         || u64::from(request.length_bytes) % sector_bytes != 0
         || request.length_bytes > INLINE_READ_MAX_BYTES
     {

@@ -65,7 +65,7 @@ const OUT_BYTES: usize = BURST_MAX_BYTES as usize + (MAX_BURST_READS + 1) * DATA
 pub(crate) fn burstable(connection: &Connection, request: &Request) -> bool {
     request.command == Command::Read
         && request.length_bytes <= BURST_READ_MAX_BYTES
-        && request.offset_bytes % SECTOR_BYTES == 0
+        && request.offset_bytes.is_multiple_of(SECTOR_BYTES)
         && u64::from(request.length_bytes) % SECTOR_BYTES == 0
         && !connection.server.export.is_slow()
         && !connection.stream.is_tls()

@@ -151,7 +151,7 @@ fn modify(
 }
 
 fn is_aligned(offset_bytes: u64, length_bytes: u64) -> bool {
-    offset_bytes % SECTOR_BYTES == 0 && length_bytes % SECTOR_BYTES == 0
+    offset_bytes.is_multiple_of(SECTOR_BYTES) && length_bytes.is_multiple_of(SECTOR_BYTES)
 }
 
 /// The smallest sector-aligned range containing `[offset, offset + length)`, as (offset, length).

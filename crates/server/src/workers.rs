@@ -290,7 +290,7 @@ fn batchable(job: &Job) -> bool {
     !job.declined
         && request.command == Command::Read
         && request.length_bytes <= BATCHED_READ_MAX_BYTES
-        && request.offset_bytes % SECTOR_BYTES == 0
+        && request.offset_bytes.is_multiple_of(SECTOR_BYTES)
         && u64::from(request.length_bytes) % SECTOR_BYTES == 0
 }
 

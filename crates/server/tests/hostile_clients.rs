@@ -242,7 +242,11 @@ fn hostile_clients_are_refused_and_others_keep_being_served() {
                 let offset_bytes = (round % 256) * 4096;
                 let data = pattern(round, 4096);
                 let write = Request {
-                    flags: if round % 5 == 0 { CMD_FLAG_FUA } else { 0 },
+                    flags: if round.is_multiple_of(5) {
+                        CMD_FLAG_FUA
+                    } else {
+                        0
+                    },
                     command: NbdCommand::Write,
                     cookie: 2 * round,
                     offset_bytes,

@@ -38,8 +38,8 @@ impl Engine {
         len_bytes: u64,
     ) -> Result<Option<WriteReservation>> {
         self.check_range(offset_bytes, len_bytes)?;
-        let whole_blocks = offset_bytes % BLOCK_SIZE_BYTES == 0
-            && len_bytes % BLOCK_SIZE_BYTES == 0
+        let whole_blocks = offset_bytes.is_multiple_of(BLOCK_SIZE_BYTES)
+            && len_bytes.is_multiple_of(BLOCK_SIZE_BYTES)
             && len_bytes > 0
             && len_bytes <= RESERVED_WRITE_MAX_BYTES;
         if !whole_blocks || !plain_write_back(&self.inner) {

@@ -53,7 +53,7 @@ const CRC_OFFSET: usize = TABLE_SIZE_BYTES - 4;
 
 const _: () =
     assert!(ENTRIES_OFFSET + ENTRY_SIZE_BYTES * CHECKPOINT_SLOTS_MAX as usize <= CRC_OFFSET);
-const _: () = assert!(PAGE_BITS_BYTES % 8 == 0);
+const _: () = assert!(PAGE_BITS_BYTES.is_multiple_of(8));
 
 /// Bitmap pages one checkpoint needs for a disk of `exported_blocks` blocks.
 pub fn pages_per_slot(exported_blocks: u64) -> u32 {

@@ -40,8 +40,8 @@ pub const SEGMENT_SIZE_DEFAULT_BYTES: u64 = 1 << 20;
 pub const SEGMENT_COUNT_MIN: u64 = 4;
 
 const _: () = assert!(SECTORS_PER_BLOCK == 8, "masks are one byte");
-const _: () = assert!(SUPERBLOCK_REGION_BYTES % BLOCK_SIZE_BYTES == 0);
-const _: () = assert!(SEGMENT_SIZE_MIN_BYTES % BLOCK_SIZE_BYTES == 0);
+const _: () = assert!(SUPERBLOCK_REGION_BYTES.is_multiple_of(BLOCK_SIZE_BYTES));
+const _: () = assert!(SEGMENT_SIZE_MIN_BYTES.is_multiple_of(BLOCK_SIZE_BYTES));
 const _: () = assert!(SEGMENT_SIZE_MAX_BYTES / BLOCK_SIZE_BYTES <= u16::MAX as u64);
 
 /// CRC32C of `bytes`, salted with the cache's format id so that structures from an earlier

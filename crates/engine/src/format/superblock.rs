@@ -215,12 +215,12 @@ impl Superblock {
         let seg = self.segment_size_bytes as u64;
         let bad = |what: &str| Err(Error::Corruption(format!("superblock: {what}")));
         if !(SEGMENT_SIZE_MIN_BYTES..=SEGMENT_SIZE_MAX_BYTES).contains(&seg)
-            || seg % BLOCK_SIZE_BYTES != 0
+            || !seg.is_multiple_of(BLOCK_SIZE_BYTES)
         {
             return bad(&format!("segment size {seg} out of range"));
         }
         if self.segments_offset_bytes < SUPERBLOCK_REGION_BYTES
-            || self.segments_offset_bytes % BLOCK_SIZE_BYTES != 0
+            || !self.segments_offset_bytes.is_multiple_of(BLOCK_SIZE_BYTES)
         {
             return bad("segments offset");
         }
@@ -239,7 +239,7 @@ impl Superblock {
             return bad("more cache blocks than 2^32-1");
         }
         if self.exported_size_bytes == 0
-            || self.exported_size_bytes % BLOCK_SIZE_BYTES != 0
+            || !self.exported_size_bytes.is_multiple_of(BLOCK_SIZE_BYTES)
             || self.exported_size_bytes > self.backing_size_bytes
         {
             return bad("exported size");

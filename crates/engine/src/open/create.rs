@@ -61,7 +61,7 @@ pub fn format_cache(
 ) -> Result<Superblock> {
     let seg = opts.segment_size_bytes;
     if !(SEGMENT_SIZE_MIN_BYTES..=SEGMENT_SIZE_MAX_BYTES).contains(&seg)
-        || seg % BLOCK_SIZE_BYTES != 0
+        || !seg.is_multiple_of(BLOCK_SIZE_BYTES)
     {
         return Err(Error::InvalidArgument(format!(
             "segment size {seg} must be a multiple of 4 KiB from 32 KiB to 16 MiB"

@@ -464,7 +464,10 @@ pub fn block_status(len_bytes: u64, out: &mut Vec<Extent>) {
 
 /// The sectors of a request (requests are sector-aligned).
 fn sectors(offset_bytes: u64, len_bytes: u64) -> (u64, u64) {
-    debug_assert!(offset_bytes % SECTOR_SIZE_BYTES == 0 && len_bytes % SECTOR_SIZE_BYTES == 0);
+    debug_assert!(
+        offset_bytes.is_multiple_of(SECTOR_SIZE_BYTES)
+            && len_bytes.is_multiple_of(SECTOR_SIZE_BYTES)
+    );
     (
         offset_bytes / SECTOR_SIZE_BYTES,
         len_bytes / SECTOR_SIZE_BYTES,

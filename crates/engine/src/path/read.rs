@@ -472,7 +472,7 @@ fn read_runs(inner: &Inner, targets: &mut [CachedRead<'_>], s: &mut Scratch) {
             }
             let run_bytes = count * BLOCK;
             let whole = first.in_block == 0 && last.len == BLOCK;
-            run.direct = whole && (buf_addr + first.dst_start) % 4096 == 0;
+            run.direct = whole && (buf_addr + first.dst_start).is_multiple_of(4096);
             let dst = if run.direct {
                 assert!(first.dst_start >= buf_at);
                 let rest = std::mem::take(&mut buf_rest);

@@ -48,7 +48,7 @@ pub fn reserve(inner: &Inner, offset_bytes: u64, len_bytes: u64) -> Result<Optio
         0,
         "a reservation of part of a block"
     );
-    assert!(len_bytes > 0 && len_bytes % BLOCK_SIZE_BYTES == 0);
+    assert!(len_bytes > 0 && len_bytes.is_multiple_of(BLOCK_SIZE_BYTES));
     let (lba, count) = (
         offset_bytes / BLOCK_SIZE_BYTES,
         len_bytes / BLOCK_SIZE_BYTES,

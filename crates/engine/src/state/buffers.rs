@@ -67,7 +67,7 @@ impl SegmentBuffers {
     }
 
     fn ready_at(&self, buf: u32, offset_bytes: usize) -> &ReadyCrc {
-        assert!(offset_bytes % BLOCK == 0 && offset_bytes < self.segment_size_bytes);
+        assert!(offset_bytes.is_multiple_of(BLOCK) && offset_bytes < self.segment_size_bytes);
         let per_buffer = self.segment_size_bytes / BLOCK;
         &self.ready[buf as usize * per_buffer + offset_bytes / BLOCK]
     }
