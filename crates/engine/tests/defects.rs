@@ -1626,15 +1626,19 @@ fn a_chunk_a_writer_sealed_is_synced_by_its_own_writes_deadline() {
     e.close().unwrap();
 }
 
-/// Long sweep, seed 120988: a writeback batch wrote its blocks to the backing device; another
-/// thread's backing sync then failed, and the device dropped every write no sync covered (as
-/// Linux's page cache may after a writeback error), the batch's included; the batch's own
-/// sync succeeded and it marked the blocks clean on its strength. In the sim the batch was the
-/// rewrite of a write-through FUA write that an earlier failed sync had lost; its cached copy
-/// was a hole in the log, so after a power cut the sector read its old data. Now a batch
-/// whose writes and sync a failed sync came between is written and synced again.
-#[test]
-fn a_writeback_batch_is_not_marked_clean_by_a_sync_after_one_that_dropped_it() {
+/// A dirty block (40) durable in the cache, a write-through write (block 8) whose sync a flush
+/// owes the backing device, and a writeback batch of block 40 held on the backing device after
+/// its write, before it returns (the set-up of the two failed-sync tests below).
+struct HeldBatch {
+    pair: SimPair,
+    faulty: Arc<FaultDevice>,
+    backing: Arc<GateDevice>,
+    e: Engine,
+    lba: u64,
+    batch: std::thread::JoinHandle<logcache_engine::Result<u64>>,
+}
+
+fn writeback_batch_held_at_its_write() -> HeldBatch {
     let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
     let lba = 40u64;
     pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
@@ -1664,6 +1668,33 @@ fn a_writeback_batch_is_not_marked_clean_by_a_sync_after_one_that_dropped_it() {
         backing.wait_held(OpKind::Write, 1, HANG),
         "writeback never wrote the dirty block"
     );
+    HeldBatch {
+        pair,
+        faulty,
+        backing,
+        e,
+        lba,
+        batch,
+    }
+}
+
+/// Long sweep, seed 120988: a writeback batch wrote its blocks to the backing device; another
+/// thread's backing sync then failed, and the device dropped every write no sync covered (as
+/// Linux's page cache may after a writeback error), the batch's included; the batch's own
+/// sync succeeded and it marked the blocks clean on its strength. In the sim the batch was the
+/// rewrite of a write-through FUA write that an earlier failed sync had lost; its cached copy
+/// was a hole in the log, so after a power cut the sector read its old data. Now a batch
+/// whose writes and sync a failed sync came between is written and synced again.
+#[test]
+fn a_writeback_batch_is_not_marked_clean_by_a_sync_after_one_that_dropped_it() {
+    let HeldBatch {
+        pair,
+        faulty,
+        backing,
+        e,
+        lba,
+        batch,
+    } = writeback_batch_held_at_its_write();
     // Meanwhile the flush's backing sync fails, and the device drops every unsynced write.
     faulty.fail_next(OpKind::Flush, 1, FaultKind::Io);
     let flusher = e.clone();
@@ -1705,32 +1736,14 @@ fn until_done_or_a_sync_waits(e: &Engine, done: impl Fn() -> bool) {
 /// sync returns only once every sync in flight beside it has ended (`backing.rs`).
 #[test]
 fn a_writeback_batch_is_not_marked_clean_while_the_sync_that_dropped_it_returns() {
-    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
-    let lba = 40u64;
-    pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
-    let faulty = Arc::new(FaultDevice::new(pair.backing()));
-    let backing = Arc::new(GateDevice::new(faulty.clone()));
-    let opts = OpenOptions {
-        seal_interval_ms: Some(1000),
-        ..manual(4 * SEG_64K)
-    };
-    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
-    // A write-through write, so a flush owes the backing device a sync.
-    e.set_tunable("cache_mode", "write-through").unwrap();
-    e.write(8 * 4096, &[0x33; 4096], false).unwrap();
-    e.set_tunable("cache_mode", "write-back").unwrap();
-    // A dirty block, durable in the cache (a due periodic seal, not a flush).
-    e.write(lba * 4096, &[0x22; 4096], false).unwrap();
-    e.seal_if_due(Instant::now() + Duration::from_secs(3600));
-    e.run_flusher().unwrap();
-    // Writeback's write reaches the backing device and is held before it returns.
-    backing.hold_after(OpKind::Write);
-    let wb = e.clone();
-    let batch = std::thread::spawn(move || wb.writeback_step(16));
-    assert!(
-        backing.wait_held(OpKind::Write, 1, HANG),
-        "writeback never wrote the dirty block"
-    );
+    let HeldBatch {
+        pair,
+        faulty,
+        backing,
+        e,
+        lba,
+        batch,
+    } = writeback_batch_held_at_its_write();
     // A flush's backing sync fails, the device drops every unsynced write, and the failed
     // sync is held before it returns to its thread.
     backing.hold_next_after(OpKind::Flush);
