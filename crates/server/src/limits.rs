@@ -38,9 +38,14 @@ pub const LARGE_READ_MIN_BYTES: u32 = 256 << 10;
 pub const UNIX_SEND_BUFFER_BYTES: usize = 4 << 20;
 /// Worker threads per connection serving the engine: every READ and every command that waits
 /// for a device runs on one, so this is how many IOs one connection can have at the devices at
-/// once. A cached read is one device read per run; 16 keeps a queue of 32 mostly in flight on a
-/// few cores without a thread per request (nbdkit's default pool is 16 too).
-pub const MAX_WORKERS_PER_CONNECTION: usize = 16;
+/// once. Cached reads need few (a worker takes up to `MAX_BATCHED_READS` small ones in one
+/// device submission, and the reader serves bursts itself), but a read miss holds its worker
+/// for the backing device's whole IO: 32 lets a client's queue of 32 misses wait at a disk
+/// together, as deep as SATA's NCQ reorders. With 16, 4 KiB misses at iodepth 32 reached the
+/// emulated HDD 16 at a time, 0.98 of the disk alone against 1.00 with 32 (BENCHMARKS.md,
+/// 2026-11-27). Threads start on demand, so a connection that never has that many requests
+/// waiting never starts them.
+pub const MAX_WORKERS_PER_CONNECTION: usize = 32;
 /// A worker that takes a small READ also takes the small READs queued right behind it, up to
 /// this many in all, and serves them as one batch: their cache-device reads go to the kernel in
 /// one submission (one system call, one doorbell for the device) instead of one `pread` and one

@@ -135,6 +135,44 @@ fn a_partly_cached_read_never_holds_up_the_reader() {
     assert_eq!(data, model);
 }
 
+/// A client's queue of 32 read misses reaches the backing device whole: all 32 wait at its
+/// door together, so a disk that reorders its queue (NCQ is 32 deep) sees every one of them.
+/// (With 16 workers per connection, 16 waited there and 16 behind them in the server.) Once
+/// released, each reply carries the backing device's data.
+#[test]
+fn thirty_two_read_misses_wait_at_the_backing_device_together() {
+    const MISSES: u64 = 32;
+    let gated = Gated::start("misses-together");
+    let mut client = RawClient::go(&gated.socket, true, false);
+    gated.gate.hold(OpKind::Read);
+    // Blocks 50 apart: none is cached, no two are one run.
+    let block_of = |i: u64| 100 + i * 50;
+    for i in 0..MISSES {
+        client.send_request(
+            &request(NbdCommand::Read, 40 + i, block_of(i) * BLOCK, BLOCK as u32),
+            &[],
+        );
+    }
+    assert!(
+        gated.gate.wait_held(OpKind::Read, MISSES as u32, HELD),
+        "the {MISSES} misses never waited at the backing device together"
+    );
+    gated.gate.release(OpKind::Read);
+    let backing = pattern(99, (8 * MIB) as usize);
+    let mut answered = std::collections::BTreeSet::new();
+    for _ in 0..MISSES {
+        let (cookie, failed, data) = read_structured_reply(&mut client);
+        assert!(!failed, "miss {cookie} failed");
+        let at = (block_of(cookie - 40) * BLOCK) as usize;
+        assert!(
+            data == backing[at..at + BLOCK as usize],
+            "miss {cookie} returned other data"
+        );
+        answered.insert(cookie);
+    }
+    assert_eq!(answered, (40..40 + MISSES).collect());
+}
+
 /// A large READ the cache holds on the cache device goes to a worker, not the reader: while
 /// its device read is held at the gate, the reader still takes a write behind it and answers
 /// a read of that write; once released, the large read returns its data. (Served on the
