@@ -52,6 +52,8 @@ mod reserved_write;
 pub use reserved_write::{WriteReservation, RESERVED_WRITE_MAX_BYTES};
 
 #[cfg(test)]
+mod bypass_room_race_tests;
+#[cfg(test)]
 mod close_race_tests;
 #[cfg(test)]
 mod room_wake_tests;

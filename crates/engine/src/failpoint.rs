@@ -21,6 +21,18 @@ pub fn backing_sync_failed(_inner: &crate::inner::Inner) {
     imp::backing_sync_failed(_inner);
 }
 
+/// In `path::bypass::log_drop_range`, after a bypass write waited for room in the log and
+/// before it looks at its blocks again: the hook runs with the state lock released, as it was
+/// during the wait, so a test can put another write of those blocks in that window.
+#[inline(always)]
+pub fn bypass_waited_for_room(
+    _inner: &crate::inner::Inner,
+    _st: &mut crate::sync::MutexGuard<'_, crate::state::State>,
+) {
+    #[cfg(test)]
+    imp::bypass_waited_for_room(_inner, _st);
+}
+
 /// The flusher finished one pass of its loop (it is about to wait, step again or exit); called
 /// with the state lock held, so a test that saw the count move knows the pass's decision.
 #[inline(always)]
@@ -56,6 +68,7 @@ mod imp {
     pub struct Failpoints {
         close_between_holds: Mutex<Option<Hook>>,
         backing_sync_failed: Mutex<Option<Hook>>,
+        bypass_waited_for_room: Mutex<Option<Hook>>,
         flusher_passes: Mutex<u64>,
         flusher_passed: Condvar,
     }
@@ -69,6 +82,11 @@ mod imp {
         /// Runs `hook` (once) at `backing_sync_failed`.
         pub fn on_backing_sync_failed(&self, hook: impl Fn(&Inner) + Send + Sync + 'static) {
             *self.backing_sync_failed.lock() = Some(Box::new(hook));
+        }
+
+        /// Runs `hook` (once, with the state lock released) at `bypass_waited_for_room`.
+        pub fn on_bypass_waited_for_room(&self, hook: impl Fn(&Inner) + Send + Sync + 'static) {
+            *self.bypass_waited_for_room.lock() = Some(Box::new(hook));
         }
 
         pub fn flusher_passes(&self) -> u64 {
@@ -119,6 +137,16 @@ mod imp {
         let hook = inner.failpoints.backing_sync_failed.lock().take();
         if let Some(hook) = hook {
             hook(inner);
+        }
+    }
+
+    pub(super) fn bypass_waited_for_room(
+        inner: &Inner,
+        st: &mut crate::sync::MutexGuard<'_, crate::state::State>,
+    ) {
+        let hook = inner.failpoints.bypass_waited_for_room.lock().take();
+        if let Some(hook) = hook {
+            crate::sync::unlocked(st, || hook(inner));
         }
     }
 

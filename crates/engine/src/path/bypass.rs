@@ -131,6 +131,7 @@ fn log_drop_range<'a>(
             return Ok((st, true));
         }
         st = wait_for_room(inner, st)?;
+        crate::failpoint::bypass_waited_for_room(inner, &mut st);
         if any_dirty(&st, first, end) || st.bypass.writing_any(first, end) {
             return Ok((st, false));
         }
