@@ -212,6 +212,10 @@ fn write_block(
         st.changes.mark(lba, 1, seq);
         st.bypass.spoil_trims(lba, lba + 1);
         count_write(&mut st, hit, new_mask);
+        drop(st);
+        // The next block of this chunk is most likely the next write's: hinted now, outside
+        // the lock, its lines arrive while the caller works instead of under the next copy.
+        inner.buffers.prefetch_block_for_write(nbuf, noff + BLOCK);
         return Ok(());
     }
 }

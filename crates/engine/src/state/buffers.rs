@@ -52,12 +52,29 @@ struct ReadyCrc {
     crc: AtomicU32,
 }
 
+/// Touches every page of `memory` once, so the kernel allocates (and zeroes) it now, at open,
+/// rather than under the first write to reach it: with huge pages that first write paid for
+/// zeroing 2 MiB, and in `bench engine` the first pass over the buffers was 14% of the writer's
+/// CPU samples and writes stalled milliseconds each (BENCHMARKS.md, issue 20). Writing a zero
+/// to memory that is already zero changes nothing else.
+fn prefault(memory: &AlignedBuf) {
+    const PAGE_BYTES: usize = 4096;
+    let base = memory.as_mut_ptr();
+    for off in (0..memory.len()).step_by(PAGE_BYTES) {
+        // SAFETY: `off` is inside the buffer, which nothing else can reach yet; volatile, so the
+        // store of a zero over a zero is not optimised away.
+        unsafe { base.add(off).write_volatile(0) };
+    }
+}
+
 impl SegmentBuffers {
     pub fn new(count: u32, segment_size_bytes: u64) -> SegmentBuffers {
         assert!(count >= 2);
         assert_eq!(segment_size_bytes % BLOCK as u64, 0);
+        let memory = AlignedBuf::new_huge_pages(count as usize * segment_size_bytes as usize);
+        prefault(&memory);
         SegmentBuffers {
-            memory: AlignedBuf::new_huge_pages(count as usize * segment_size_bytes as usize),
+            memory,
             count,
             segment_size_bytes: segment_size_bytes as usize,
             ready: (0..count as usize * segment_size_bytes as usize / BLOCK)
@@ -109,6 +126,31 @@ impl SegmentBuffers {
         // SAFETY: in bounds of the mapping (`count` buffers of `segment_size_bytes`), checked
         // above.
         unsafe { self.memory.as_mut_ptr().add(start_bytes) }
+    }
+
+    /// Hints the CPU to bring the block at `offset_bytes` of buffer `buf` into its cache for
+    /// writing (a hint only: no access, no fault, no lock needed), when that block is in
+    /// bounds. The write path hints the block the open chunk hands out next: each block is a
+    /// 4 KiB page of its own, which the hardware prefetcher does not cross, so a copy into a
+    /// block nobody touched lately waited for each of its lines (BENCHMARKS.md, issue 20).
+    #[inline]
+    pub fn prefetch_block_for_write(&self, buf: u32, offset_bytes: usize) {
+        if buf >= self.count || offset_bytes + BLOCK > self.segment_size_bytes {
+            return;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let start = self.ptr(buf, offset_bytes, BLOCK);
+            for line in (0..BLOCK).step_by(64) {
+                // SAFETY: a prefetch is only a hint; it never faults, and the address is in
+                // bounds (checked by `ptr`).
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_ET0 }>(
+                        start.add(line).cast::<i8>(),
+                    )
+                };
+            }
+        }
     }
 
     /// Shared view of `len_bytes` at `offset_bytes` of buffer `buf`.
