@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Where a slow foreground read's time goes (issue 20: foreground read p99.9 ≤ 1 ms with
+# writeback running), traced per request with bpftrace: the `wb` case of
+# scripts/bench-read-tail.sh (fio 4 KiB random reads at iodepth 1 over 64 MiB, beside 4 KiB
+# random writes at iodepth 4 on another region; logcache write-back, writeback threshold 0%,
+# over an EMULATED HDD on /dev/shm; cache file in DIR) with trace-read-tail.bt attached, then
+# trace-read-tail.py: the foreground's device reads by what else was in flight at their issue
+# (writeback's reads, the flusher's segment writes, other processes' IO), and the slow
+# requests' stages (device, the server thread's or the client's wake-ups, lock waits).
+# The tracing costs CPU (every block request and foreground request is printed): read the
+# shares, not the absolute tail. Needs bpftrace (apt-get install bpftrace) and root.
+#
+# usage: scripts/trace-read-tail.sh [RUNTIME_S=8] [DIR=/var/tmp]   (LOGCACHE_BIN picks the binary)
+set -euo pipefail
+runtime=${1:-8}
+base=${2:-/var/tmp}
+root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/scripts/lib/bench.sh"
+bin=${LOGCACHE_BIN:-$root/target/release/logcache}
+bench_bin=$(dirname "$bin")/logcache-bench
+[ -x "$bin" ] && [ -x "$bench_bin" ] ||
+    (cd "$root" && cargo build --release -q -p logcache -p logcache-bench)
+command -v bpftrace >/dev/null || { echo "trace-read-tail: bpftrace is not installed" >&2; exit 1; }
+dir=$(mktemp -d "$base/lcreadtrace.XXXXXX")
+hdd_dir=$(mktemp -d /dev/shm/lcreadtrace-hdd.XXXXXX)
+pids=()
+cleanup() {
+    kill_and_remove "$dir" "${pids[@]}"
+    rm -rf "$hdd_dir"
+}
+trap cleanup EXIT
+# The cache device's dev_t as the block tracepoints give it: (major << 20) | minor.
+read -r major minor < <(stat -c '%d' "$dir" | awk '{printf "%d %d\n", int($1 / 256) % 4096, $1 % 256}')
+dev=$(((major << 20) | minor))
+start_sim_hdd "$bench_bin" "$hdd_dir/hdd.img" 8G "$dir/hdd.sock" "$dir/hdd.log"
+pids+=("$sim_hdd_pid")
+lc_serve_fresh "$bin" "$dir" lc "nbd+unix:///?socket=$dir/hdd.sock" \
+    --set writeback_threshold_percent=0
+pids+=("$lc_lc")
+uri="nbd+unix:///?socket=$dir/lc.sock"
+wait_nbd "$uri" "$lc_lc" "$dir/lc.log"
+fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size=64M \
+    --output-format=terse >/dev/null
+"$bin" drain --control "$dir/lc.ctl" >/dev/null 2>&1
+fio --name=fg --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=1 --time_based \
+    --runtime="$((runtime + 3))" --norandommap --randrepeat=0 --size=64M \
+    --name=bg --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=4 --offset=64M \
+    --size=64M --time_based --runtime="$((runtime + 3))" --output="$dir/fio.json" \
+    --output-format=json >/dev/null &
+fio_pid=$!
+fg=""
+while [ -z "$fg" ]; do # fio's job processes: the first is fg
+    sleep 0.1
+    kids=($(pgrep -P "$fio_pid" | sort -n)) || true
+    [ ${#kids[@]} -ge 2 ] && fg=${kids[0]}
+done
+sleep 1
+timeout "$runtime" bpftrace "$root/scripts/trace-read-tail.bt" "$lc_lc" "$fg" "$dev" \
+    >"$dir/trace.txt" 2>"$dir/bpftrace.err" || true
+wait "$fio_pid"
+echo "traced ${runtime} s at load $(cut -d' ' -f1 /proc/loadavg) ($(date -u +%H:%M:%S) UTC)"
+/usr/bin/python3 "$root/scripts/trace-read-tail.py" "$dir/trace.txt"
