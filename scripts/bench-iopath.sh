@@ -36,7 +36,7 @@
 #
 # The data (DATA_MIB, written sequentially through each server) is in place first; logcache's
 # is then drained (clean, on the cache device: every read is a hit there; LOGCACHE_DIRTY=1
-# leaves it dirty). Jobs (JOBS, a grep -E pattern on the names; default all): 1 MiB
+# leaves it dirty, with writeback kept from starting). Jobs (JOBS, a grep -E pattern on the names; default all): 1 MiB
 # sequential read iodepth 8, 4 KiB random read iodepth 32 and 1, 1 MiB sequential write
 # iodepth 8; with the HDD servers, 4 KiB random read misses iodepth 32 (hdd, logcache-hdd)
 # and 4 KiB random writes iodepth 16 (hdd, logcache-wt), over the disk's 8 GiB; and 4 KiB
@@ -112,9 +112,17 @@ start() { # $1 server name
         fi
         truncate -s 8G "$dir/$s-backing.img"
         truncate -s "${CACHE_GIB:-4}G" "$dir/$s-cache.img"
+        # Dirty: writeback never starts (no dirty-share trigger, no idle trigger), as in
+        # bench/run's iopath section. With the default 1 s idle trigger, a server idle while the
+        # others filled and measured wrote its data back during its own read turns (and was
+        # then clean): the same binary listed first read 0.79 of itself listed second.
+        local sets=()
+        if [ "${LOGCACHE_DIRTY:-0}" = 1 ]; then
+            sets=(--set writeback_threshold_percent=100 --set writeback_idle_ms=0)
+        fi
         "$run_bin" format --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" >/dev/null
         "$run_bin" serve --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" \
-            --socket "$sock" --io-engine "$engine" >"$dir/$s.log" 2>&1 &
+            --socket "$sock" --io-engine "$engine" "${sets[@]}" >"$dir/$s.log" 2>&1 &
         ;;
     nbdkit-null)
         nbdkit -f -U "$sock" null "${hdd_gib}G" >"$dir/$s.log" 2>&1 &
