@@ -139,8 +139,10 @@ const FOUND_LOSS_SEEDS: [u64; 5] = [50_030, 100_940, 101_575, 101_855, 104_622];
 /// (full) was never synced, the periodic seal watching only the open chunk; 120988: the
 /// flusher's backing sync failed between a writeback batch's writes and its own sync, and the
 /// batch was marked clean; 181568: a write-around's drop range, logged after a wait for log
-/// room, killed the dirty copy a concurrent partial write made meanwhile; docs/RELIABILITY.md).
-const FOUND_SEEDS: [u64; 4] = [107_844, 118_513, 120_988, 181_568];
+/// room, killed the dirty copy a concurrent partial write made meanwhile; 203777: a reserved
+/// write published with the log full charged the older copies it replaced to a chunk that could
+/// not open, and the head segment waited for its sync for ever; docs/RELIABILITY.md).
+const FOUND_SEEDS: [u64; 5] = [107_844, 118_513, 120_988, 181_568, 203_777];
 /// Steps after a cache loss by which every request and background IO must have stopped.
 const DEAD_STEPS_MAX: u64 = 20_000;
 /// The cache modes a cache-loss schedule fixes (`Case::fixed_mode`).

@@ -183,7 +183,8 @@ fn publish(inner: &Inner, st: &mut State, res: &Reserved) {
             }
             st.set_dirty_mask(c, FULL_MASK);
             if let Some(p) = prev {
-                st.retire(p, lba);
+                // This entry is in the run's chunk, not in the one being filled now.
+                st.retire_recorded_in(p, lba, r.chunk_seq);
             }
             super::write::count_write(st, prev.is_some(), FULL_MASK);
             if let Some((buffer, start_block, meta_blocks)) = queued {

@@ -129,24 +129,39 @@ impl State {
     /// filled now records its replacement, so the segment may be reclaimed only once that
     /// chunk is durable (`dead_by_seq`).
     pub fn kill(&mut self, c: CacheBlock) {
+        self.kill_recorded_in(c, self.seqs.next());
+    }
+
+    /// `kill`, with the replacement recorded in chunk `seq`.
+    fn kill_recorded_in(&mut self, c: CacheBlock, seq: u64) {
         assert!(
             self.blocks.lba_of(c).is_none(),
             "killing a block the index maps"
         );
-        self.drop_live(c, Some(self.seqs.next()));
+        self.drop_live(c, Some(seq));
     }
 
     /// A block the index no longer points at (`lba`'s older copy): with `writeback_order =
     /// consistent`, a dirty copy sealed in an older flush epoch than the one writes go to now
-    /// stays as a shadow until writeback writes it back in its epoch; otherwise it dies.
+    /// stays as a shadow until writeback writes it back in its epoch; otherwise it dies. The
+    /// chunk being filled now records its replacement.
     pub fn retire(&mut self, c: CacheBlock, lba: u64) {
+        self.retire_recorded_in(c, lba, self.seqs.next());
+    }
+
+    /// `retire`, with the replacement recorded in chunk `seq`: a reserved write's blocks are
+    /// in the chunk it reserved them in, often sealed before it publishes. Charging the chunk
+    /// being filled then was wrong when none could open (the log full): the dead segment's
+    /// reclaim waited for a chunk that could only open after that reclaim, and writers
+    /// waited for room for ever (sim seed 203777).
+    pub fn retire_recorded_in(&mut self, c: CacheBlock, lba: u64, seq: u64) {
         if self.epochs.consistent() && self.blocks.dirty(c) != 0 && self.in_older_epoch(c) {
             self.blocks.add_shadow(c, lba);
             let (slot, _) = self.geo.split(c);
-            self.ring.note_shadowed(slot, self.seqs.next());
+            self.ring.note_shadowed(slot, seq);
             self.counters.shadows_kept += 1;
         } else {
-            self.kill(c);
+            self.kill_recorded_in(c, seq);
         }
     }
 
