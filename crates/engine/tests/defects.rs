@@ -1815,3 +1815,82 @@ fn a_flush_is_not_vouched_for_by_a_sync_beside_one_that_failed() {
     );
     after_a_power_cut_blocks_read(&pair, e, manual(4 * SEG_64K), &[(0, 0x44)]);
 }
+
+/// Sim seed 203777: a reserved write (a large write received straight into the log) that
+/// publishes after a writer sealed its chunk and found the log full charged the older copy it
+/// replaced to the chunk being filled next, which could open only once the head passed that
+/// copy's segment: every writer waited for room for ever. Set-up: block 0's copy in the head
+/// segment, the ring filled to its last usable segment with writeback held (the head cannot
+/// move); a flush whose chunk write is held keeps the flusher from cancelling the
+/// reservation; a reservation of block 0; a large write fills the chunk and waits for room;
+/// the reservation publishes; everything is released. The large write must complete.
+#[test]
+fn a_reserved_write_published_with_the_log_full_does_not_stop_the_head() {
+    let segments = 8u64;
+    let pair = SimPair::new(MIB + segments * SEG_64K, 64 * MIB, SEG_64K);
+    let cache = Arc::new(GateDevice::new(pair.cache()));
+    let backing = Arc::new(GateDevice::new(pair.backing()));
+    let opts = OpenOptions {
+        ram_buffer_bytes: segments * SEG_64K,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(cache.clone(), backing.clone(), opts).unwrap();
+    backing.hold(OpKind::Write);
+    e.write(0, &[0xA0; 4096], false).unwrap();
+    // Other blocks until the last segment writers may open is open.
+    let mut lba = 1u64;
+    while e.stats().segments_free > 1 {
+        assert!(lba < 1000, "the ring never filled: {:?}", e.stats());
+        e.write(lba * 4096, &[lba as u8; 4096], false).unwrap();
+        lba += 1;
+    }
+    // Log writes only (the superblock and checkpoints, before the log, pass).
+    cache.hold_range(OpKind::Write, MIB, segments * SEG_64K);
+    let sealed_before = e.stats().counters.chunks_sealed;
+    let flusher = e.clone();
+    let flush = std::thread::spawn(move || flusher.flush());
+    // The flush sealed its chunk (cancelling reservations then: none yet), and the flusher is
+    // held writing.
+    assert!(
+        eventually(|| e.stats().counters.chunks_sealed > sealed_before),
+        "the flush never sealed its chunk"
+    );
+    assert!(
+        cache.wait_held(OpKind::Write, 1, HANG),
+        "the flusher never wrote a chunk"
+    );
+    let mut reservation = e
+        .reserve_write(0, 4096)
+        .unwrap()
+        .expect("room for a reservation in the last segment");
+    for i in 0..reservation.piece_count() {
+        reservation.piece(i).fill(0xB0);
+    }
+    let waits_before = e.stats().counters.write_waits;
+    let writer = e.clone();
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done_tx.send(writer.write(2000 * 4096, &vec![0xC0; 64 * 4096], false));
+    });
+    assert!(
+        eventually(|| e.stats().counters.write_waits > waits_before),
+        "the large write never waited for room"
+    );
+    let mut redo = Vec::new();
+    assert!(
+        reservation.commit(&mut redo),
+        "the reservation gave up publishing"
+    );
+    cache.release(OpKind::Write);
+    backing.release(OpKind::Write);
+    flush.join().unwrap().unwrap();
+    done_rx
+        .recv_timeout(HANG)
+        .expect("the large write waited for room for ever: the head segment waits for the sync of a chunk that cannot open")
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    e.read(0, &mut buf).unwrap();
+    assert!(buf == [0xB0; 4096], "block 0 reads {:#x}", buf[0]);
+    e.close().unwrap();
+}
