@@ -14,6 +14,7 @@ use crate::geometry::CacheBlock;
 use crate::inner::{fail_cache, mark_failed, Inner};
 use crate::reclaim;
 use crate::state::{self, SealedChunk, State, RESERVE_SEGMENTS};
+use crate::writeback::foreground::{ReadActivity, FLUSH_IO_YIELDING_BYTES_MAX};
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 /// The flusher syncs the cache device at least once per this many bytes written, which bounds
@@ -47,6 +48,7 @@ pub fn run(inner: &Inner) {
     // Since when sealed chunks have waited for a round without being worth one
     // (`queue_wants_round`): after `QUEUED_WAKE` they get one anyway.
     let mut queued_since: Option<Instant> = None;
+    let mut reads = ReadActivity::default();
     loop {
         if st.health.is_failed() {
             break;
@@ -74,7 +76,7 @@ pub fn run(inner: &Inner) {
         }
         // A round takes the whole queue (up to `CHUNKS_PER_ROUND_MAX`).
         queued_since = None;
-        match step(inner, st) {
+        match step(inner, st, &mut reads) {
             Ok((guard, progressed)) => {
                 st = guard;
                 crate::failpoint::flusher_pass_done(inner);
@@ -186,6 +188,7 @@ pub fn seal_if_due(inner: &Inner, st: &mut State, now: Instant) {
 fn step<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
+    reads: &mut ReadActivity,
 ) -> Result<(MutexGuard<'a, State>, bool)> {
     // Chunks may say "the backing device holds this" (clean blocks: write-through copies,
     // promotions, relocations): that must not reach the cache device before the backing
@@ -245,11 +248,23 @@ fn step<'a>(
     let synced_gen = st.bypass.synced_gen();
     let synced_for_headers = st.seqs.synced();
     let mut progressed = !batch.is_empty();
+    let io_max_bytes = if reads.active(&st) {
+        FLUSH_IO_YIELDING_BYTES_MAX
+    } else {
+        usize::MAX
+    };
     drop(st);
 
     let bytes: u64 = batch.iter().map(SealedChunk::size_bytes).sum();
     let mut crcs = Vec::new();
-    let written = write_chunks(inner, &batch, synced_for_headers, synced_gen, &mut crcs);
+    let written = write_chunks(
+        inner,
+        &batch,
+        synced_for_headers,
+        synced_gen,
+        io_max_bytes,
+        &mut crcs,
+    );
     let mut st = inner.state.lock();
     let unvouched = match written {
         Ok(n) => n,
@@ -412,13 +427,15 @@ fn prepare_chunk<'a>(
 /// Writes a round's chunks, in order; chunks that follow one another on the cache device (the
 /// ring's next slots, or the next chunk of a segment) go out as one vectored IO. With small
 /// segments that turns many small writes, each paying a syscall and a device round trip, into
-/// a few large ones. `crcs` gets each data entry's (cache block, CRC); returns how many entries
-/// lost clean sectors (`prepare_chunk`).
+/// a few large ones. No IO is larger than `io_max_bytes` (pieces go out one after another: see
+/// `writeback::foreground`). `crcs` gets each data entry's (cache block, CRC); returns how many
+/// entries lost clean sectors (`prepare_chunk`).
 fn write_chunks(
     inner: &Inner,
     batch: &[SealedChunk],
     synced_seq: u64,
     synced_gen: u64,
+    io_max_bytes: usize,
     crcs: &mut Vec<(CacheBlock, u32)>,
 ) -> Result<u64> {
     let mut unvouched = 0;
@@ -440,21 +457,52 @@ fn write_chunks(
             j += 1;
         }
         let pieces: Vec<&[u8]> = prepared[i..j].iter().map(|p| p.1).collect();
-        inner.cache.write_vectored_at(&pieces, off).map_err(|e| {
-            // Status shows this line: it names the device that failed.
-            Error::io(
-                format!(
-                    "writing chunks {}..={} to the cache device {} at offset {off}",
-                    batch[i].seq,
-                    batch[j - 1].seq,
-                    inner.cache.describe()
-                ),
-                e,
-            )
-        })?;
+        for (at, io) in split_ios(off, &pieces, io_max_bytes) {
+            inner.cache.write_vectored_at(&io, at).map_err(|e| {
+                // Status shows this line: it names the device that failed.
+                Error::io(
+                    format!(
+                        "writing chunks {}..={} to the cache device {} at offset {at}",
+                        batch[i].seq,
+                        batch[j - 1].seq,
+                        inner.cache.describe()
+                    ),
+                    e,
+                )
+            })?;
+        }
         i = j;
     }
     Ok(unvouched)
+}
+
+/// Cuts one contiguous write (`pieces` from offset `off`, whole blocks) into IOs of at most
+/// `max_bytes` each (rounded down to whole blocks, at least one), in order: `(offset, pieces)`
+/// per IO.
+fn split_ios<'a>(off: u64, pieces: &[&'a [u8]], max_bytes: usize) -> Vec<(u64, Vec<&'a [u8]>)> {
+    let max_bytes = (max_bytes / BLOCK).max(1) * BLOCK;
+    let mut ios = Vec::new();
+    let mut at = off;
+    let mut cur: Vec<&'a [u8]> = Vec::new();
+    let mut cur_bytes = 0;
+    for &piece in pieces {
+        let mut rest = piece;
+        while !rest.is_empty() {
+            let take = rest.len().min(max_bytes - cur_bytes);
+            cur.push(&rest[..take]);
+            cur_bytes += take;
+            rest = &rest[take..];
+            if cur_bytes == max_bytes {
+                ios.push((at, std::mem::take(&mut cur)));
+                at += cur_bytes as u64;
+                cur_bytes = 0;
+            }
+        }
+    }
+    if !cur.is_empty() {
+        ios.push((at, cur));
+    }
+    ios
 }
 
 /// Seals the open chunk and asks for a sync covering every chunk sealed so far: returns the
@@ -494,7 +542,7 @@ pub fn sync_inline(inner: &Inner, target: u64) -> Result<()> {
         if st.seqs.synced() >= target {
             return Ok(());
         }
-        let (_st, progressed) = step(inner, st)?;
+        let (_st, progressed) = step(inner, st, &mut ReadActivity::default())?;
         assert!(
             progressed,
             "a flush target {target} the flusher cannot reach"
@@ -525,7 +573,7 @@ pub fn drain_inline(inner: &Inner, for_room: bool) -> Result<bool> {
         if for_room {
             st.room.space_waiters().enter();
         }
-        let (mut st, progressed) = step(inner, st)?;
+        let (mut st, progressed) = step(inner, st, &mut ReadActivity::default())?;
         if for_room {
             st.room.space_waiters().leave();
         }
@@ -535,4 +583,40 @@ pub fn drain_inline(inner: &Inner, for_room: bool) -> Result<bool> {
         }
     }
     panic!("the flusher made progress {rounds_max} rounds in a row without making room");
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::split_ios;
+
+    const B: usize = super::BLOCK_SIZE_BYTES as usize;
+
+    /// The IOs cover the write exactly, in order, none over the limit, each starting where the
+    /// previous one ended; without a limit, one IO.
+    #[test]
+    fn split_ios_covers_the_write_in_order_within_the_limit() {
+        let data: Vec<u8> = (0..40 * B).map(|i| (i / B) as u8).collect();
+        let pieces: Vec<&[u8]> = vec![&data[..3 * B], &data[3 * B..20 * B], &data[20 * B..]];
+        for max in [B, 4 * B, 5 * B + 100, 16 * B, 40 * B, usize::MAX] {
+            let ios = split_ios(1 << 20, &pieces, max);
+            let limit = (max / B).max(1) * B;
+            let mut at = 1u64 << 20;
+            let mut joined = Vec::new();
+            for (off, io) in &ios {
+                assert_eq!(*off, at, "contiguous, in order");
+                let len: usize = io.iter().map(|p| p.len()).sum();
+                assert!(len <= limit && len > 0 && len.is_multiple_of(B));
+                at += len as u64;
+                for p in io {
+                    joined.extend_from_slice(p);
+                }
+            }
+            assert_eq!(joined, data, "max {max}");
+            if max >= 40 * B {
+                assert_eq!(ios.len(), 1);
+            } else {
+                assert_eq!(ios.len(), (40 * B).div_ceil(limit));
+            }
+        }
+    }
 }

@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 use crate::io::BlockDevice as _;
 use crate::sync::MutexGuard;
 
+use super::foreground::{ReadActivity, WRITEBACK_READ_YIELDING_BLOCKS_MAX};
 use super::inflight;
 use crate::error::{Error, Result};
 use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
@@ -58,6 +59,8 @@ pub struct WritebackBuffers {
     ios: Vec<WbIo>,
     /// The helpers that keep `writeback_io_depth` writes in flight, kept across batches.
     io: inflight::Helpers,
+    /// Whether foreground reads came in since the last batch (its cache reads then yield).
+    reads: ReadActivity,
 }
 
 impl WritebackBuffers {
@@ -70,6 +73,7 @@ impl WritebackBuffers {
             order: Vec::with_capacity(batch_blocks_max),
             ios: Vec::with_capacity(batch_blocks_max),
             io: inflight::Helpers::default(),
+            reads: ReadActivity::default(),
         }
     }
 }
@@ -177,9 +181,16 @@ pub fn batch<'a>(
             return (st, Err(e));
         }
     }
+    // Foreground reads coming in: read the batch off the cache device in smaller pieces, so
+    // one of them waits behind at most one (see `foreground`).
+    let read_blocks_max = if bufs.reads.active(&st) {
+        WRITEBACK_READ_YIELDING_BLOCKS_MAX
+    } else {
+        RUN_BLOCKS_MAX
+    };
     st.writeback.set_busy(true);
     drop(st);
-    let res = copy_out(inner, bufs);
+    let res = copy_out(inner, bufs, read_blocks_max);
     let mut st = inner.state.lock();
     drop(order);
     for &slot in &bufs.slots {
@@ -267,13 +278,15 @@ pub fn batch<'a>(
     (st, Ok(cleaned))
 }
 
-/// Reads the batch from the cache device, verifies it and writes it to the backing device,
-/// then syncs that. Returns the indexes of blocks that failed their checksum (not written)
-/// and the bytes written.
+/// Reads the batch from the cache device (no read spans more than `read_blocks_max` blocks),
+/// verifies it and writes it to the backing device, then syncs that. Returns the indexes of
+/// blocks that failed their checksum (not written) and the bytes written.
 fn copy_out(
     inner: &Inner,
     bufs: &mut WritebackBuffers,
+    read_blocks_max: usize,
 ) -> std::result::Result<(Vec<usize>, u64), CopyError> {
+    debug_assert!((1..=RUN_BLOCKS_MAX).contains(&read_blocks_max));
     let geo = &inner.geo;
     // Read in cache order: the log is sequential, so blocks of a segment are close together.
     bufs.blocks.sort_unstable_by_key(|b| b.cache_block);
@@ -297,7 +310,7 @@ fn copy_out(
         while j < bufs.blocks.len() {
             let c = bufs.blocks[j].cache_block;
             let near = c - bufs.blocks[j - 1].cache_block <= READ_GAP_BLOCKS_MAX;
-            if !near || (c - first) as usize >= RUN_BLOCKS_MAX {
+            if !near || (c - first) as usize >= read_blocks_max {
                 break;
             }
             j += 1;

@@ -11,6 +11,7 @@
 
 pub mod batch;
 mod drain;
+pub mod foreground;
 pub mod inflight;
 mod policy;
 mod record;
