@@ -47,10 +47,7 @@ cases=${CASES:-device device-wb qemu nbdkit alone wb}
 hdd_base=${HDD_DIR:-/dev/shm}
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib/bench.sh"
-bin=${LOGCACHE_BIN:-$root/target/release/logcache}
-bench_bin=$(dirname "$bin")/logcache-bench
-[ -x "$bin" ] && [ -x "$bench_bin" ] ||
-    (cd "$root" && cargo build --release -q -p logcache -p logcache-bench)
+lc_bins "$root"
 dir=$(mktemp -d "$base/lcreadtail.XXXXXX")
 hdd_dir=$(mktemp -d "$hdd_base/lcreadtail-hdd.XXXXXX")
 hdd_dir_b=$(mktemp -d "${HDD_DIR_B:-$hdd_base}/lcreadtail-hdd.XXXXXX")

@@ -27,10 +27,7 @@ servers=${SERVERS:-logcache nbdkit-null}
 job_filter=${JOBS:-.}
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib/bench.sh"
-bin=${LOGCACHE_BIN:-$root/target/release/logcache}
-[ -x "$bin" ] || (cd "$root" && cargo build --release -q -p logcache)
-bench_bin=$(dirname "$bin")/logcache-bench
-[ -x "$bench_bin" ] || (cd "$root" && cargo build --release -q -p logcache-bench)
+lc_bins "$root"
 dir=$(mktemp -d "$base/lcwrite.XXXXXX")
 declare -A pid
 cleanup() { kill_and_remove "$dir" "${pid[@]}"; }

@@ -16,10 +16,7 @@ runtime=${1:-8}
 base=${2:-/var/tmp}
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib/bench.sh"
-bin=${LOGCACHE_BIN:-$root/target/release/logcache}
-bench_bin=$(dirname "$bin")/logcache-bench
-[ -x "$bin" ] && [ -x "$bench_bin" ] ||
-    (cd "$root" && cargo build --release -q -p logcache -p logcache-bench)
+lc_bins "$root"
 command -v bpftrace >/dev/null || { echo "trace-read-tail: bpftrace is not installed" >&2; exit 1; }
 dir=$(mktemp -d "$base/lcreadtrace.XXXXXX")
 hdd_dir=$(mktemp -d /dev/shm/lcreadtrace-hdd.XXXXXX)

@@ -33,6 +33,15 @@ kill_and_remove() {
     rm -rf "$dir"
 }
 
+# lc_bins ROOT: sets bin (LOGCACHE_BIN, else ROOT's release logcache) and bench_bin (the
+# logcache-bench beside it), building both in ROOT when either is missing.
+lc_bins() {
+    bin=${LOGCACHE_BIN:-$1/target/release/logcache}
+    bench_bin=$(dirname "$bin")/logcache-bench
+    [ -x "$bin" ] && [ -x "$bench_bin" ] ||
+        (cd "$1" && cargo build --release -q -p logcache -p logcache-bench)
+}
+
 # start_sim_hdd BENCH_BIN FILE SIZE SOCKET LOG: an EMULATED 7200 rpm disk (`logcache-bench
 # sim-hdd` over the sparse FILE of SIZE) served at SOCKET in the background; sets sim_hdd_pid
 # and returns once it answers.
