@@ -996,12 +996,21 @@ fn many_writer_threads() {
     }
 }
 
-/// A memory device that records what reaches it: discards, write-zeroes and written bytes.
+/// A memory device that records what reaches it: discards, write-zeroes, written bytes and the
+/// largest single write IO.
 #[derive(Default)]
 struct Recorded {
     discards: Vec<(u64, u64)>,
     write_zeroes: Vec<(u64, u64)>,
     written_bytes: u64,
+    largest_write_bytes: u64,
+}
+
+impl Recorded {
+    fn wrote(&mut self, len_bytes: u64) {
+        self.written_bytes += len_bytes;
+        self.largest_write_bytes = self.largest_write_bytes.max(len_bytes);
+    }
 }
 
 struct Recorder(MemDevice, std::sync::Mutex<Recorded>);
@@ -1014,8 +1023,13 @@ impl BlockDevice for Recorder {
         self.0.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
-        self.1.lock().unwrap().written_bytes += buf.len() as u64;
+        self.1.lock().unwrap().wrote(buf.len() as u64);
         self.0.write_at(buf, offset)
+    }
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> std::io::Result<()> {
+        let len_bytes: usize = bufs.iter().map(|b| b.len()).sum();
+        self.1.lock().unwrap().wrote(len_bytes as u64);
+        self.0.write_vectored_at(bufs, offset)
     }
     fn flush(&self) -> std::io::Result<()> {
         self.0.flush()
@@ -1035,6 +1049,49 @@ impl BlockDevice for Recorder {
     fn describe(&self) -> String {
         "recording memory".into()
     }
+}
+
+/// The flusher cuts its writes to let foreground reads through only while reads come in; a
+/// flush done inline (manual mode) keeps no history of reads, so it writes whole runs even
+/// after reads were served (it once cut every inline write for good after the first read).
+#[test]
+fn an_inline_flush_after_a_read_writes_whole_runs() {
+    let rec = Arc::new(Recorder(
+        MemDevice::new(64 * MIB),
+        std::sync::Mutex::new(Recorded::default()),
+    ));
+    let cache: Arc<dyn BlockDevice> = rec.clone();
+    let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 * MIB));
+    format_cache(&*cache, &*backing, &FormatOptions::default()).unwrap();
+    let opts = OpenOptions {
+        manual_flusher: true,
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(cache, backing, opts).unwrap();
+    let mut block = vec![0u8; 4096];
+    for round in 0..3u64 {
+        e.read(0, &mut block).unwrap();
+        rec.1.lock().unwrap().largest_write_bytes = 0;
+        for i in 0..32u64 {
+            let at = (round * 32 + i) * 64 * KIB;
+            e.write(at, &[round as u8 + 1; 64 * KIB as usize], false)
+                .unwrap();
+        }
+        e.flush().unwrap();
+        let largest = rec.1.lock().unwrap().largest_write_bytes;
+        assert!(
+            largest > 512 * KIB,
+            "round {round}: the inline flush wrote at most {largest} bytes at once"
+        );
+    }
+    for i in 0..96u64 {
+        e.read(i * 64 * KIB, &mut block).unwrap();
+        assert!(
+            block.iter().all(|&b| b == (i / 32) as u8 + 1),
+            "64 KiB piece {i}"
+        );
+    }
+    e.close().unwrap();
 }
 
 /// TRIM is a hint: it drops cached copies of its whole blocks (dirty ones too) and passes a

@@ -76,7 +76,7 @@ pub fn run(inner: &Inner) {
         }
         // A round takes the whole queue (up to `CHUNKS_PER_ROUND_MAX`).
         queued_since = None;
-        match step(inner, st, &mut reads) {
+        match step(inner, st, Some(&mut reads)) {
             Ok((guard, progressed)) => {
                 st = guard;
                 crate::failpoint::flusher_pass_done(inner);
@@ -188,7 +188,7 @@ pub fn seal_if_due(inner: &Inner, st: &mut State, now: Instant) {
 fn step<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
-    reads: &mut ReadActivity,
+    reads: Option<&mut ReadActivity>,
 ) -> Result<(MutexGuard<'a, State>, bool)> {
     // Chunks may say "the backing device holds this" (clean blocks: write-through copies,
     // promotions, relocations): that must not reach the cache device before the backing
@@ -248,7 +248,10 @@ fn step<'a>(
     let synced_gen = st.bypass.synced_gen();
     let synced_for_headers = st.seqs.synced();
     let mut progressed = !batch.is_empty();
-    let io_max_bytes = if reads.active(&st) {
+    // Inline rounds (manual mode, a writer draining for room) keep no history of the read
+    // counter across calls, so they write whole runs: a fresh `ReadActivity` would call any
+    // read ever counted "active" and cut every inline round's writes for good.
+    let io_max_bytes = if reads.is_some_and(|r| r.active(&st)) {
         FLUSH_IO_YIELDING_BYTES_MAX
     } else {
         usize::MAX
@@ -542,7 +545,7 @@ pub fn sync_inline(inner: &Inner, target: u64) -> Result<()> {
         if st.seqs.synced() >= target {
             return Ok(());
         }
-        let (_st, progressed) = step(inner, st, &mut ReadActivity::default())?;
+        let (_st, progressed) = step(inner, st, None)?;
         assert!(
             progressed,
             "a flush target {target} the flusher cannot reach"
@@ -573,7 +576,7 @@ pub fn drain_inline(inner: &Inner, for_room: bool) -> Result<bool> {
         if for_room {
             st.room.space_waiters().enter();
         }
-        let (mut st, progressed) = step(inner, st, &mut ReadActivity::default())?;
+        let (mut st, progressed) = step(inner, st, None)?;
         if for_room {
             st.room.space_waiters().leave();
         }
