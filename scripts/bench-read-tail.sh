@@ -21,10 +21,15 @@
 #            writes at iodepth 4 to another 64 MiB region: the flusher writes segments to the
 #            cache device and writeback reads them back and writes the backing device
 #            throughout (drained first, so every round starts alike)
-#   alone-b, wb-b  the same with the binary LOGCACHE_BIN_B (its own cache and backing): an A/B of
-#            two builds in one alternated run (HDD_DIR_B puts their emulated HDD's file
-#            elsewhere: e.g. the same build, HDD_DIR_B=/var/tmp, shows what the emulation's own
-#            file IO on the cache's device costs)
+#   held     the wb job with writeback held off (`logcache set writeback_threshold_percent=100`
+#            for the job, 0 again after it): the background writer and the flusher's segment
+#            writes without writeback's reads of the cache device and writes to the backing
+#            device, so `wb` against `held` is writeback's own share of the tail, `held` against
+#            `alone` the background writer's and the flusher's
+#   alone-b, wb-b, held-b  the same with the binary LOGCACHE_BIN_B (its own cache and
+#            backing): an A/B of two builds in one alternated run (HDD_DIR_B puts their
+#            emulated HDD's file elsewhere: e.g. the same build, HDD_DIR_B=/var/tmp, shows what
+#            the emulation's own file IO on the cache's device costs)
 # logcache's backing device is an EMULATED 7200 rpm disk (`logcache-bench sim-hdd`, an
 # emulation) over a sparse file in HDD_DIR (default /dev/shm: a real backing disk is another
 # device, so the emulation's own file IO and syncs must not queue on the cache's device;
@@ -76,8 +81,8 @@ start_logcache() {
         --size=$region --output-format=terse >/dev/null
 }
 needs() { [[ " $cases " == *" $1 "* ]]; }
-if needs alone || needs wb; then start_logcache lc "$bin"; fi
-if needs alone-b || needs wb-b; then
+if needs alone || needs wb || needs held; then start_logcache lc "$bin"; fi
+if needs alone-b || needs wb-b || needs held-b; then
     start_logcache lcb "${LOGCACHE_BIN_B:?give LOGCACHE_BIN_B for the -b cases}"
 fi
 if needs qemu; then
@@ -116,9 +121,9 @@ status_counts() { # $1 server: "blocks written back, read misses" so far
 measure() { # $1 case, $2 round
     local c=$1 out="$dir/fio-$1-$2.json" s wb0=null wb1=null resident=null
     s=${c%-b}
-    [ "$s" != "$c" ] && s=lcb || case $c in alone | wb) s=lc ;; esac
+    [ "$s" != "$c" ] && s=lcb || case $c in alone | wb | held) s=lc ;; esac
     case $c in
-    alone* | wb*)
+    alone* | wb* | held*)
         # The region written again (the newest data in the log: a log that wrapped over it
         # in earlier rounds would evict it, and reads would miss), then nothing dirty left:
         # every round starts alike.
@@ -131,7 +136,11 @@ measure() { # $1 case, $2 round
         /usr/bin/python3 -c 'import os,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)' "$dir/nbdkit.img" ;;
     esac
     case $c in
-    wb*) fio --name=fg --ioengine=nbd --uri="${uri[$s]}" "${common[@]}" --output="$out" \
+    held*) "${lc_bin[$s]}" set --control "$dir/$s.ctl" writeback_threshold_percent=100 \
+        >/dev/null ;;
+    esac
+    case $c in
+    wb* | held*) fio --name=fg --ioengine=nbd --uri="${uri[$s]}" "${common[@]}" --output="$out" \
         --name=bg --ioengine=nbd --uri="${uri[$s]}" --rw=randwrite --bs=4k --iodepth=4 \
         --offset=$region --size=$region --time_based --runtime="$runtime" >/dev/null ;;
     alone*) fio --name=fg --ioengine=nbd --uri="${uri[$s]}" "${common[@]}" --output="$out" \
@@ -146,7 +155,11 @@ measure() { # $1 case, $2 round
         --rate="${DEVICE_WB_MIBPS:-64}m" --time_based --runtime="$runtime" >/dev/null ;;
     esac
     case $c in
-    alone* | wb*) wb1=$(status_counts "$s") ;;
+    alone* | wb* | held*) wb1=$(status_counts "$s") ;;
+    esac
+    case $c in
+    held*) "${lc_bin[$s]}" set --control "$dir/$s.ctl" writeback_threshold_percent=0 \
+        >/dev/null ;;
     nbdkit) resident=$(fincore --bytes --noheadings --output RES "$dir/nbdkit.img" |
         awk '{printf "%d", $1 / 1048576}') ;;
     esac

@@ -52,8 +52,12 @@ def dom(q):
     st={'client->server wake(a)':q['a'],'pre-IO':q['pre'],'pread':q['pr'],'post-IO':q['post'],'server->client wake(b)':q['b']}
     return max(st,key=st.get)
 print(" dominant stage of slow:",Counter(dom(q) for q in slow))
+# A stage whose start or end event was missed (a thread's tid not yet known, an event lost)
+# comes out negative or beyond the request's total: left out of the sums, and counted.
 for k in ['tot','a','pre','pr','dev','post','b','rq_s','rq_c','fut','yld']:
-    print(f"  {k}: slow sum {sum(q[k] for q in slow)} median {statistics.median(q[k] for q in slow) if slow else 0}")
+    vs=[q[k] for q in slow if k=='yld' or 0<=q[k]<=q['tot']+1000]
+    print(f"  {k}: slow sum {sum(vs)} median {statistics.median(vs) if vs else 0}"
+          + (f" ({len(slow)-len(vs)} missed)" if len(vs)<len(slow) else ""))
 # among slow, pread-dominant: device part vs wake part, and in-flight context of their fg IO
 fgmap={}
 for r in fg: fgmap[r[0]]=r

@@ -10,6 +10,11 @@
 # The tracing costs CPU (every block request and foreground request is printed): read the
 # shares, not the absolute tail. Needs bpftrace (apt-get install bpftrace) and root.
 #
+# Also prints the CPU time (utime + stime) each of the server's threads, by name, used over
+# the traced window (/proc/PID/task/*/stat: the background threads' share of the two vCPUs).
+# WRITEBACK=held holds writeback off for the job (writeback_threshold_percent=100): the same
+# background writer and flusher without writeback's IO, as bench-read-tail.sh's `held` case.
+#
 # usage: scripts/trace-read-tail.sh [RUNTIME_S=8] [DIR=/var/tmp]   (LOGCACHE_BIN picks the binary)
 set -euo pipefail
 runtime=${1:-8}
@@ -39,6 +44,9 @@ wait_nbd "$uri" "$lc_lc" "$dir/lc.log"
 fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size=64M \
     --output-format=terse >/dev/null
 "$bin" drain --control "$dir/lc.ctl" >/dev/null 2>&1
+if [ "${WRITEBACK:-running}" = held ]; then
+    "$bin" set --control "$dir/lc.ctl" writeback_threshold_percent=100 >/dev/null
+fi
 fio --name=fg --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=1 --time_based \
     --runtime="$((runtime + 3))" --norandommap --randrepeat=0 --size=64M \
     --name=bg --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=4 --offset=64M \
@@ -52,8 +60,23 @@ while [ -z "$fg" ]; do # fio's job processes: the first is fg
     [ ${#kids[@]} -ge 2 ] && fg=${kids[0]}
 done
 sleep 1
+# Per thread name: summed utime + stime in clock ticks (comm is field 2, in parentheses).
+thread_ticks() {
+    for f in /proc/"$lc_lc"/task/*/stat; do cat "$f" 2>/dev/null || true; done |
+        sed -E 's/^[0-9]+ \((.*)\) /\1\t/' |
+        awk -F'\t' '{split($2, a, " "); t[$1] += a[12] + a[13]}
+            END {for (n in t) print n "\t" t[n]}'
+}
+thread_ticks >"$dir/cpu0.txt"
 timeout "$runtime" bpftrace "$root/scripts/trace-read-tail.bt" "$lc_lc" "$fg" "$dev" \
     >"$dir/trace.txt" 2>"$dir/bpftrace.err" || true
+thread_ticks >"$dir/cpu1.txt"
 wait "$fio_pid"
-echo "traced ${runtime} s at load $(cut -d' ' -f1 /proc/loadavg) ($(date -u +%H:%M:%S) UTC)"
+echo "traced ${runtime} s at load $(cut -d' ' -f1 /proc/loadavg) ($(date -u +%H:%M:%S) UTC)," \
+    "writeback ${WRITEBACK:-running}"
+echo "server CPU over the window, ms per thread name (threads that ended meanwhile not counted):"
+hz=$(getconf CLK_TCK)
+awk -F'\t' -v hz="$hz" 'NR == FNR {t0[$1] = $2; next}
+    {d = $2 - t0[$1]; if (d > 0) printf "  %-18s %7.0f\n", $1, d * 1000 / hz}' \
+    "$dir/cpu0.txt" "$dir/cpu1.txt" | sort -k2 -n -r
 /usr/bin/python3 "$root/scripts/trace-read-tail.py" "$dir/trace.txt"
