@@ -20,13 +20,20 @@
 #   wb       the same logcache while a background job in the same fio run writes 4 KiB random
 #            writes at iodepth 4 to another 64 MiB region: the flusher writes segments to the
 #            cache device and writeback reads them back and writes the backing device
-#            throughout (drained first, so every round starts alike)
+#            throughout (drained first, so every round starts alike); WB_BG_MIBPS caps the
+#            background writer (fio --rate, MiB/s; default no cap: it then takes as much CPU as
+#            it gets, and the foreground waits for a CPU behind it on a small machine)
 #   held     the wb job with writeback held off (`logcache set writeback_threshold_percent=100`
 #            for the job, 0 again after it): the background writer and the flusher's segment
 #            writes without writeback's reads of the cache device and writes to the backing
 #            device, so `wb` against `held` is writeback's own share of the tail, `held` against
 #            `alone` the background writer's and the flusher's
-#   alone-b, wb-b, held-b  the same with the binary LOGCACHE_BIN_B (its own cache and
+#   drain    writeback at full speed and no background writer: DRAIN_MIB (default 1024) of
+#            1 MiB sequential writes from byte 128 MiB on, writeback held off, then the
+#            foreground job while `logcache drain` writes them back (~100 MiB/s to the emulated
+#            HDD: writeback reads the cache device throughout; the drain is waited for before
+#            the next case)
+#   alone-b, wb-b, held-b, drain-b  the same with the binary LOGCACHE_BIN_B (its own cache and
 #            backing): an A/B of two builds in one alternated run (HDD_DIR_B puts their
 #            emulated HDD's file elsewhere: e.g. the same build, HDD_DIR_B=/var/tmp, shows what
 #            the emulation's own file IO on the cache's device costs)
@@ -81,8 +88,8 @@ start_logcache() {
         --size=$region --output-format=terse >/dev/null
 }
 needs() { [[ " $cases " == *" $1 "* ]]; }
-if needs alone || needs wb || needs held; then start_logcache lc "$bin"; fi
-if needs alone-b || needs wb-b || needs held-b; then
+if needs alone || needs wb || needs held || needs drain; then start_logcache lc "$bin"; fi
+if needs alone-b || needs wb-b || needs held-b || needs drain-b; then
     start_logcache lcb "${LOGCACHE_BIN_B:?give LOGCACHE_BIN_B for the -b cases}"
 fi
 if needs qemu; then
@@ -121,9 +128,9 @@ status_counts() { # $1 server: "blocks written back, read misses" so far
 measure() { # $1 case, $2 round
     local c=$1 out="$dir/fio-$1-$2.json" s wb0=null wb1=null resident=null
     s=${c%-b}
-    [ "$s" != "$c" ] && s=lcb || case $c in alone | wb | held) s=lc ;; esac
+    [ "$s" != "$c" ] && s=lcb || case $c in alone | wb | held | drain) s=lc ;; esac
     case $c in
-    alone* | wb* | held*)
+    alone* | wb* | held* | drain*)
         # The region written again (the newest data in the log: a log that wrapped over it
         # in earlier rounds would evict it, and reads would miss), then nothing dirty left:
         # every round starts alike.
@@ -136,15 +143,26 @@ measure() { # $1 case, $2 round
         /usr/bin/python3 -c 'import os,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)' "$dir/nbdkit.img" ;;
     esac
     case $c in
-    held*) "${lc_bin[$s]}" set --control "$dir/$s.ctl" writeback_threshold_percent=100 \
+    held* | drain*) "${lc_bin[$s]}" set --control "$dir/$s.ctl" writeback_threshold_percent=100 \
         >/dev/null ;;
+    esac
+    local drain_pid=""
+    case $c in
+    drain*)
+        fio --name=dirty --ioengine=nbd --uri="${uri[$s]}" --rw=write --bs=1M --iodepth=8 \
+            --offset=128M --size="${DRAIN_MIB:-1024}M" --output-format=terse >/dev/null
+        wb0=$(status_counts "$s")
+        "${lc_bin[$s]}" drain --control "$dir/$s.ctl" >/dev/null 2>&1 &
+        drain_pid=$!
+        ;;
     esac
     case $c in
     wb* | held*) fio --name=fg --ioengine=nbd --uri="${uri[$s]}" "${common[@]}" --output="$out" \
         --name=bg --ioengine=nbd --uri="${uri[$s]}" --rw=randwrite --bs=4k --iodepth=4 \
-        --offset=$region --size=$region --time_based --runtime="$runtime" >/dev/null ;;
-    alone*) fio --name=fg --ioengine=nbd --uri="${uri[$s]}" "${common[@]}" --output="$out" \
-        >/dev/null ;;
+        --offset=$region --size=$region --time_based --runtime="$runtime" \
+        ${WB_BG_MIBPS:+--rate="${WB_BG_MIBPS}m"} >/dev/null ;;
+    alone* | drain*) fio --name=fg --ioengine=nbd --uri="${uri[$s]}" "${common[@]}" \
+        --output="$out" >/dev/null ;;
     qemu | nbdkit) fio --name=fg --ioengine=nbd --uri="${uri[$c]}" "${common[@]}" \
         --output="$out" >/dev/null ;;
     device) fio --name=fg --ioengine=io_uring --direct=1 --filename="$dir/device.img" \
@@ -155,10 +173,11 @@ measure() { # $1 case, $2 round
         --rate="${DEVICE_WB_MIBPS:-64}m" --time_based --runtime="$runtime" >/dev/null ;;
     esac
     case $c in
-    alone* | wb* | held*) wb1=$(status_counts "$s") ;;
+    alone* | wb* | held* | drain*) wb1=$(status_counts "$s") ;;
     esac
+    [ -z "$drain_pid" ] || wait "$drain_pid"
     case $c in
-    held*) "${lc_bin[$s]}" set --control "$dir/$s.ctl" writeback_threshold_percent=0 \
+    held* | drain*) "${lc_bin[$s]}" set --control "$dir/$s.ctl" writeback_threshold_percent=0 \
         >/dev/null ;;
     nbdkit) resident=$(fincore --bytes --noheadings --output RES "$dir/nbdkit.img" |
         awk '{printf "%d", $1 / 1048576}') ;;
