@@ -6,6 +6,9 @@
 # Servers (SERVERS, space-separated; default all four):
 #   logcache        serve --io-engine io_uring (the default engine where the kernel allows it)
 #   logcache-sync   serve --io-engine sync (pread), its own cache and backing files
+#   logcache-dirty  the same as logcache, its data left dirty (as under LOGCACHE_DIRTY=1) while
+#                   the others follow LOGCACHE_DIRTY: clean and dirty reads of one build in
+#                   one alternation, against the same reference rounds
 #   nbdkit-file     nbdkit file cache=none: the issue's reference. NOTE: nbdkit 1.32's
 #                   cache=none reads through the page cache (buffered pread, then a
 #                   POSIX_FADV_DONTNEED that leaves most pages resident: fincore showed 458 of
@@ -79,6 +82,7 @@ start_hdd() { # $1 name: an emulated HDD of its own; prints its URI
     pid[$1-hdd]=$sim_hdd_pid
     echo "nbd+unix:///?socket=$sock"
 }
+is_dirty() { [ "$1" = logcache-dirty ] || [ "${LOGCACHE_DIRTY:-0}" = 1 ]; }
 start() { # $1 server name
     local s=$1 sock="$dir/$1.sock"
     case $s in
@@ -104,7 +108,7 @@ start() { # $1 server name
         "$run_bin" serve --cache "$dir/$s-cache.img" --backing "$backing" --socket "$sock" \
             --set cache_mode="$mode" >"$dir/$s.log" 2>&1 &
         ;;
-    logcache | logcache-sync | logcache-b)
+    logcache | logcache-sync | logcache-b | logcache-dirty)
         local engine=io_uring run_bin=$bin
         [ "$s" = logcache-sync ] && engine=sync
         if [ "$s" = logcache-b ]; then
@@ -117,7 +121,7 @@ start() { # $1 server name
         # others filled and measured wrote its data back during its own read turns (and was
         # then clean): the same binary listed first read 0.79 of itself listed second.
         local sets=()
-        if [ "${LOGCACHE_DIRTY:-0}" = 1 ]; then
+        if is_dirty "$s"; then
             sets=(--set writeback_threshold_percent=100 --set writeback_idle_ms=0)
         fi
         "$run_bin" format --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" >/dev/null
@@ -181,11 +185,10 @@ for s in $servers; do
     read -r fill_rw fill_bs <<<"${FILL:-write 1M}"
     fio_run "${uri[$s]}" fill --rw="$fill_rw" --bs="$fill_bs" --iodepth=8 --size="${data_mib}M" \
         --norandommap=0 >/dev/null
-    if [[ $s == logcache* ]] && [ "${LOGCACHE_DIRTY:-0}" != 1 ]; then
+    if [[ $s == logcache* ]] && ! is_dirty "$s"; then
         "$bin" drain --control "$dir/$s-cache.img.ctl" >/dev/null 2>&1
     fi
 done
-state=$([ "${LOGCACHE_DIRTY:-0}" = 1 ] && echo dirty || echo clean)
 
 # name: fio options (over the data's range; the write job writes the data again).
 jobs=()
@@ -225,6 +228,8 @@ measure() { # $1 server, $2 job name, $3 fio options, $4 round
     # shellcheck disable=SC2086
     out=$(fio_run "${uri[$1]}" "$2-$1" $3 $seed --size="$size" --time_based --runtime="$runtime")
     after=$( [ -n "$p" ] && cpu_ticks "$p" || echo 0)
+    local state=clean
+    is_dirty "$1" && [[ $1 == logcache* ]] && state=dirty
     /usr/bin/python3 - "$out" "$1" "$2" "$4" "$((after - before))" "$hz" "$state" "$resident" <<'EOF'
 import json, sys
 path, server, job, rnd, ticks, hz, state, resident = sys.argv[1:]
