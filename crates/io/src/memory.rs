@@ -210,47 +210,92 @@ impl BlockDevice for MemDevice {
 unsafe fn copy_streaming(src: *const u8, dst: *mut u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
-        const LINE: usize = 64;
-        // Head up to the first 64-byte boundary of the destination, body in whole lines, tail.
-        let head = (dst as usize).wrapping_neg() % LINE;
-        if head >= len {
-            // SAFETY: the caller's contract.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
-            return;
-        }
-        let body = (len - head) / LINE * LINE;
-        // SAFETY: every access below stays within [0, len) of both ranges (head + body <= len);
-        // `_mm_stream_si128` needs 16-byte alignment, which dst + head (64-aligned) + k*16 has;
-        // SSE2 is part of the x86_64 baseline.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src, dst, head);
-            let (s, d) = (src.add(head), dst.add(head));
-            let mut i = 0;
-            while i < body {
-                // One line: four loads, then four streaming stores that fill its
-                // write-combining buffer whole.
-                let a = _mm_loadu_si128(s.add(i).cast::<__m128i>());
-                let b = _mm_loadu_si128(s.add(i + 16).cast::<__m128i>());
-                let c = _mm_loadu_si128(s.add(i + 32).cast::<__m128i>());
-                let e = _mm_loadu_si128(s.add(i + 48).cast::<__m128i>());
-                _mm_stream_si128(d.add(i).cast::<__m128i>(), a);
-                _mm_stream_si128(d.add(i + 16).cast::<__m128i>(), b);
-                _mm_stream_si128(d.add(i + 32).cast::<__m128i>(), c);
-                _mm_stream_si128(d.add(i + 48).cast::<__m128i>(), e);
-                i += LINE;
-            }
-            // Streaming stores are weakly ordered: without the fence, a later store (the
-            // stripe lock's release) could become visible to another thread before them.
-            _mm_sfence();
-            std::ptr::copy_nonoverlapping(s.add(body), d.add(body), len - head - body);
-        }
+        let kernel: LineKernel = if std::arch::is_x86_feature_detected!("avx512f") {
+            stream_lines_avx512
+        } else {
+            stream_lines_sse2
+        };
+        // SAFETY: the caller's contract; the AVX-512 kernel only where the CPU has it.
+        unsafe { copy_streaming_with(src, dst, len, kernel) };
     }
     #[cfg(not(target_arch = "x86_64"))]
     // SAFETY: the caller's contract.
     unsafe {
         std::ptr::copy_nonoverlapping(src, dst, len)
     };
+}
+
+/// Copies `lines × 64` bytes to a 64-byte-aligned destination with streaming stores, unfenced.
+#[cfg(target_arch = "x86_64")]
+type LineKernel = unsafe fn(*const u8, *mut u8, usize);
+
+/// [`copy_streaming`] with the line kernel given (so tests can run each one).
+///
+/// # Safety
+/// As [`copy_streaming`], and the CPU must have what `kernel` needs.
+#[cfg(target_arch = "x86_64")]
+unsafe fn copy_streaming_with(src: *const u8, dst: *mut u8, len: usize, kernel: LineKernel) {
+    const LINE: usize = 64;
+    // Head up to the first 64-byte boundary of the destination, body in whole lines, tail.
+    let head = (dst as usize).wrapping_neg() % LINE;
+    if head >= len {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        return;
+    }
+    let lines = (len - head) / LINE;
+    let body = lines * LINE;
+    // SAFETY: every access stays within [0, len) of both ranges (head + body <= len), and
+    // dst + head is 64-byte aligned, as the kernels need.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, head);
+        let (s, d) = (src.add(head), dst.add(head));
+        kernel(s, d, lines);
+        // Streaming stores are weakly ordered: without the fence, a later store (the stripe
+        // lock's release) could become visible to another thread before them.
+        std::arch::x86_64::_mm_sfence();
+        std::ptr::copy_nonoverlapping(s.add(body), d.add(body), len - head - body);
+    }
+}
+
+/// SSE2 (the x86_64 baseline): four 16-byte loads, then four streaming stores that fill the
+/// line's write-combining buffer whole.
+///
+/// # Safety
+/// `src` readable and `dst` (64-byte aligned) writable for `lines × 64` bytes, not overlapping.
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_lines_sse2(src: *const u8, dst: *mut u8, lines: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    for i in (0..lines * 64).step_by(64) {
+        // SAFETY: the caller's contract; each store is 16-byte aligned.
+        unsafe {
+            let a = _mm_loadu_si128(src.add(i).cast::<__m128i>());
+            let b = _mm_loadu_si128(src.add(i + 16).cast::<__m128i>());
+            let c = _mm_loadu_si128(src.add(i + 32).cast::<__m128i>());
+            let e = _mm_loadu_si128(src.add(i + 48).cast::<__m128i>());
+            _mm_stream_si128(dst.add(i).cast::<__m128i>(), a);
+            _mm_stream_si128(dst.add(i + 16).cast::<__m128i>(), b);
+            _mm_stream_si128(dst.add(i + 32).cast::<__m128i>(), c);
+            _mm_stream_si128(dst.add(i + 48).cast::<__m128i>(), e);
+        }
+    }
+}
+
+/// AVX-512: one 64-byte load and one streaming store per line.
+///
+/// # Safety
+/// As [`stream_lines_sse2`], and the CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn stream_lines_avx512(src: *const u8, dst: *mut u8, lines: usize) {
+    use std::arch::x86_64::{__m512i, _mm512_loadu_si512, _mm512_stream_si512};
+    for i in (0..lines * 64).step_by(64) {
+        // SAFETY: the caller's contract; each store is 64-byte aligned.
+        unsafe {
+            let a = _mm512_loadu_si512(src.add(i).cast::<__m512i>());
+            _mm512_stream_si512(dst.add(i).cast::<__m512i>(), a);
+        }
+    }
 }
 
 fn page_size_bytes() -> usize {
@@ -307,10 +352,40 @@ mod tests {
         assert!(edge.iter().all(|&b| b == 0));
     }
 
+    /// Every copy `copy_streaming` may use on this machine: itself, and on x86_64 each line
+    /// kernel the CPU has (the SSE2 fallback always).
+    #[allow(clippy::type_complexity)]
+    fn streaming_copies() -> Vec<(&'static str, unsafe fn(*const u8, *mut u8, usize))> {
+        let mut copies: Vec<(&'static str, unsafe fn(*const u8, *mut u8, usize))> =
+            vec![("copy_streaming", copy_streaming)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            unsafe fn sse2(src: *const u8, dst: *mut u8, len: usize) {
+                // SAFETY: the caller's contract; SSE2 is in the x86_64 baseline.
+                unsafe { copy_streaming_with(src, dst, len, stream_lines_sse2) }
+            }
+            unsafe fn avx512(src: *const u8, dst: *mut u8, len: usize) {
+                // SAFETY: the caller's contract; listed only where the CPU has AVX-512F.
+                unsafe { copy_streaming_with(src, dst, len, stream_lines_avx512) }
+            }
+            copies.push(("sse2", sse2));
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                copies.push(("avx512", avx512));
+            }
+        }
+        copies
+    }
+
     #[test]
     fn streaming_copy_equals_a_plain_copy() {
         // Every alignment of source and destination (head, whole lines, tail), lengths around
         // the line size and the streaming threshold; the bytes around the destination stay.
+        for (name, copy) in streaming_copies() {
+            streaming_copy_case(name, copy);
+        }
+    }
+
+    fn streaming_copy_case(name: &str, copy: unsafe fn(*const u8, *mut u8, usize)) {
         let mut rng = Rng::new(11);
         let mut src = vec![0u8; 2 * STREAM_MIN_BYTES + 256];
         rng.fill(&mut src);
@@ -332,16 +407,17 @@ mod tests {
                     let mut dst = AlignedBuf::new((len + 256).next_multiple_of(512));
                     dst.fill(0xa5);
                     let from = &src[src_shift..src_shift + len];
-                    // SAFETY: from and dst[dst_shift..] hold len bytes each, distinct buffers.
-                    unsafe { copy_streaming(from.as_ptr(), dst.as_mut_ptr().add(dst_shift), len) };
-                    assert_eq!(&dst[dst_shift..dst_shift + len], from, "len {len}");
+                    // SAFETY: from and dst[dst_shift..] hold len bytes each, distinct buffers;
+                    // each kernel runs only where the CPU has it.
+                    unsafe { copy(from.as_ptr(), dst.as_mut_ptr().add(dst_shift), len) };
+                    assert_eq!(&dst[dst_shift..dst_shift + len], from, "{name}, len {len}");
                     assert!(
                         dst[..dst_shift].iter().all(|&b| b == 0xa5),
-                        "before, len {len}"
+                        "{name}: before, len {len}"
                     );
                     assert!(
                         dst[dst_shift + len..].iter().all(|&b| b == 0xa5),
-                        "after, len {len}"
+                        "{name}: after, len {len}"
                     );
                 }
             }
