@@ -14,6 +14,9 @@
 # the traced window (/proc/PID/task/*/stat: the background threads' share of the two vCPUs).
 # WRITEBACK=held holds writeback off for the job (writeback_threshold_percent=100): the same
 # background writer and flusher without writeback's IO, as bench-read-tail.sh's `held` case.
+# WRITEBACK=drain: no background writer; DRAIN_MIB (1024) of 1 MiB writes made dirty with
+# writeback held off, then written back by `logcache drain` at full speed during the job (as
+# bench-read-tail.sh's `drain` case).
 #
 # usage: scripts/trace-read-tail.sh [RUNTIME_S=8] [DIR=/var/tmp]   (LOGCACHE_BIN picks the binary)
 set -euo pipefail
@@ -44,20 +47,33 @@ wait_nbd "$uri" "$lc_lc" "$dir/lc.log"
 fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size=64M \
     --output-format=terse >/dev/null
 "$bin" drain --control "$dir/lc.ctl" >/dev/null 2>&1
-if [ "${WRITEBACK:-running}" = held ]; then
+mode=${WRITEBACK:-running}
+bg_job=(--name=bg --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=4 --offset=64M
+    --size=64M --time_based --runtime="$((runtime + 3))")
+jobs=2
+case $mode in
+running) ;;
+held) "$bin" set --control "$dir/lc.ctl" writeback_threshold_percent=100 >/dev/null ;;
+drain)
     "$bin" set --control "$dir/lc.ctl" writeback_threshold_percent=100 >/dev/null
-fi
+    fio --name=dirty --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --offset=128M \
+        --size="${DRAIN_MIB:-1024}M" --output-format=terse >/dev/null
+    "$bin" drain --control "$dir/lc.ctl" >/dev/null 2>&1 &
+    pids+=($!)
+    bg_job=()
+    jobs=1
+    ;;
+*) echo "trace-read-tail: WRITEBACK is running, held or drain" >&2; exit 1 ;;
+esac
 fio --name=fg --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=1 --time_based \
     --runtime="$((runtime + 3))" --norandommap --randrepeat=0 --size=64M \
-    --name=bg --ioengine=nbd --uri="$uri" --rw=randwrite --bs=4k --iodepth=4 --offset=64M \
-    --size=64M --time_based --runtime="$((runtime + 3))" --output="$dir/fio.json" \
-    --output-format=json >/dev/null &
+    "${bg_job[@]}" --output="$dir/fio.json" --output-format=json >/dev/null &
 fio_pid=$!
 fg=""
 while [ -z "$fg" ]; do # fio's job processes: the first is fg
     sleep 0.1
     kids=($(pgrep -P "$fio_pid" | sort -n)) || true
-    [ ${#kids[@]} -ge 2 ] && fg=${kids[0]}
+    [ ${#kids[@]} -ge "$jobs" ] && fg=${kids[0]}
 done
 sleep 1
 # Per thread name: summed utime + stime in clock ticks (comm is field 2, in parentheses).
@@ -73,7 +89,7 @@ timeout "$runtime" bpftrace "$root/scripts/trace-read-tail.bt" "$lc_lc" "$fg" "$
 thread_ticks >"$dir/cpu1.txt"
 wait "$fio_pid"
 echo "traced ${runtime} s at load $(cut -d' ' -f1 /proc/loadavg) ($(date -u +%H:%M:%S) UTC)," \
-    "writeback ${WRITEBACK:-running}"
+    "writeback $mode"
 echo "server CPU over the window, ms per thread name (threads that ended meanwhile not counted):"
 hz=$(getconf CLK_TCK)
 awk -F'\t' -v hz="$hz" 'NR == FNR {t0[$1] = $2; next}
