@@ -997,13 +997,14 @@ fn many_writer_threads() {
 }
 
 /// A memory device that records what reaches it: discards, write-zeroes, written bytes and the
-/// largest single write IO.
+/// largest single write and read IOs.
 #[derive(Default)]
 struct Recorded {
     discards: Vec<(u64, u64)>,
     write_zeroes: Vec<(u64, u64)>,
     written_bytes: u64,
     largest_write_bytes: u64,
+    largest_read_bytes: u64,
 }
 
 impl Recorded {
@@ -1020,6 +1021,9 @@ impl BlockDevice for Recorder {
         self.0.size_bytes()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        let mut r = self.1.lock().unwrap();
+        r.largest_read_bytes = r.largest_read_bytes.max(buf.len() as u64);
+        drop(r);
         self.0.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
@@ -1051,9 +1055,10 @@ impl BlockDevice for Recorder {
     }
 }
 
-/// The flusher cuts its writes to let foreground reads through only while reads come in; a
-/// flush done inline (manual mode) keeps no history of reads, so it writes whole runs even
-/// after reads were served (it once cut every inline write for good after the first read).
+/// Background IO is cut to let foreground reads through only while reads come in; a flush
+/// done inline (manual mode) and a manual writeback step keep no history of reads, so they
+/// write and read whole runs even after reads were served (they once cut every such IO for
+/// good after the first read).
 #[test]
 fn an_inline_flush_after_a_read_writes_whole_runs() {
     let rec = Arc::new(Recorder(
@@ -1091,6 +1096,14 @@ fn an_inline_flush_after_a_read_writes_whole_runs() {
             "64 KiB piece {i}"
         );
     }
+    // Writeback reads the dirty run off the cache device in spans over 128 KiB (the cut size).
+    rec.1.lock().unwrap().largest_read_bytes = 0;
+    assert!(e.writeback_step(usize::MAX).unwrap() > 0);
+    let largest = rec.1.lock().unwrap().largest_read_bytes;
+    assert!(
+        largest > 128 * KIB,
+        "the manual writeback step read at most {largest} bytes at once"
+    );
     e.close().unwrap();
 }
 

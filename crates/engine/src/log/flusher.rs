@@ -76,7 +76,7 @@ pub fn run(inner: &Inner) {
         }
         // A round takes the whole queue (up to `CHUNKS_PER_ROUND_MAX`).
         queued_since = None;
-        match step(inner, st, Some(&mut reads)) {
+        match step(inner, st, &mut reads) {
             Ok((guard, progressed)) => {
                 st = guard;
                 crate::failpoint::flusher_pass_done(inner);
@@ -188,7 +188,7 @@ pub fn seal_if_due(inner: &Inner, st: &mut State, now: Instant) {
 fn step<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
-    reads: Option<&mut ReadActivity>,
+    reads: &mut ReadActivity,
 ) -> Result<(MutexGuard<'a, State>, bool)> {
     // Chunks may say "the backing device holds this" (clean blocks: write-through copies,
     // promotions, relocations): that must not reach the cache device before the backing
@@ -248,10 +248,7 @@ fn step<'a>(
     let synced_gen = st.bypass.synced_gen();
     let synced_for_headers = st.seqs.synced();
     let mut progressed = !batch.is_empty();
-    // Inline rounds (manual mode, a writer draining for room) keep no history of the read
-    // counter across calls, so they write whole runs: a fresh `ReadActivity` would call any
-    // read ever counted "active" and cut every inline round's writes for good.
-    let io_max_bytes = if reads.is_some_and(|r| r.active(&st)) {
+    let io_max_bytes = if reads.active(&st) {
         FLUSH_IO_YIELDING_BYTES_MAX
     } else {
         usize::MAX
@@ -545,7 +542,7 @@ pub fn sync_inline(inner: &Inner, target: u64) -> Result<()> {
         if st.seqs.synced() >= target {
             return Ok(());
         }
-        let (_st, progressed) = step(inner, st, None)?;
+        let (_st, progressed) = step(inner, st, &mut ReadActivity::default())?;
         assert!(
             progressed,
             "a flush target {target} the flusher cannot reach"
@@ -576,7 +573,7 @@ pub fn drain_inline(inner: &Inner, for_room: bool) -> Result<bool> {
         if for_room {
             st.room.space_waiters().enter();
         }
-        let (mut st, progressed) = step(inner, st, None)?;
+        let (mut st, progressed) = step(inner, st, &mut ReadActivity::default())?;
         if for_room {
             st.room.space_waiters().leave();
         }

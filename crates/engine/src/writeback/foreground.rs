@@ -18,18 +18,21 @@ pub const FLUSH_IO_YIELDING_BYTES_MAX: usize = 512 << 10;
 pub const WRITEBACK_READ_YIELDING_BLOCKS_MAX: usize = 32;
 
 /// Whether foreground reads came in since the owner's last look: the request counter moved.
-/// One per background thread, kept across its rounds; looked at under the state lock.
+/// One per background thread, kept across its rounds; looked at under the state lock. A fresh
+/// one has no history: its first look says "no reads", so an owner that keeps none (an inline
+/// round in manual mode, a manual writeback step) writes and reads whole runs. (Counting every
+/// read ever as "since the last look" cut every such round for good after the first read.)
 #[derive(Debug, Default)]
 pub struct ReadActivity {
-    reads_seen: u64,
+    reads_seen: Option<u64>,
 }
 
 impl ReadActivity {
-    /// True when reads were counted since the previous call (on the first call: ever).
+    /// True when reads were counted since the previous call (on the first call: false).
     pub fn active(&mut self, st: &State) -> bool {
         let reads = st.counters.reads;
-        let moved = reads != self.reads_seen;
-        self.reads_seen = reads;
+        let moved = self.reads_seen.is_some_and(|seen| seen != reads);
+        self.reads_seen = Some(reads);
         moved
     }
 }
