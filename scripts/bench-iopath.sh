@@ -34,13 +34,13 @@
 #                   the randwrite-4k-qd64 job (seed 000's fio job, as bench/run's seed000 runs it
 #                   against logcache in front of the emulated HDD; here without a fresh format
 #                   per measurement, so keep ROUNDS × RUNTIME_S short of filling the 4 GiB cache)
-#   logcache-b, logcache-hdd-b, logcache-wt-b  the same with the binary LOGCACHE_BIN_B (an A/B of two
+#   logcache-b, logcache-dirty-b, logcache-hdd-b, logcache-wt-b  the same with the binary LOGCACHE_BIN_B (an A/B of two
 #                   builds in one alternated run, e.g. the NBD backing client before a change)
 #
 # The data (DATA_MIB, written sequentially through each server) is in place first; logcache's
 # is then drained (clean, on the cache device: every read is a hit there; LOGCACHE_DIRTY=1
 # leaves it dirty, with writeback kept from starting). Jobs (JOBS, a grep -E pattern on the names; default all): 1 MiB
-# sequential read iodepth 8, 4 KiB random read iodepth 32 and 1, 1 MiB sequential write
+# sequential read iodepth 8 and 1, 4 KiB random read iodepth 32 and 1, 1 MiB sequential write
 # iodepth 8; with the HDD servers, 4 KiB random read misses iodepth 32 (hdd, logcache-hdd)
 # and 4 KiB random writes iodepth 16 (hdd, logcache-wt), over the disk's 8 GiB; and 4 KiB
 # random writes iodepth 64, norandommap (logcache-hdd, logcache-hdd-b, nbdkit-null: seed 000's
@@ -82,7 +82,7 @@ start_hdd() { # $1 name: an emulated HDD of its own; prints its URI
     pid[$1-hdd]=$sim_hdd_pid
     echo "nbd+unix:///?socket=$sock"
 }
-is_dirty() { [ "$1" = logcache-dirty ] || [ "${LOGCACHE_DIRTY:-0}" = 1 ]; }
+is_dirty() { [[ $1 == logcache-dirty* ]] || [ "${LOGCACHE_DIRTY:-0}" = 1 ]; }
 start() { # $1 server name
     local s=$1 sock="$dir/$1.sock"
     case $s in
@@ -108,10 +108,10 @@ start() { # $1 server name
         "$run_bin" serve --cache "$dir/$s-cache.img" --backing "$backing" --socket "$sock" \
             --set cache_mode="$mode" >"$dir/$s.log" 2>&1 &
         ;;
-    logcache | logcache-sync | logcache-b | logcache-dirty)
+    logcache | logcache-sync | logcache-b | logcache-dirty | logcache-dirty-b)
         local engine=io_uring run_bin=$bin
         [ "$s" = logcache-sync ] && engine=sync
-        if [ "$s" = logcache-b ]; then
+        if [[ $s == *-b ]]; then
             run_bin=${LOGCACHE_BIN_B:?"give LOGCACHE_BIN_B for the -b servers"}
         fi
         truncate -s 8G "$dir/$s-backing.img"
@@ -194,6 +194,7 @@ done
 jobs=()
 for entry in \
     "seqread-1m-qd8:--rw=read --bs=1M --iodepth=8" \
+    "seqread-1m-qd1:--rw=read --bs=1M --iodepth=1" \
     "randread-4k-qd32:--rw=randread --bs=4k --iodepth=32" \
     "randread-4k-qd1:--rw=randread --bs=4k --iodepth=1" \
     "seqwrite-1m-qd8:--rw=write --bs=1M --iodepth=8" \

@@ -115,6 +115,11 @@ impl Served {
             ("nbd_requests", n.requests, true),
             ("nbd_protocol_errors", n.protocol_errors, true),
             ("nbd_reads_in_bursts", n.reads_in_bursts, true),
+            (
+                "nbd_lone_large_reads_inline",
+                n.lone_large_reads_inline,
+                true,
+            ),
         ] {
             m.push(Metric {
                 name: name.into(),

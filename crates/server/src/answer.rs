@@ -9,7 +9,7 @@ use logcache_nbd::reply::BlockDescriptor;
 use logcache_nbd::request::Request;
 
 use crate::connection::Connection;
-use crate::limits::{INLINE_READ_MAX_BYTES, MAX_BLOCK_STATUS_EXTENTS};
+use crate::limits::MAX_BLOCK_STATUS_EXTENTS;
 use crate::meta::{base_allocation_flags, MetaContext, DIRTY_BITMAP_CHANGED};
 use crate::{errno, ops, reply};
 
@@ -33,18 +33,19 @@ pub(crate) fn read_aligned<'a, B: ReplyBuffer>(
 
 /// READ on a connection's reader: as [`read_aligned`], but only if the export can serve it
 /// without a slow device (`Export::read_if_cached`); `None` (nothing sent or read) otherwise,
-/// and then a worker serves it. Sector-aligned requests only (others need read-modify-write
-/// scratch and are rare).
-pub(crate) fn read_cached<'a>(
+/// and then a worker serves it. Sector-aligned requests of at most `max_bytes` only (others
+/// need read-modify-write scratch and are rare).
+pub(crate) fn read_cached<'a, B: ReplyBuffer>(
     connection: &Connection,
-    out: &'a mut Vec<u8>,
+    out: &'a mut B,
     header: &mut Vec<u8>,
     request: &Request,
+    max_bytes: u32,
 ) -> Option<&'a [u8]> {
     let sector_bytes = crate::limits::SECTOR_BYTES;
     if !request.offset_bytes.is_multiple_of(sector_bytes)
         || u64::from(request.length_bytes) % sector_bytes != 0
-        || request.length_bytes > INLINE_READ_MAX_BYTES
+        || request.length_bytes > max_bytes
     {
         return None;
     }

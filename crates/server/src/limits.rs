@@ -27,6 +27,12 @@ pub const BUFFER_KEEP_BYTES: usize = 4 << 20;
 /// costs less than a thread wake-up, for a large one it starves the device (1 MiB reads at
 /// iodepth 8 served inline kept 3.5-5 device reads in flight, not 8).
 pub const INLINE_READ_MAX_BYTES: u32 = 128 << 10;
+/// Longest READ the reader serves itself when it is the connection's only request: nothing
+/// else buffered and nothing queued or running on a worker (a client at iodepth 1), so no
+/// request waits behind it and handing it to a worker would only add two thread wake-ups (the
+/// worker's for the job, the reader's preemption by it). The engine's lookup window (1 MiB):
+/// a larger READ is not served by `read_if_cached` anyway.
+pub const LONE_INLINE_READ_MAX_BYTES: u32 = 1 << 20;
 /// READs from this size up are answered on a worker from a buffer of 2 MiB huge pages
 /// (`answer::LargeReplyBuffer`): measured on 1 MiB cached reads at iodepth 8, the kernel's
 /// pinning of 4 KiB pages for each O_DIRECT read (`gup_fast`) was ~4.5% of the server's CPU,

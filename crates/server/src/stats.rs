@@ -18,6 +18,9 @@ pub struct ServerStats {
     /// READs a connection's reader served itself in a burst of several (`burst`), without a
     /// worker.
     pub reads_in_bursts: u64,
+    /// READs larger than the reader's usual inline limit that it served itself because they were
+    /// the connection's only request (`LONE_INLINE_READ_MAX_BYTES`).
+    pub lone_large_reads_inline: u64,
 }
 
 #[derive(Default)]
@@ -27,6 +30,7 @@ pub(crate) struct Counters {
     pub requests: AtomicU64,
     pub protocol_errors: AtomicU64,
     pub reads_in_bursts: AtomicU64,
+    pub lone_large_reads_inline: AtomicU64,
 }
 
 impl Counters {
@@ -41,6 +45,7 @@ impl Counters {
             requests: self.requests.load(Ordering::Relaxed),
             protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
             reads_in_bursts: self.reads_in_bursts.load(Ordering::Relaxed),
+            lone_large_reads_inline: self.lone_large_reads_inline.load(Ordering::Relaxed),
         }
     }
 }

@@ -18,7 +18,8 @@
 //! behind it undecoded for its device read and send) when no other request waits in the input
 //! buffer: handing it to a worker would cost a second thread wake-up per request, and nothing
 //! queues behind it (a READ that needs the backing device is refused by the engine untouched
-//! and goes to a worker). Small READs that arrive together (whole sectors, at most 64 KiB each,
+//! and goes to a worker). A larger one, up to 1 MiB, is served here too when it is the
+//! connection's only request (nothing buffered, nothing on a worker: a client at iodepth 1). Small READs that arrive together (whole sectors, at most 64 KiB each,
 //! two or more one after another in the input buffer) are served here as a burst (`burst`): one
 //! engine call reads all those the cache holds, with their device reads submitted together,
 //! and their replies go out in one `sendmsg`; those it lacks go to the workers. Write replies,
@@ -48,10 +49,14 @@ use logcache_nbd::consts::{
 };
 use logcache_nbd::request::{Command, Request};
 
+use crate::answer::LargeReplyBuffer;
 use crate::burst::{self, Burst};
 use crate::connection::Connection;
 use crate::input::InputBuffer;
-use crate::limits::{BUFFER_KEEP_BYTES, INPUT_BUFFER_BYTES, MAX_PAYLOAD_BYTES, OUTPUT_FLUSH_BYTES};
+use crate::limits::{
+    BUFFER_KEEP_BYTES, INLINE_READ_MAX_BYTES, INPUT_BUFFER_BYTES, LARGE_READ_MIN_BYTES,
+    LONE_INLINE_READ_MAX_BYTES, MAX_PAYLOAD_BYTES, OUTPUT_FLUSH_BYTES,
+};
 use crate::stats::Counters;
 use crate::workers::{Job, WorkerPool};
 use crate::{answer, ops, reply};
@@ -78,6 +83,7 @@ pub(crate) fn serve(connection: &Arc<Connection>) -> End {
         replies: Vec::with_capacity(2 * OUTPUT_FLUSH_BYTES),
         large_payload: Vec::new(),
         read_out: Vec::new(),
+        read_large_out: LargeReplyBuffer::default(),
         read_header: Vec::new(),
         workers: WorkerPool::new(connection.clone()),
         burst: Burst::new(),
@@ -105,6 +111,9 @@ struct Reader {
     large_payload: Vec<u8>,
     /// The reply buffer and header scratch of READs served on the reader (see `read_inline`).
     read_out: Vec<u8>,
+    /// The reply buffer of a lone large READ served here (huge pages, `LARGE_READ_MIN_BYTES`
+    /// and up, as a worker's; at most `LONE_INLINE_READ_MAX_BYTES`, so it is kept).
+    read_large_out: LargeReplyBuffer,
     read_header: Vec<u8>,
     workers: WorkerPool,
     /// Small READs that arrived together, served here (`burst`).
@@ -291,21 +300,41 @@ impl Reader {
     /// only RAM and the fast cache device are touched: the reader never waits on the slow
     /// device) and no other request is waiting in the input buffer (so none waits behind it).
     /// A client with one request in flight then costs one thread wake-up per request, not
-    /// two. `false` (nothing done) when the read must go to a worker.
+    /// two. Up to `INLINE_READ_MAX_BYTES`; a larger one (up to `LONE_INLINE_READ_MAX_BYTES`)
+    /// only when no job is queued or running on a worker either: a client at iodepth 1, whose
+    /// next request comes only after this reply. With other requests in flight a large one
+    /// goes to a worker, so the reader keeps decoding while its device read, CRCs and send
+    /// run. `false` (nothing done) when the read must go to a worker.
     fn read_inline(&mut self, request: &Request) -> io::Result<bool> {
+        let lone_large = request.length_bytes > INLINE_READ_MAX_BYTES;
+        if lone_large
+            && (request.length_bytes > LONE_INLINE_READ_MAX_BYTES || !self.workers.is_idle())
+        {
+            return Ok(false);
+        }
         let Reader {
             connection,
             read_out,
+            read_large_out,
             read_header,
             ..
         } = self;
-        let Some(reply) = answer::read_cached(connection, read_out, read_header, request) else {
+        let max_bytes = LONE_INLINE_READ_MAX_BYTES;
+        let reply = if request.length_bytes >= LARGE_READ_MIN_BYTES {
+            answer::read_cached(connection, read_large_out, read_header, request, max_bytes)
+        } else {
+            answer::read_cached(connection, read_out, read_header, request, max_bytes)
+        };
+        let Some(reply) = reply else {
             return Ok(false);
         };
         if !self.replies.is_empty() {
             let result = self.connection.sink.send(&self.replies);
             self.replies.clear();
             result?;
+        }
+        if lone_large {
+            Counters::add(&self.connection.server.counters.lone_large_reads_inline, 1);
         }
         self.connection.sink.send(reply)?;
         Ok(true)

@@ -13,6 +13,7 @@
 //! unbounded payloads or reply buffers.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -89,6 +90,9 @@ impl Queue {
 
 struct Shared {
     queue: Mutex<Queue>,
+    /// `Queue::in_flight_jobs`, stored under the queue's lock whenever it changes, so the reader
+    /// can ask whether the pool is idle without taking the lock the workers contend for.
+    in_flight_jobs: AtomicUsize,
     wake: Condvar,
     /// Wakes the reader when a job finishes while it waits for room.
     room: Condvar,
@@ -120,6 +124,7 @@ impl WorkerPool {
                     reader_waiting: false,
                     closed: false,
                 }),
+                in_flight_jobs: AtomicUsize::new(0),
                 wake: Condvar::new(),
                 room: Condvar::new(),
             }),
@@ -130,6 +135,13 @@ impl WorkerPool {
     /// Whether a request of `cost_bytes` (its payload or reply data) can be queued now.
     pub(crate) fn has_room(&self, cost_bytes: usize) -> bool {
         self.shared.queue.lock().has_room(cost_bytes)
+    }
+
+    /// Whether no job is queued or running (every reply of a job sent). Only the reader (the
+    /// caller) submits jobs, so the count cannot rise meanwhile: a stale value is one a worker
+    /// is just lowering, never a false "idle".
+    pub(crate) fn is_idle(&self) -> bool {
+        self.shared.in_flight_jobs.load(Ordering::Acquire) == 0
     }
 
     /// Waits until a request of `cost_bytes` can be queued. Workers always make progress (each
@@ -149,6 +161,9 @@ impl WorkerPool {
         let mut queue = self.shared.queue.lock();
         debug_assert!(!queue.closed, "job submitted after finish");
         queue.in_flight_jobs += 1;
+        self.shared
+            .in_flight_jobs
+            .store(queue.in_flight_jobs, Ordering::Release);
         queue.in_flight_bytes += job.cost_bytes();
         queue.jobs.push_back(job);
         // A worker may take several READs at once and hand back those the cache lacks: enough
@@ -206,6 +221,9 @@ impl WorkerPool {
 fn finished(shared: &Shared, queue: &mut Queue, cost_bytes: usize) {
     assert!(queue.in_flight_jobs > 0, "a job finished twice");
     queue.in_flight_jobs -= 1;
+    shared
+        .in_flight_jobs
+        .store(queue.in_flight_jobs, Ordering::Release);
     assert!(
         queue.in_flight_bytes >= cost_bytes,
         "in-flight bytes underflow"

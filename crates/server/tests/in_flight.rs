@@ -173,11 +173,14 @@ fn thirty_two_read_misses_wait_at_the_backing_device_together() {
     assert_eq!(answered, (40..40 + MISSES).collect());
 }
 
-/// A large READ the cache holds on the cache device goes to a worker, not the reader: while
-/// its device read is held at the gate, the reader still takes a write behind it and answers
-/// a read of that write; once released, the large read returns its data. (Served on the
-/// reader, as 1 MiB reads once were, it kept the client's next requests undecoded for its
-/// device read, CRCs and send: 1 MiB reads at iodepth 8 had 3.5-5 device reads in flight.)
+/// A large READ the cache holds on the cache device, with another request in flight, goes to a
+/// worker, not the reader: two 1 MiB READs sent together (the first finds the second buffered
+/// behind it, the second finds the first on a worker), and while their device reads are held
+/// at the gate, the reader still takes a write behind them and answers a read of that write;
+/// once released, both large reads return their data. (Served on the reader, as 1 MiB reads
+/// once were, each kept the client's next requests undecoded for its device read, CRCs and
+/// send: 1 MiB reads at iodepth 8 had 3.5-5 device reads in flight. Only a lone one, the
+/// connection's only request, is the reader's: `lone_reads.rs`.)
 #[test]
 fn a_large_cached_read_never_holds_up_the_reader() {
     let gated = Gated::start_with("large-cached-read", true);
@@ -204,10 +207,15 @@ fn a_large_cached_read_never_holds_up_the_reader() {
 
     gated.gate.hold(OpKind::Read);
     let held_before = gated.gate.passed(OpKind::Read);
-    client.send_request(&request(NbdCommand::Read, 30, 0, MIB as u32), &[]);
+    let lone_before = gated.server.stats().lone_large_reads_inline;
+    let mut together = request(NbdCommand::Read, 30, 0, MIB as u32)
+        .encode()
+        .to_vec();
+    together.extend_from_slice(&request(NbdCommand::Read, 33, 8 * MIB, MIB as u32).encode());
+    client.send(&together);
     assert!(
-        gated.gate.wait_held(OpKind::Read, 1, HELD),
-        "the large read never reached the cache device"
+        gated.gate.wait_held(OpKind::Read, 2, HELD),
+        "the large reads never reached the cache device together"
     );
     let written = pattern(8, BLOCK as usize);
     client.send_request(
@@ -228,9 +236,25 @@ fn a_large_cached_read_never_holds_up_the_reader() {
     );
 
     gated.gate.release(OpKind::Read);
-    let (cookie, failed, got) = read_structured_reply(&mut client);
-    assert_eq!((cookie, failed), (30, false));
-    assert!(got == data, "the large read returned other data");
+    let mut cookies = Vec::new();
+    for _ in 0..2 {
+        let (cookie, failed, got) = read_structured_reply(&mut client);
+        assert!(!failed, "large read {cookie} failed");
+        let expected = if cookie == 30 {
+            data.clone()
+        } else {
+            pattern(100, MIB as usize)
+        };
+        assert!(got == expected, "large read {cookie} returned other data");
+        cookies.push(cookie);
+    }
+    cookies.sort_unstable();
+    assert_eq!(cookies, [30, 33]);
+    assert_eq!(
+        gated.server.stats().lone_large_reads_inline,
+        lone_before,
+        "a large read with another in flight was served by the reader"
+    );
 }
 
 /// A large write (its payload bigger than the reader's input buffer) runs on a worker, so one
