@@ -56,6 +56,12 @@ struct RunResult {
     hist: Histogram,
     relocated: u64,
     waits: u64,
+    /// Of `waits`, those that found every RAM buffer taken; the rest found no free segment.
+    waits_for_buffers: u64,
+    /// The writers' time in those waits, summed.
+    wait_us: u64,
+    /// Writeback's paced pauses cut short because writers or the ring's head needed it.
+    writeback_pauses_cut: u64,
     /// The whole process (writers, flusher, writeback and its helpers) while the writers ran.
     process: Usage,
     /// The writer threads alone, summed.
@@ -99,6 +105,9 @@ pub fn run(args: &EngineBenchArgs) -> anyhow::Result<()> {
                 "cache_size_bytes": args.cache_mib << 20,
                 "blocks_relocated": r.relocated,
                 "write_waits": r.waits,
+                "write_waits_for_buffers": r.waits_for_buffers,
+                "write_wait_ms": r.wait_us / 1000,
+                "writeback_pauses_cut": r.writeback_pauses_cut,
                 "checkpoints": checkpoints,
                 "slow_write_time_share": (slow_share * 1000.0).round() / 1000.0,
             });
@@ -242,6 +251,9 @@ fn run_one(args: &EngineBenchArgs, threads: usize, checkpoints: u32) -> anyhow::
         hist,
         relocated: stats.counters.blocks_relocated,
         waits: stats.counters.write_waits,
+        waits_for_buffers: stats.counters.write_waits_for_buffers,
+        wait_us: stats.counters.write_wait_us,
+        writeback_pauses_cut: stats.counters.writeback_pauses_cut,
         process,
         writers,
         writers_sched,

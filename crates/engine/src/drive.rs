@@ -159,12 +159,20 @@ pub fn wait_for_room<'a>(
         }
         return Ok(st);
     }
+    if st.ring.free_buffer_count() == 0 {
+        st.counters.write_waits_for_buffers += 1;
+    }
+    // Two clock reads per wait (a few hundred a second at most), for `write_wait_us`.
+    let waited_from = crate::sync::now();
     st.room.space_waiters().enter();
     inner.flusher_wake.notify_one();
     // A log full of dirty blocks needs writeback to make room.
     inner.writeback_wake.notify_one();
     inner.progress.wait(&mut st);
     st.room.space_waiters().leave();
+    st.counters.write_wait_us += crate::sync::now()
+        .saturating_duration_since(waited_from)
+        .as_micros() as u64;
     Ok(st)
 }
 

@@ -56,6 +56,8 @@ mod bypass_room_race_tests;
 #[cfg(test)]
 mod close_race_tests;
 #[cfg(test)]
+mod pause_cut_tests;
+#[cfg(test)]
 mod room_wake_tests;
 #[cfg(test)]
 mod round_wake_tests;

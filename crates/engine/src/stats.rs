@@ -39,6 +39,14 @@ pub struct Counters {
     pub checkpoint_pages_written: u64,
     /// Times a writer waited for room in the log or for a RAM buffer.
     pub write_waits: u64,
+    /// Of `write_waits`, those that found every RAM buffer taken (the flusher's pace); the
+    /// rest found the ring out of free segments (the head's: reclaim, writeback).
+    pub write_waits_for_buffers: u64,
+    /// Time writers spent in those waits, summed (threads mode; manual mode reads no clock).
+    pub write_wait_us: u64,
+    /// Paced pauses of writeback cut short because it was needed at full speed (a writer
+    /// waiting for room, the ring's head waiting for dirty blocks, a drain).
+    pub writeback_pauses_cut: u64,
     pub checksum_errors: u64,
     pub io_errors: u64,
     /// Writes that made a clean (or uncached) block dirty: the rate writeback must match.
@@ -144,6 +152,9 @@ impl Counters {
             ("superblock_writes", self.superblock_writes),
             ("checkpoint_pages_written", self.checkpoint_pages_written),
             ("write_waits", self.write_waits),
+            ("write_waits_for_buffers", self.write_waits_for_buffers),
+            ("write_wait_us", self.write_wait_us),
+            ("writeback_pauses_cut", self.writeback_pauses_cut),
             ("checksum_errors", self.checksum_errors),
             ("io_errors", self.io_errors),
             ("blocks_dirtied", self.blocks_dirtied),

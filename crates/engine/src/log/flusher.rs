@@ -345,6 +345,12 @@ fn step<'a>(
         reclaimed |= more;
     }
     let progressed = progressed || reclaimed || relocations > 0 || evicted;
+    if st.ordered() && st.ring.head_wants_writeback() {
+        // The ring runs low with dirty blocks at its head, which in flush-epoch order only
+        // writeback can let pass: it may be pausing at its background rate, and nobody else
+        // tells it before writers come to wait for room (`writeback::policy::wants_full_speed`).
+        inner.writeback_wake.notify_one();
+    }
     if progressed {
         // Only a change is news. A writer waiting for room that is woken by a round that
         // changed nothing finds no room, waits again and wakes the flusher, whose next round

@@ -19,7 +19,7 @@ mod record;
 use std::time::Duration;
 
 use self::batch::{batch, WritebackBuffers};
-use self::policy::{next_batch_plan, Pacer, Plan};
+use self::policy::{next_batch_plan, wants_full_speed, Pacer, Plan};
 use crate::inner::Inner;
 use crate::tunables;
 
@@ -96,10 +96,16 @@ pub fn run(inner: &Inner) {
             continue;
         }
         if let Some(rate) = rate_blocks_per_s {
+            // The pause that keeps the background rate. It ends early once writeback is
+            // needed at full speed: whoever makes that so (a writer waiting for room, the
+            // flusher seeing the ring's head run low, a drain) wakes this thread.
             let budget = Duration::from_secs_f64(done as f64 / rate as f64);
             let deadline = started + budget;
-            while crate::sync::now() < deadline && !st.health.closing() && !st.writeback.draining()
-            {
+            while crate::sync::now() < deadline && !st.health.closing() {
+                if wants_full_speed(inner, &st) {
+                    st.counters.writeback_pauses_cut += 1;
+                    break;
+                }
                 inner.writeback_wake.wait_until(&mut st, deadline);
             }
         }

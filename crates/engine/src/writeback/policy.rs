@@ -55,6 +55,18 @@ impl Pacer {
     }
 }
 
+/// Whether writeback must run at full speed now, whatever its background rate (the cases
+/// `next_batch_plan` lists first). A paced pause between batches ends as soon as this holds
+/// (`super::run`): a writer waiting for room, or a ring head waiting for its dirty blocks,
+/// waited out the pause otherwise (80-200 ms at a time in `bench engine`, a quarter of the
+/// run; BENCHMARKS.md, issue 20, 2026-11-27).
+pub fn wants_full_speed(inner: &Inner, st: &State) -> bool {
+    st.writeback.draining()
+        || (st.room.writers_wait() && st.under_pressure())
+        || (st.ordered() && st.ring.head_wants_writeback())
+        || inner.tunables.get(tunables::CACHE_MODE) != tunables::MODE_WRITE_BACK
+}
+
 pub fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instant) -> Plan {
     let batch_max = inner.tunables.get(tunables::WRITEBACK_BATCH_BLOCKS) as usize;
     // Is the front end idle?
@@ -76,11 +88,7 @@ pub fn next_batch_plan(inner: &Inner, st: &State, pacer: &mut Pacer, now: Instan
     // In flush-epoch order the relocator does not move dirty blocks: writeback alone lets the
     // head pass them, so it starts as the ring runs low, not once writers already wait (they
     // then waited for every batch: half a writer's time in `bench engine`, issue 20).
-    if st.writeback.draining()
-        || (st.room.writers_wait() && st.under_pressure())
-        || (st.ordered() && st.ring.head_wants_writeback())
-        || inner.tunables.get(tunables::CACHE_MODE) != tunables::MODE_WRITE_BACK
-    {
+    if wants_full_speed(inner, st) {
         return full;
     }
     let rate_max_blocks =
