@@ -1894,3 +1894,101 @@ fn a_reserved_write_published_with_the_log_full_does_not_stop_the_head() {
     assert!(buf == [0xB0; 4096], "block 0 reads {:#x}", buf[0]);
     e.close().unwrap();
 }
+
+/// Long sweep, cache-loss seed 138563: a writeback batch took a partly dirty block (one
+/// sector dirty, the rest clean); a failed backing sync then marked its clean sectors dirty
+/// again (`state/lost.rs`: a write-through write no sync covered may be gone, and every copy
+/// logged after it is written back again), and a write of the block after that flush made the
+/// batch's copy a shadow (a dirty copy of an older flush epoch). The batch, finding a shadow
+/// whose dirty sectors were not the ones it took, asserted "a shadow changed": the writeback
+/// thread panicked and the engine failed. Now the shadow stays dirty for a later batch.
+#[test]
+fn a_block_marked_dirty_again_and_shadowed_while_written_back_stays_for_the_next_batch() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let lba = 40u64;
+    let faulty = Arc::new(FaultDevice::new(pair.backing()));
+    let backing = Arc::new(GateDevice::new(faulty.clone()));
+    let opts = OpenOptions {
+        seal_interval_ms: Some(1000),
+        ..manual(4 * SEG_64K)
+    };
+    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+    // Block 40 cached whole and clean.
+    e.write(lba * 4096, &[0x11; 4096], false).unwrap();
+    e.flush().unwrap();
+    while e.writeback_step(16).unwrap() > 0 {}
+    // A write-through write, so a failed sync leaves a write at risk (switching to
+    // write-through drains dirty blocks: this comes first).
+    e.set_tunable("cache_mode", "write-through").unwrap();
+    e.write(8 * 4096, &[0x33; 4096], false).unwrap();
+    e.set_tunable("cache_mode", "write-back").unwrap();
+    // Sector 3 of block 40 dirty, the rest clean, durable in the cache (a due periodic seal,
+    // not a flush: a flush would pay the sync owed).
+    e.write(lba * 4096 + 3 * 512, &[0x22; 512], false).unwrap();
+    e.seal_if_due(Instant::now() + Duration::from_secs(3600));
+    e.run_flusher().unwrap();
+    // Writeback takes that copy (one dirty sector) and is held after its backing write.
+    backing.hold_after(OpKind::Write);
+    let wb = e.clone();
+    let batch = std::thread::spawn(move || wb.writeback_step(16));
+    assert!(
+        backing.wait_held(OpKind::Write, 1, HANG),
+        "writeback never wrote the dirty sector"
+    );
+    // A flush's backing sync fails: the clean sectors of the batch's copy become dirty.
+    let redirtied = e.stats().counters.bypass_copies_redirtied;
+    faulty.fail_next(OpKind::Flush, 1, FaultKind::Io);
+    let f = e.clone();
+    assert!(
+        bounded("the flush", move || f.flush()).is_err(),
+        "the flush whose backing sync failed"
+    );
+    assert!(
+        e.stats().counters.bypass_copies_redirtied >= redirtied + 2,
+        "the failed sync marked the copies of blocks 8 and {lba} dirty again"
+    );
+    // Sector 6 written after that flush: the batch's copy becomes a shadow.
+    let shadows = e.stats().counters.shadows_kept;
+    e.write(lba * 4096 + 6 * 512, &[0x44; 512], false).unwrap();
+    assert_eq!(
+        e.stats().counters.shadows_kept,
+        shadows + 1,
+        "the batch's copy of block {lba} kept as a shadow"
+    );
+    backing.release(OpKind::Write);
+    let joined = bounded("the writeback batch", move || batch.join());
+    assert!(
+        joined.is_ok(),
+        "the writeback batch panicked on the shadow it had taken while live"
+    );
+    // Everything written back with the backing device healthy; a flush then succeeds.
+    let mut steps = 0;
+    while e.writeback_step(16).unwrap() > 0 {
+        steps += 1;
+        assert!(steps < 64, "writeback never finished");
+    }
+    e.flush().unwrap();
+    assert_eq!(
+        e.stats().dirty_blocks,
+        0,
+        "dirty blocks left after the drain"
+    );
+    let image = pair.backing.durable_image();
+    let block = &image[(lba * 4096) as usize..((lba + 1) * 4096) as usize];
+    for (s, sector) in block.chunks(512).enumerate() {
+        let want = match s {
+            3 => 0x22,
+            6 => 0x44,
+            _ => 0x11,
+        };
+        assert!(
+            sector.iter().all(|&x| x == want),
+            "sector {s} of block {lba} holds {:#x}.. on the backing device, not {want:#x}",
+            sector[0]
+        );
+    }
+    assert!(image[(8 * 4096) as usize..(9 * 4096) as usize]
+        .iter()
+        .all(|&x| x == 0x33));
+    e.close().unwrap();
+}

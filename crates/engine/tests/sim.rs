@@ -131,8 +131,9 @@ const CI_LOSS_SCHEDULES: u64 = 100;
 /// sector whose newer epoch then failed to land, and a flush returned OK; 101855: a partial
 /// write-through dropped the cached copy a failed sync's lost write needed; 104622: a harness
 /// defect, lock waiters whose holder let go unseen were never retried (`Scheduler::retry_locks`);
-/// docs/RELIABILITY.md).
-const FOUND_LOSS_SEEDS: [u64; 5] = [50_030, 100_940, 101_575, 101_855, 104_622];
+/// 138563: a failed backing sync marked a block of a writeback batch dirty again, a write then
+/// made it a shadow, and the batch asserted "a shadow changed"; docs/RELIABILITY.md).
+const FOUND_LOSS_SEEDS: [u64; 6] = [50_030, 100_940, 101_575, 101_855, 104_622, 138_563];
 /// Ordinary seeds outside CI's range that once failed, run in every CI-kind run (107844: the
 /// writeback record's backing sync failed between a write-zeroes' zeroing and its own sync,
 /// dropping the zeros, and the range was marked applied; 118513: a chunk a writer sealed
