@@ -345,10 +345,11 @@ fn step<'a>(
         reclaimed |= more;
     }
     let progressed = progressed || reclaimed || relocations > 0 || evicted;
-    if st.ordered() && st.ring.head_wants_writeback() {
+    if st.ordered() && st.ring.head_wants_writeback() && st.writeback.error().is_none() {
         // The ring runs low with dirty blocks at its head, which in flush-epoch order only
         // writeback can let pass: it may be pausing at its background rate, and nobody else
         // tells it before writers come to wait for room (`writeback::policy::wants_full_speed`).
+        // Not while its last batch failed: it retries after its own pause, not every round.
         inner.writeback_wake.notify_one();
     }
     if progressed {
