@@ -19,8 +19,9 @@
 //! buffer: handing it to a worker would cost a second thread wake-up per request, and nothing
 //! queues behind it (a READ that needs the backing device is refused by the engine untouched
 //! and goes to a worker). A larger one, up to 1 MiB, is served here too when it is the
-//! connection's only request (nothing buffered, nothing on a worker: a client at iodepth 1). Small READs that arrive together (whole sectors, at most 64 KiB each,
-//! two or more one after another in the input buffer) are served here as a burst (`burst`): one
+//! connection's only request (nothing buffered, nothing on a worker: a client at iodepth 1).
+//! Small READs that arrive together (whole sectors, at most 64 KiB each, two or more one
+//! after another in the input buffer) are served here as a burst (`burst`): one
 //! engine call reads all those the cache holds, with their device reads submitted together,
 //! and their replies go out in one `sendmsg`; those it lacks go to the workers. Write replies,
 //! and the reader's other inline replies (errors, CACHE), accumulate
