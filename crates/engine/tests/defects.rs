@@ -1638,6 +1638,35 @@ struct HeldBatch {
     batch: std::thread::JoinHandle<logcache_engine::Result<u64>>,
 }
 
+/// A write-through write of block 8, so a flush owes the backing device a sync (switching to
+/// write-through drains dirty blocks: this comes first); then `data` written at
+/// `offset_bytes` the write-back way, durable in the cache (a due periodic seal, not a flush:
+/// a flush would pay the sync owed).
+fn dirty_in_the_cache_with_a_sync_owed(e: &Engine, offset_bytes: u64, data: &[u8]) {
+    e.set_tunable("cache_mode", "write-through").unwrap();
+    e.write(8 * 4096, &[0x33; 4096], false).unwrap();
+    e.set_tunable("cache_mode", "write-back").unwrap();
+    e.write(offset_bytes, data, false).unwrap();
+    e.seal_if_due(Instant::now() + Duration::from_secs(3600));
+    e.run_flusher().unwrap();
+}
+
+/// A writeback batch on its own thread, returned once its write reached the backing device and
+/// is held there before it returns.
+fn writeback_held_after_its_write(
+    e: &Engine,
+    backing: &GateDevice,
+) -> std::thread::JoinHandle<logcache_engine::Result<u64>> {
+    backing.hold_after(OpKind::Write);
+    let wb = e.clone();
+    let batch = std::thread::spawn(move || wb.writeback_step(16));
+    assert!(
+        backing.wait_held(OpKind::Write, 1, HANG),
+        "writeback never wrote the dirty block"
+    );
+    batch
+}
+
 fn writeback_batch_held_at_its_write() -> HeldBatch {
     let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
     let lba = 40u64;
@@ -1649,25 +1678,8 @@ fn writeback_batch_held_at_its_write() -> HeldBatch {
         ..manual(4 * SEG_64K)
     };
     let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
-    // A write-through write, so a flush owes the backing device a sync (switching to
-    // write-through drains dirty blocks: this comes first).
-    e.set_tunable("cache_mode", "write-through").unwrap();
-    e.write(8 * 4096, &[0x33; 4096], false).unwrap();
-    e.set_tunable("cache_mode", "write-back").unwrap();
-    // A dirty block, durable in the cache (a due periodic seal, not a flush: a flush would
-    // pay the sync owed).
-    e.write(lba * 4096, &[0x22; 4096], false).unwrap();
-    e.seal_if_due(Instant::now() + Duration::from_secs(3600));
-    e.run_flusher().unwrap();
-    // Writeback's write of the dirty block reaches the backing device and is held before it
-    // returns.
-    backing.hold_after(OpKind::Write);
-    let wb = e.clone();
-    let batch = std::thread::spawn(move || wb.writeback_step(16));
-    assert!(
-        backing.wait_held(OpKind::Write, 1, HANG),
-        "writeback never wrote the dirty block"
-    );
+    dirty_in_the_cache_with_a_sync_owed(&e, lba * 4096, &[0x22; 4096]);
+    let batch = writeback_held_after_its_write(&e, &backing);
     HeldBatch {
         pair,
         faulty,
@@ -1917,24 +1929,11 @@ fn a_block_marked_dirty_again_and_shadowed_while_written_back_stays_for_the_next
     e.write(lba * 4096, &[0x11; 4096], false).unwrap();
     e.flush().unwrap();
     while e.writeback_step(16).unwrap() > 0 {}
-    // A write-through write, so a failed sync leaves a write at risk (switching to
-    // write-through drains dirty blocks: this comes first).
-    e.set_tunable("cache_mode", "write-through").unwrap();
-    e.write(8 * 4096, &[0x33; 4096], false).unwrap();
-    e.set_tunable("cache_mode", "write-back").unwrap();
-    // Sector 3 of block 40 dirty, the rest clean, durable in the cache (a due periodic seal,
-    // not a flush: a flush would pay the sync owed).
-    e.write(lba * 4096 + 3 * 512, &[0x22; 512], false).unwrap();
-    e.seal_if_due(Instant::now() + Duration::from_secs(3600));
-    e.run_flusher().unwrap();
-    // Writeback takes that copy (one dirty sector) and is held after its backing write.
-    backing.hold_after(OpKind::Write);
-    let wb = e.clone();
-    let batch = std::thread::spawn(move || wb.writeback_step(16));
-    assert!(
-        backing.wait_held(OpKind::Write, 1, HANG),
-        "writeback never wrote the dirty sector"
-    );
+    // A write-through write, so a failed sync leaves a write at risk; sector 3 of block 40
+    // dirty, the rest clean, durable in the cache. Writeback takes that copy (one dirty
+    // sector) and is held after its backing write.
+    dirty_in_the_cache_with_a_sync_owed(&e, lba * 4096 + 3 * 512, &[0x22; 512]);
+    let batch = writeback_held_after_its_write(&e, &backing);
     // A flush's backing sync fails: the clean sectors of the batch's copy become dirty.
     let redirtied = e.stats().counters.bypass_copies_redirtied;
     faulty.fail_next(OpKind::Flush, 1, FaultKind::Io);

@@ -40,14 +40,6 @@ fn read(cookie: u64, offset_bytes: u64, length_bytes: u64) -> (Request, Vec<u8>)
     (request, Vec::new())
 }
 
-/// Keeps every dirty block dirty and on the cache device: no writeback reads it meanwhile.
-fn no_writeback(engine: &logcache_engine::Engine) {
-    engine.set_tunable("writeback_idle_ms", "0").unwrap();
-    engine
-        .set_tunable("writeback_threshold_percent", "100")
-        .unwrap();
-}
-
 /// Waits (bounded) until the server has no connection left: its thread, and with it every
 /// worker of the connection, has finished.
 fn wait_for_no_connection(server: &logcache_server::Server) {

@@ -19,15 +19,6 @@ use server_support::*;
 const BLOCK: u64 = 4096;
 const HELD: Duration = Duration::from_secs(30);
 
-/// Threads of this process whose name says they serve a connection.
-fn connection_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .filter(|name| name.starts_with("nbd-conn-"))
-        .count()
-}
-
 /// A read waiting on the backing device (a miss) holds back none of the requests behind it:
 /// a write, a cached read and a flush sent after it are all answered while it still waits,
 /// and its own reply, when the device lets it through, carries the backing device's data.

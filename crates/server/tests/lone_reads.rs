@@ -33,23 +33,6 @@ fn serial() -> MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Keeps every dirty block dirty and on the cache device: no writeback reads it meanwhile.
-fn no_writeback(engine: &logcache_engine::Engine) {
-    engine.set_tunable("writeback_idle_ms", "0").unwrap();
-    engine
-        .set_tunable("writeback_threshold_percent", "100")
-        .unwrap();
-}
-
-/// Threads of this process whose name says they serve a connection.
-fn connection_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
-        .filter(|name| name.starts_with("nbd-conn-"))
-        .count()
-}
-
 /// Waits (bounded) until the server has no connection and no connection thread left.
 fn wait_for_no_connection(server: &logcache_server::Server) {
     let deadline = Instant::now() + COMMAND_TIMEOUT;

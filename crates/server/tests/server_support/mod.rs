@@ -455,6 +455,24 @@ impl RawClient {
     }
 }
 
+/// Keeps every dirty block dirty and on the cache device: no writeback reads it meanwhile.
+pub fn no_writeback(engine: &logcache_engine::Engine) {
+    engine.set_tunable("writeback_idle_ms", "0").unwrap();
+    engine
+        .set_tunable("writeback_threshold_percent", "100")
+        .unwrap();
+}
+
+/// Threads of this process whose name says they serve a connection (a test that counts them
+/// must not run beside another that starts connections).
+pub fn connection_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("nbd-conn-"))
+        .count()
+}
+
 /// Deterministic bytes for `length` bytes tagged by `seed`.
 pub fn pattern(seed: u64, length_bytes: usize) -> Vec<u8> {
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
