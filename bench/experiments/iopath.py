@@ -25,7 +25,7 @@ fio's IOs (the emulated HDD's includes its timing loop: not comparable).
 import os
 
 from harness.context import pick
-from harness.contenders import Contender, alternate, mean_by
+from harness.contenders import Contender, alternate, mean_by, median, spread
 from harness.fio import run_fio
 from harness.report import commands_block, fmt, fmt_int, plt, table
 from harness.servers import GiB, MiB, Logcache, make_file, start_file, start_sim_hdd
@@ -217,19 +217,6 @@ def ratios(rows, job, ref=None):
         if r["job"] == job:
             by_round.setdefault(r["round"], {})[r["contender"]] = r[figure]
     return [v[other] / v[ref] for v in by_round.values() if v.get(ref) and other in v]
-
-
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
-
-
-def spread(rs):
-    """"0.93 (0.81–1.10, 8 rounds)": the median of per-round ratios, their min–max, and how
-    many rounds; the median is the figure the goal is judged on (one outlying round cannot
-    move it, as it moves a mean of two)."""
-    return f"{median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f}, {len(rs)} round{'s' if len(rs) != 1 else ''})"
 
 
 def cpu_of(rows, job):

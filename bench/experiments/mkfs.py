@@ -9,6 +9,7 @@ nbdfuse + losetup (no nbd kernel module here), the two alternated per round. Nee
 import os
 
 from harness.context import pick
+from harness.contenders import median
 from harness.report import commands_block, fmt, table
 from harness.procs import run_tracked
 
@@ -57,12 +58,6 @@ def check(rows):
         for target in ("hdd", "logcache"):
             if not any(r["fs"] == fs and r["target"] == target for r in rows):
                 raise ValueError(f"mkfs: no mkfs.{fs} time on {target}")
-
-
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return (xs[n // 2] + xs[(n - 1) // 2]) / 2
 
 
 def medians(rows, fs):

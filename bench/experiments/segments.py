@@ -18,7 +18,7 @@ import os
 import time
 
 from harness.context import pick
-from harness.contenders import Contender, alternate, mean_by
+from harness.contenders import Contender, alternate, mean_by, median, spread
 from harness.fio import run_fio
 from harness.report import commands_block, fmt, fmt_int, human, plt, table
 from harness.servers import GiB, MiB, Logcache, start_sim_hdd
@@ -36,7 +36,7 @@ def params(ctx):
     return pick(ctx, {
         "smoke": {"hdd_size": 1 * GiB, "cache_size": 256 * MiB, "runtime": 1, "rounds": 1,
                   "fill": 64 * MiB},
-        "quick": {"hdd_size": 16 * GiB, "cache_size": 2 * GiB, "runtime": 3, "rounds": 1,
+        "quick": {"hdd_size": 16 * GiB, "cache_size": 2 * GiB, "runtime": 3, "rounds": 3,
                   "fill": 512 * MiB},
         "full": {"hdd_size": 64 * GiB, "cache_size": 16 * GiB, "runtime": 15, "rounds": 3,
                  "fill": 12 * GiB},
@@ -130,14 +130,26 @@ def check(rows):
             raise ValueError(f"segments: bad resume time {r}")
 
 
+def round_ratios(rows):
+    """Per-round ratios of 32 KiB's MB/s to 1 MiB's: the goal is judged on their median, as one
+    3 s round of each swings 0.7-1.7 on this machine (2026-11-27)."""
+    by_round = {}
+    for r in rows:
+        if r["kind"] == "throughput":
+            by_round.setdefault(r["round"], {})[r["segment"]] = r["mb_s"]
+    return [v["32K"] / v["1M"] for v in by_round.values() if v.get("1M") and "32K" in v]
+
+
 def summary(res):
     rows, p = res["rows"], res["params"]
-    thr = mean_by([r for r in rows if r["kind"] == "throughput"], "segment", "mb_s")
     out = []
-    if thr.get("1M") and thr.get("32K") is not None:
-        ratio = thr["32K"] / thr["1M"]
+    rs = round_ratios(rows)
+    if rs:
+        ratio = median(rs)
         out.append(["32 KiB segments lose ≤ 15% against 1 MiB, 4 KiB randwrite QD64 (seed 000: −29%)",
-                    f"{ratio * 100:.0f}% of 1 MiB", "met" if ratio >= 0.85 else "**not met**"])
+                    f"{ratio * 100:.0f}% of 1 MiB (median of {len(rs)} round(s), "
+                    f"{min(rs) * 100:.0f}–{max(rs) * 100:.0f}%)",
+                    "met" if ratio >= 0.85 else "**not met**"])
     fmt_1m = [r["seconds"] for r in rows if r["kind"] == "format" and r["segment"] == "1M"]
     if fmt_1m:
         out.append([f"format ≤ 0.2 s, 1 MiB segments ({human(p['cache_size'])} cache here)",
@@ -177,10 +189,10 @@ def render(res, charts):
         "to the emulated disk in flight (the default threshold is 10% dirty) and waits for it.",
         "",
     ]
-    if "1M" in mb and "32K" in mb and mb["1M"] > 0:
-        loss = 1 - mb["32K"] / mb["1M"]
-        out.append(f"32 KiB segments give {100 * (1 - loss):.0f}% of 1 MiB's throughput "
-                   f"(seed 000: {100 * 184 / 259:.0f}%).")
+    rs = round_ratios(rows)
+    if rs:
+        out.append(f"32 KiB segments give {spread(rs)} of 1 MiB's throughput, median of per-round "
+                   f"ratios (seed 000: {184 / 259:.2f}).")
         out.append("")
     out.append(
         f"Format and resume: the cache ({human(p['cache_size'])}) is formatted, then filled with "

@@ -45,3 +45,16 @@ def mean_by(rows, key, value, where=None):
             continue
         acc.setdefault(r[key], []).append(r[value])
     return {k: sum(v) / len(v) for k, v in acc.items()}
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return (xs[n // 2] + xs[(n - 1) // 2]) / 2
+
+
+def spread(rs):
+    """"0.93 (0.81–1.10, 8 rounds)": the median of per-round ratios, their min–max, and how
+    many rounds; the median is the figure the goal is judged on (one outlying round cannot
+    move it, as it moves a mean of two)."""
+    return f"{median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f}, {len(rs)} round{'s' if len(rs) != 1 else ''})"
