@@ -25,6 +25,26 @@ const SEG_64K: u64 = 64 * KIB;
 /// How long a step may take before the test calls it a hang (generous: a loaded 2-core CI).
 const HANG: Duration = Duration::from_secs(60);
 
+/// An engine on `pair` whose backing device can fail (`FaultDevice`) and be held (`GateDevice`,
+/// outermost).
+fn faulty_gated_engine(
+    pair: &SimPair,
+    opts: OpenOptions,
+) -> (Arc<FaultDevice>, Arc<GateDevice>, Engine) {
+    let faulty = Arc::new(FaultDevice::new(pair.backing()));
+    let backing = Arc::new(GateDevice::new(faulty.clone()));
+    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+    (faulty, backing, e)
+}
+
+/// Manual mode with a one-second periodic seal (`seal_if_due` seals only when told the time).
+fn sealing_each_second() -> OpenOptions {
+    OpenOptions {
+        seal_interval_ms: Some(1000),
+        ..manual(4 * SEG_64K)
+    }
+}
+
 /// Runs `f` on its own thread; panics if it does not return within `HANG`.
 fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
     let (tx, rx) = mpsc::channel();
@@ -1408,10 +1428,8 @@ fn a_write_zeroes_is_not_marked_applied_by_a_sync_after_one_that_dropped_its_zer
     let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
     let lba = 40u64;
     pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
-    let faulty = Arc::new(FaultDevice::new(pair.backing()));
-    let backing = Arc::new(GateDevice::new(faulty.clone()));
     let opts = manual(4 * SEG_64K);
-    let e = Engine::open(pair.cache(), backing.clone(), opts.clone()).unwrap();
+    let (faulty, backing, e) = faulty_gated_engine(&pair, opts.clone());
     e.set_tunable("cache_mode", "write-through").unwrap();
     // A write-through write, so the flush below owes the backing device a sync.
     e.write(8 * 4096, &[0x22; 4096], false).unwrap();
@@ -1671,13 +1689,7 @@ fn writeback_batch_held_at_its_write() -> HeldBatch {
     let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
     let lba = 40u64;
     pair.backing.write_raw(lba * 4096, &[0x11; 4096]);
-    let faulty = Arc::new(FaultDevice::new(pair.backing()));
-    let backing = Arc::new(GateDevice::new(faulty.clone()));
-    let opts = OpenOptions {
-        seal_interval_ms: Some(1000),
-        ..manual(4 * SEG_64K)
-    };
-    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+    let (faulty, backing, e) = faulty_gated_engine(&pair, sealing_each_second());
     dirty_in_the_cache_with_a_sync_owed(&e, lba * 4096, &[0x22; 4096]);
     let batch = writeback_held_after_its_write(&e, &backing);
     HeldBatch {
@@ -1797,9 +1809,7 @@ fn a_writeback_batch_is_not_marked_clean_while_the_sync_that_dropped_it_returns(
 #[test]
 fn a_flush_is_not_vouched_for_by_a_sync_beside_one_that_failed() {
     let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
-    let faulty = Arc::new(FaultDevice::new(pair.backing()));
-    let backing = Arc::new(GateDevice::new(faulty.clone()));
-    let e = Engine::open(pair.cache(), backing.clone(), manual(4 * SEG_64K)).unwrap();
+    let (faulty, backing, e) = faulty_gated_engine(&pair, manual(4 * SEG_64K));
     e.set_tunable("cache_mode", "write-through").unwrap();
     e.write(0, &[0x44; 4096], false).unwrap();
     backing.hold_next_after(OpKind::Flush);
@@ -1918,13 +1928,7 @@ fn a_reserved_write_published_with_the_log_full_does_not_stop_the_head() {
 fn a_block_marked_dirty_again_and_shadowed_while_written_back_stays_for_the_next_batch() {
     let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
     let lba = 40u64;
-    let faulty = Arc::new(FaultDevice::new(pair.backing()));
-    let backing = Arc::new(GateDevice::new(faulty.clone()));
-    let opts = OpenOptions {
-        seal_interval_ms: Some(1000),
-        ..manual(4 * SEG_64K)
-    };
-    let e = Engine::open(pair.cache(), backing.clone(), opts).unwrap();
+    let (faulty, backing, e) = faulty_gated_engine(&pair, sealing_each_second());
     // Block 40 cached whole and clean.
     e.write(lba * 4096, &[0x11; 4096], false).unwrap();
     e.flush().unwrap();

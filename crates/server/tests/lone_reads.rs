@@ -49,17 +49,24 @@ fn wait_for_no_connection(server: &logcache_server::Server) {
     assert_eq!(connection_threads(), 0, "a connection's thread outlived it");
 }
 
+/// A gated server whose first `DATA_BYTES` hold pattern `seed`, dirty and kept on the cache
+/// device (no writeback); returns it, the data and the count of lone large reads so far.
+fn dirty_data_held_in_the_cache(name: &str, seed: u64) -> (Gated, Vec<u8>, u64) {
+    let gated = Gated::start_with(name, true);
+    no_writeback(&gated.engine);
+    let data = pattern(seed, DATA_BYTES as usize);
+    gated.engine.write(0, &data, false).unwrap();
+    let before = gated.server.stats().lone_large_reads_inline;
+    (gated, data, before)
+}
+
 /// Lone 1 MiB READs of data on the cache device, one at a time, through both reply kinds and
 /// through a real client (libnbd): each returns its data, and the reader served each itself
 /// (no worker thread was ever started for them).
 #[test]
 fn lone_large_cached_reads_are_served_by_the_reader() {
     let _serial = serial();
-    let gated = Gated::start_with("lone-large-read", true);
-    no_writeback(&gated.engine);
-    let data = pattern(21, DATA_BYTES as usize);
-    gated.engine.write(0, &data, false).unwrap();
-    let before = gated.server.stats().lone_large_reads_inline;
+    let (gated, data, before) = dirty_data_held_in_the_cache("lone-large-read", 21);
     for structured in [false, true] {
         let mut client = RawClient::go(&gated.socket, structured, false);
         for (cookie, offset_bytes) in [(1u64, 0u64), (2, MIB), (3, 3 * MIB + 8 * BLOCK)] {
@@ -68,15 +75,7 @@ fn lone_large_cached_reads_are_served_by_the_reader() {
                 &request(NbdCommand::Read, cookie, offset_bytes, length as u32),
                 &[],
             );
-            let got = if structured {
-                let (got_cookie, failed, got) = read_structured_reply(&mut client);
-                assert_eq!((got_cookie, failed), (cookie, false));
-                got
-            } else {
-                let reply = client.read_simple_reply();
-                assert_eq!((reply.cookie, reply.error), (cookie, 0));
-                client.read_exact(length)
-            };
+            let got = read_ok_reply(&mut client, structured, cookie, length);
             let offset = offset_bytes as usize;
             assert!(
                 got == data[offset..offset + length],
@@ -160,15 +159,7 @@ fn a_lone_large_read_failing_mid_way_gets_an_error_and_no_data() {
         cookie += 1;
         let good = (bad_block as u64) * BLOCK;
         client.send_request(&request(NbdCommand::Read, cookie, 0, good as u32), &[]);
-        let got = if structured {
-            let (got_cookie, failed, got) = read_structured_reply(&mut client);
-            assert_eq!((got_cookie, failed), (cookie, false));
-            got
-        } else {
-            let reply = client.read_simple_reply();
-            assert_eq!((reply.cookie, reply.error), (cookie, 0));
-            client.read_exact(good as usize)
-        };
+        let got = read_ok_reply(&mut client, structured, cookie, good as usize);
         assert!(
             got == data[..good as usize],
             "the good blocks read back wrong"
@@ -186,11 +177,7 @@ fn a_lone_large_read_failing_mid_way_gets_an_error_and_no_data() {
 #[test]
 fn a_connection_closed_during_a_lone_large_read_leaks_nothing() {
     let _serial = serial();
-    let gated = Gated::start_with("lone-large-read-closed", true);
-    no_writeback(&gated.engine);
-    let data = pattern(23, DATA_BYTES as usize);
-    gated.engine.write(0, &data, false).unwrap();
-    let before = gated.server.stats().lone_large_reads_inline;
+    let (gated, data, before) = dirty_data_held_in_the_cache("lone-large-read-closed", 23);
     let mut client = RawClient::go(&gated.socket, true, false);
     gated.gate.hold(OpKind::Read);
     client.send_request(&request(NbdCommand::Read, 1, 0, MIB as u32), &[]);

@@ -77,6 +77,24 @@ pub fn request(command: NbdCommand, cookie: u64, offset_bytes: u64, length_bytes
     }
 }
 
+/// The successful reply to READ `cookie` of `length` bytes, in either reply kind: its data.
+pub fn read_ok_reply(
+    client: &mut RawClient,
+    structured: bool,
+    cookie: u64,
+    length: usize,
+) -> Vec<u8> {
+    if structured {
+        let (got_cookie, failed, got) = read_structured_reply(client);
+        assert_eq!((got_cookie, failed), (cookie, false));
+        got
+    } else {
+        let reply = client.read_simple_reply();
+        assert_eq!((reply.cookie, reply.error), (cookie, 0));
+        client.read_exact(length)
+    }
+}
+
 /// One structured reply, whole: its cookie, whether it failed, and its data (for a READ).
 pub fn read_structured_reply(client: &mut RawClient) -> (u64, bool, Vec<u8>) {
     let mut data = Vec::new();
