@@ -672,6 +672,8 @@ struct Totals {
     write_around_windows: u64,
     /// Schedules run with `writeback_order = sorted`.
     sorted_schedules: u64,
+    /// Schedules whose cache device says a read gap is worth nothing (as memory does).
+    gapless_cache_schedules: u64,
     /// Relocator read windows opened (`relocator_read_check`), those whose filling reached a
     /// relocator read of the head segment (failed with EIO), and after how many of those the
     /// engine failed (with a reason naming the relocator) rather than retried.
@@ -1131,6 +1133,14 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
     };
     let pair = SimPair::new(cache_bytes, 4 << 20, segment);
     pair.write_original(region_sectors);
+    // Half the schedules' cache devices say a read gap is worth nothing, as memory does
+    // (writeback then reads each dirty block on its own): from a generator of its own, so the
+    // schedule a seed drew before this choice existed stays the same.
+    let gapless_cache = Rng::new(seed ^ 0x0067_6170_6c65_7373).chance(1, 2);
+    if gapless_cache {
+        pair.cache.set_read_gap_bytes_max(0);
+    }
+    totals.gapless_cache_schedules += u64::from(gapless_cache);
     let sched = Scheduler::new();
     // A failing schedule unwinds with threads still held at the gate: the power goes off so
     // they end (their IO fails) before the next schedule installs its own scheduler.
@@ -2700,6 +2710,10 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     eprintln!(
         "sim: {} reserved writes published, {} gave up and were written the ordinary way",
         totals.writes_reserved, totals.reserved_writes_redone
+    );
+    eprintln!(
+        "sim: {} schedules with a gapless cache device (writeback reads each dirty block on its own)",
+        totals.gapless_cache_schedules
     );
     eprintln!(
         "sim: with requests running and none completing, the longest wait for timers: {:.1?} \

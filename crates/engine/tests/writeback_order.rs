@@ -110,3 +110,95 @@ fn concurrent_writeback_ios_write_every_block_to_its_place() {
     }
     e.close().unwrap();
 }
+
+/// A memory device that counts the bytes read from it and says what `read_gap_bytes_max` it
+/// is given (the default's, or memory's 0).
+struct CountingReads {
+    mem: MemDevice,
+    gap_bytes_max: u64,
+    read_bytes: std::sync::atomic::AtomicU64,
+}
+
+impl BlockDevice for CountingReads {
+    fn size_bytes(&self) -> u64 {
+        self.mem.size_bytes()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.read_bytes
+            .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        self.mem.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        self.mem.write_at(buf, offset)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.mem.flush()
+    }
+    fn discard(&self, offset: u64, len_bytes: u64) -> std::io::Result<()> {
+        self.mem.discard(offset, len_bytes)
+    }
+    fn describe(&self) -> String {
+        "counting memory".into()
+    }
+    fn read_gap_bytes_max(&self) -> u64 {
+        self.gap_bytes_max
+    }
+}
+
+/// Drains 64 dirty blocks with a block that is not dirty between each two in the log, from a cache device that
+/// says `gap_bytes_max`; checks the backing device's data and returns the bytes the drain read
+/// from the cache device.
+fn drain_read_bytes(gap_bytes_max: u64) -> u64 {
+    let cache = Arc::new(CountingReads {
+        mem: MemDevice::new(64 * MIB),
+        gap_bytes_max,
+        read_bytes: Default::default(),
+    });
+    let mem = Arc::new(MemDevice::new(16 * MIB));
+    format_cache(&*cache, &*mem, &FormatOptions::default()).unwrap();
+    let opts = OpenOptions {
+        ram_buffer_bytes: 4 * MIB,
+        manual_flusher: true,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(cache.clone(), mem.clone(), opts).unwrap();
+    // Not one batch per flush epoch: the drain takes all 64 blocks in one batch.
+    e.set_tunable("writeback_order", "sorted").unwrap();
+    // One chunk per write (each flush seals one): in the log each dirty block follows its
+    // chunk's metadata block, so the dirty blocks are one apart, in descending backing order.
+    for i in 0..64u64 {
+        let lba = 163 - i;
+        e.write(lba * BLOCK, &[lba as u8; 4096], false).unwrap();
+        e.flush().unwrap();
+    }
+    e.flush().unwrap();
+    let before = cache.read_bytes.load(std::sync::atomic::Ordering::Relaxed);
+    e.drain(|_| {}).unwrap();
+    let read = cache.read_bytes.load(std::sync::atomic::Ordering::Relaxed) - before;
+    assert_eq!(e.stats().dirty_blocks, 0);
+    let mut buf = [0u8; 4096];
+    for lba in 100..164u64 {
+        mem.read_at(&mut buf, lba * BLOCK).unwrap();
+        assert_eq!(buf, [lba as u8; 4096], "block {lba}, gap {gap_bytes_max}");
+    }
+    e.close().unwrap();
+    read
+}
+
+/// A cache device that says gaps are worth nothing (memory) has writeback read only the dirty
+/// blocks, each straight into its place; the default reads spans over the blocks between.
+#[test]
+fn gapless_cache_device_reads_only_the_dirty_blocks() {
+    let dirty_bytes = 64 * BLOCK;
+    let gapless = drain_read_bytes(0);
+    assert_eq!(
+        gapless, dirty_bytes,
+        "read {gapless} bytes for {dirty_bytes} dirty"
+    );
+    let spans = drain_read_bytes(logcache_engine::io::READ_GAP_BYTES_MAX_DEFAULT);
+    assert!(
+        spans > dirty_bytes,
+        "spans read {spans} bytes for {dirty_bytes} dirty: no gap read over"
+    );
+}

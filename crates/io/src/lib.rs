@@ -20,6 +20,10 @@ use std::io;
 /// The sector size every device must accept as its unit of alignment.
 pub const SECTOR_SIZE_BYTES: u64 = 512;
 
+/// [`BlockDevice::read_gap_bytes_max`] of a device that does not say: 128 KiB, about what one
+/// IO's fixed cost is worth on a disk or an SSD behind a file system.
+pub const READ_GAP_BYTES_MAX_DEFAULT: u64 = 128 << 10;
+
 /// A block device addressed by byte offset.
 ///
 /// Contract (asserted by the simulated device in tests):
@@ -78,6 +82,14 @@ pub trait BlockDevice: Send + Sync {
     /// whose librbd cache is off) use it; the default ignores it.
     fn set_read_ahead_bytes(&self, bytes: u64) {
         let _ = bytes;
+    }
+    /// The longest gap (in bytes) a reader of scattered blocks should read over, rather than
+    /// split around it into two IOs: what one IO's fixed cost (a system call, a seek, a round
+    /// trip) is worth in transferred bytes. Writeback reads a segment's dirty blocks as spans
+    /// with gaps up to this long. A device whose IOs have no fixed cost (memory: an IO is a
+    /// copy, and a gap's bytes cost as much as the wanted ones) says 0.
+    fn read_gap_bytes_max(&self) -> u64 {
+        READ_GAP_BYTES_MAX_DEFAULT
     }
     /// The run of bytes starting at `offset` that has one [`Allocation`]: its length (1 to
     /// `len_bytes`) and kind, for block status. Must never call a range a hole unless it reads

@@ -221,6 +221,10 @@ impl BlockDevice for FaultDevice {
     fn describe(&self) -> String {
         format!("fault-injecting {}", self.inner.describe())
     }
+
+    fn read_gap_bytes_max(&self) -> u64 {
+        self.inner.read_gap_bytes_max()
+    }
 }
 
 #[cfg(test)]

@@ -210,6 +210,10 @@ impl BlockDevice for GateDevice {
         self.inner.describe()
     }
 
+    fn read_gap_bytes_max(&self) -> u64 {
+        self.inner.read_gap_bytes_max()
+    }
+
     fn reconnects(&self) -> u64 {
         self.inner.reconnects()
     }

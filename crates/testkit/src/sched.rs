@@ -735,6 +735,10 @@ impl BlockDevice for SchedDevice {
     fn describe(&self) -> String {
         format!("scheduled {}", self.inner.describe())
     }
+
+    fn read_gap_bytes_max(&self) -> u64 {
+        self.inner.read_gap_bytes_max()
+    }
 }
 
 #[cfg(test)]

@@ -33,6 +33,8 @@ struct Shared {
     flushes: AtomicU64,
     discards: AtomicU64,
     bytes_written: AtomicU64,
+    /// What `read_gap_bytes_max` says (`set_read_gap_bytes_max`): 0 plays a memory device.
+    read_gap_bytes_max: AtomicU64,
 }
 
 struct State {
@@ -116,8 +118,17 @@ impl SimDevice {
                 flushes: AtomicU64::new(0),
                 discards: AtomicU64::new(0),
                 bytes_written: AtomicU64::new(0),
+                read_gap_bytes_max: AtomicU64::new(logcache_io::READ_GAP_BYTES_MAX_DEFAULT),
             }),
         }
+    }
+
+    /// Sets what [`BlockDevice::read_gap_bytes_max`] says (all clones share it): 0 makes readers
+    /// of scattered blocks read each run on its own, as they do on a memory device.
+    pub fn set_read_gap_bytes_max(&self, bytes: u64) {
+        self.shared
+            .read_gap_bytes_max
+            .store(bytes, Ordering::Relaxed);
     }
 
     /// Panics unless `[offset, offset + len_bytes)` is sector-aligned and inside the device.
@@ -429,6 +440,10 @@ impl BlockDevice for SimDevice {
 
     fn describe(&self) -> String {
         format!("sim ({} bytes)", self.shared.size_bytes)
+    }
+
+    fn read_gap_bytes_max(&self) -> u64 {
+        self.shared.read_gap_bytes_max.load(Ordering::Relaxed)
     }
 }
 

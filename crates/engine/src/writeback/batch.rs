@@ -30,7 +30,8 @@ const SECTOR: usize = SECTOR_SIZE_BYTES as usize;
 /// Longest run of adjacent blocks read or written in one IO.
 const RUN_BLOCKS_MAX: usize = 256;
 /// Dirty blocks this close together in the log are read with one IO, gaps included: one
-/// sequential read of the cache device costs less than many small ones.
+/// sequential read of the cache device costs less than many small ones. Less where the device
+/// says a gap is worth less (`BlockDevice::read_gap_bytes_max`; memory: none).
 const READ_GAP_BLOCKS_MAX: u32 = 32;
 /// Times a batch is written and synced while other backing syncs keep failing in between
 /// before it gives up (the blocks stay dirty; writeback retries later).
@@ -313,13 +314,16 @@ fn copy_out(
     for (pos, &k) in bufs.order.iter().enumerate() {
         bufs.blocks[k].buf_index = pos;
     }
+    // Blocks `gap_blocks_max + 1` apart or closer are read in one span (1: only adjacent ones).
+    let gap_blocks_max = (inner.cache.read_gap_bytes_max() / BLOCK_SIZE_BYTES)
+        .min(u64::from(READ_GAP_BLOCKS_MAX)) as u32;
     let mut i = 0;
     while i < bufs.blocks.len() {
         let first = bufs.blocks[i].cache_block;
         let mut j = i + 1;
         while j < bufs.blocks.len() {
             let c = bufs.blocks[j].cache_block;
-            let near = c - bufs.blocks[j - 1].cache_block <= READ_GAP_BLOCKS_MAX;
+            let near = c - bufs.blocks[j - 1].cache_block <= gap_blocks_max + 1;
             if !near || (c - first) as usize >= read_blocks_max {
                 break;
             }
@@ -344,6 +348,28 @@ fn copy_out(
                 .cache
                 .read_at(&mut bufs.data[to * BLOCK..(to + j - i) * BLOCK], off)
                 .map_err(read_err)?;
+        } else if gap_blocks_max == 0 {
+            // A device whose IOs cost nothing but their copy: each block straight to its place
+            // (through the span it would be copied twice).
+            debug_assert_eq!(span_blocks, j - i, "a span with gaps on a gapless device");
+            for b in &bufs.blocks[i..j] {
+                let dst = b.buf_index * BLOCK;
+                inner
+                    .cache
+                    .read_at(
+                        &mut bufs.data[dst..dst + BLOCK],
+                        geo.block_offset(b.cache_block),
+                    )
+                    .map_err(|e| {
+                        CopyError::CacheRead(Error::io(
+                            format!(
+                                "writeback reading the cache at offset {}",
+                                geo.block_offset(b.cache_block)
+                            ),
+                            e,
+                        ))
+                    })?;
+            }
         } else {
             inner
                 .cache
