@@ -16,7 +16,10 @@ COLUMNS = {"run": int, "threads": int, "writes_per_sec": float, "p50_us": float,
 def params(ctx):
     return pick(ctx, {
         "smoke": {"runs": 1, "seconds": 0.5, "cache_mib": 256},
-        "quick": {"runs": 1, "seconds": 3, "cache_mib": None},
+        # Three runs, judged on the median: one 3 s run swung with whatever else the machine
+        # did in those 3 s (BENCHMARKS.md, "`bench engine`: writeback reads only the dirty
+        # blocks ...").
+        "quick": {"runs": 3, "seconds": 3, "cache_mib": None},
         "full": {"runs": 3, "seconds": 10, "cache_mib": None},
     })
 
@@ -48,11 +51,19 @@ def summary(res):
         runs = [r for r in res["rows"] if r["threads"] == threads]
         if not runs:
             continue
-        ok = [r for r in runs if r["writes_per_sec"] >= 1e6 and r["p50_us"] <= 1.0]
-        best = max(runs, key=lambda r: r["writes_per_sec"])
+        def meets(r):
+            return r["writes_per_sec"] >= 1e6 and r["p50_us"] <= 1.0
+        ok = [r for r in runs if meets(r)]
+        # Judged on the median run by writes/s (the lower middle of an even count), not the best.
+        by_rate = sorted(runs, key=lambda r: r["writes_per_sec"])
+        mid = by_rate[(len(by_rate) - 1) // 2]
+        figure = f"{mid['writes_per_sec']:,.0f}/s, p50 {mid['p50_us']:.2f} µs"
+        if len(runs) > 1:
+            figure = (f"median {figure} ({by_rate[0]['writes_per_sec']:,.0f}–"
+                      f"{by_rate[-1]['writes_per_sec']:,.0f}/s over {len(runs)} runs)")
+        verdict = "met" if meets(mid) else "**not met**"
         out.append([f"engine: ≥ 1,000,000 writes/s with p50 ≤ 1 µs, {what} (bench engine)",
-                    f"{best['writes_per_sec']:,.0f}/s, p50 {best['p50_us']:.2f} µs",
-                    f"met in {len(ok)} of {len(runs)} run(s)" if ok else "**not met**",
+                    figure, f"{verdict} (in {len(ok)} of {len(runs)} run(s))",
                     {"issue20": f"engine-{threads}", "also_general": True}])
     return out
 
