@@ -28,12 +28,16 @@
 #            writes without writeback's reads of the cache device and writes to the backing
 #            device, so `wb` against `held` is writeback's own share of the tail, `held` against
 #            `alone` the background writer's and the flusher's
+#   idle     the alone job with writeback held off (threshold 100% for the job): with
+#            FG_RW=randrw the foreground's own writes stay dirty, so `alone` against `idle` is
+#            what writeback running on them adds (the report's `latency` rows write-back-wb
+#            against write-back with no background jobs)
 #   drain    writeback at full speed and no background writer: DRAIN_MIB (default 1024) of
 #            1 MiB sequential writes from byte 128 MiB on, writeback held off, then the
 #            foreground job while `logcache drain` writes them back (~100 MiB/s to the emulated
 #            HDD: writeback reads the cache device throughout; the drain is waited for before
 #            the next case)
-#   alone-b, wb-b, held-b, drain-b  the same with the binary LOGCACHE_BIN_B (its own cache and
+#   alone-b, wb-b, held-b, idle-b, drain-b  the same with the binary LOGCACHE_BIN_B (its own cache and
 #            backing): an A/B of two builds in one alternated run (HDD_DIR_B puts their
 #            emulated HDD's file elsewhere: e.g. the same build, HDD_DIR_B=/var/tmp, shows what
 #            the emulation's own file IO on the cache's device costs)
@@ -41,6 +45,9 @@
 # emulation) over a sparse file in HDD_DIR (default /dev/shm: a real backing disk is another
 # device, so the emulation's own file IO and syncs must not queue on the cache's device;
 # HDD_DIR=/var/tmp puts it on the cache's device, as this script did before 2026-11-26).
+# FG_RW=randrw makes the foreground job the report's (`latency`, seed 004's): 4 KiB random
+# reads and writes 50/50 at iodepth 1 (its writes dirty the region, so writeback has work in
+# the `alone` case); the rows still give its reads' latency. Default randread.
 # Latency is fio's total latency (`lat`: submission to completion; `clat` leaves out the
 # submission, and an io_uring read that completes inside io_uring_enter showed a clat of 1 µs).
 # Each logcache row records `writeback_blocks`, the blocks written back during its job, and
@@ -88,8 +95,10 @@ start_logcache() {
         --size=$region --output-format=terse >/dev/null
 }
 needs() { [[ " $cases " == *" $1 "* ]]; }
-if needs alone || needs wb || needs held || needs drain; then start_logcache lc "$bin"; fi
-if needs alone-b || needs wb-b || needs held-b || needs drain-b; then
+if needs alone || needs wb || needs held || needs idle || needs drain; then
+    start_logcache lc "$bin"
+fi
+if needs alone-b || needs wb-b || needs held-b || needs idle-b || needs drain-b; then
     start_logcache lcb "${LOGCACHE_BIN_B:?give LOGCACHE_BIN_B for the -b cases}"
 fi
 if needs qemu; then
@@ -118,7 +127,8 @@ if needs device || needs device-wb; then
         --bs=1M --iodepth=8 --size=$region --output-format=terse >/dev/null
 fi
 
-common=(--rw=randread --bs=4k --iodepth=1 --time_based --runtime="$runtime" --norandommap
+fg_rw=${FG_RW:-randread}
+common=(--rw="$fg_rw" --rwmixread=50 --bs=4k --iodepth=1 --time_based --runtime="$runtime" --norandommap
     --randrepeat=0 --size=$region --lat_percentiles=1 --percentile_list=50:99:99.9
     --output-format=json)
 status_counts() { # $1 server: "blocks written back, read misses" so far
@@ -128,9 +138,9 @@ status_counts() { # $1 server: "blocks written back, read misses" so far
 measure() { # $1 case, $2 round
     local c=$1 out="$dir/fio-$1-$2.json" s wb0=null wb1=null resident=null
     s=${c%-b}
-    [ "$s" != "$c" ] && s=lcb || case $c in alone | wb | held | drain) s=lc ;; esac
+    [ "$s" != "$c" ] && s=lcb || case $c in alone | wb | held | idle | drain) s=lc ;; esac
     case $c in
-    alone* | wb* | held* | drain*)
+    alone* | wb* | held* | idle* | drain*)
         # The region written again (the newest data in the log: a log that wrapped over it
         # in earlier rounds would evict it, and reads would miss), then nothing dirty left:
         # every round starts alike.
@@ -143,8 +153,8 @@ measure() { # $1 case, $2 round
         /usr/bin/python3 -c 'import os,sys; fd=os.open(sys.argv[1],os.O_RDONLY); os.fsync(fd); os.posix_fadvise(fd,0,0,os.POSIX_FADV_DONTNEED)' "$dir/nbdkit.img" ;;
     esac
     case $c in
-    held* | drain*) "${lc_bin[$s]}" set --control "$dir/$s.ctl" writeback_threshold_percent=100 \
-        >/dev/null ;;
+    held* | idle* | drain*) "${lc_bin[$s]}" set --control "$dir/$s.ctl" \
+        writeback_threshold_percent=100 >/dev/null ;;
     esac
     local drain_pid=""
     case $c in
@@ -161,7 +171,7 @@ measure() { # $1 case, $2 round
         --name=bg --ioengine=nbd --uri="${uri[$s]}" --rw=randwrite --bs=4k --iodepth=4 \
         --offset=$region --size=$region --time_based --runtime="$runtime" \
         ${WB_BG_MIBPS:+--rate="${WB_BG_MIBPS}m"} >/dev/null ;;
-    alone* | drain*) fio --name=fg --ioengine=nbd --uri="${uri[$s]}" "${common[@]}" \
+    alone* | idle* | drain*) fio --name=fg --ioengine=nbd --uri="${uri[$s]}" "${common[@]}" \
         --output="$out" >/dev/null ;;
     qemu | nbdkit) fio --name=fg --ioengine=nbd --uri="${uri[$c]}" "${common[@]}" \
         --output="$out" >/dev/null ;;
@@ -173,12 +183,12 @@ measure() { # $1 case, $2 round
         --rate="${DEVICE_WB_MIBPS:-64}m" --time_based --runtime="$runtime" >/dev/null ;;
     esac
     case $c in
-    alone* | wb* | held* | drain*) wb1=$(status_counts "$s") ;;
+    alone* | wb* | held* | idle* | drain*) wb1=$(status_counts "$s") ;;
     esac
     [ -z "$drain_pid" ] || wait "$drain_pid"
     case $c in
-    held* | drain*) "${lc_bin[$s]}" set --control "$dir/$s.ctl" writeback_threshold_percent=0 \
-        >/dev/null ;;
+    held* | idle* | drain*) "${lc_bin[$s]}" set --control "$dir/$s.ctl" \
+        writeback_threshold_percent=0 >/dev/null ;;
     nbdkit) resident=$(fincore --bytes --noheadings --output RES "$dir/nbdkit.img" |
         awk '{printf "%d", $1 / 1048576}') ;;
     esac
