@@ -111,11 +111,12 @@ fn concurrent_writeback_ios_write_every_block_to_its_place() {
     e.close().unwrap();
 }
 
-/// A memory device that counts the bytes read from it and says what `read_gap_bytes_max` it
-/// is given (the default's, or memory's 0).
+/// A memory device that counts the reads and bytes read from it and says what
+/// `read_gap_bytes_max` it is given (the default's, or memory's 0).
 struct CountingReads {
     mem: MemDevice,
     gap_bytes_max: u64,
+    reads: std::sync::atomic::AtomicU64,
     read_bytes: std::sync::atomic::AtomicU64,
 }
 
@@ -124,6 +125,8 @@ impl BlockDevice for CountingReads {
         self.mem.size_bytes()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.read_bytes
             .fetch_add(buf.len() as u64, std::sync::atomic::Ordering::Relaxed);
         self.mem.read_at(buf, offset)
@@ -145,13 +148,19 @@ impl BlockDevice for CountingReads {
     }
 }
 
-/// Drains 64 dirty blocks with a block that is not dirty between each two in the log, from a cache device that
-/// says `gap_bytes_max`; checks the backing device's data and returns the bytes the drain read
-/// from the cache device.
-fn drain_read_bytes(gap_bytes_max: u64) -> u64 {
+/// Dirty blocks in `drain_reads`' log: 64 one apart, then a run of 10 adjacent ones.
+const DIRTY_BLOCKS: u64 = 74;
+
+/// Drains, in one batch, 64 dirty blocks with a metadata block between each two in the log,
+/// then 10 adjacent ones in descending backing order (the batch buffer holds them ascending, so
+/// their run cannot be read in place), from a cache device that says `gap_bytes_max`; checks
+/// the backing device's data and returns the reads and bytes the drain took from the cache.
+fn drain_reads(gap_bytes_max: u64) -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
     let cache = Arc::new(CountingReads {
         mem: MemDevice::new(64 * MIB),
         gap_bytes_max,
+        reads: Default::default(),
         read_bytes: Default::default(),
     });
     let mem = Arc::new(MemDevice::new(16 * MIB));
@@ -163,42 +172,56 @@ fn drain_read_bytes(gap_bytes_max: u64) -> u64 {
         ..OpenOptions::default()
     };
     let e = Engine::open(cache.clone(), mem.clone(), opts).unwrap();
-    // Not one batch per flush epoch: the drain takes all 64 blocks in one batch.
+    // Not one batch per flush epoch: the drain takes every block in one batch.
     e.set_tunable("writeback_order", "sorted").unwrap();
-    // One chunk per write (each flush seals one): in the log each dirty block follows its
-    // chunk's metadata block, so the dirty blocks are one apart, in descending backing order.
-    for i in 0..64u64 {
-        let lba = 163 - i;
+    // One chunk per write (each flush seals one): in the log each of these dirty blocks follows
+    // its chunk's metadata block.
+    let mut lbas: Vec<u64> = (100..164u64).rev().collect();
+    for &lba in &lbas {
         e.write(lba * BLOCK, &[lba as u8; 4096], false).unwrap();
         e.flush().unwrap();
     }
+    // Then one chunk of 10 adjacent blocks, written in descending order.
+    for lba in (300..310u64).rev() {
+        e.write(lba * BLOCK, &[lba as u8; 4096], false).unwrap();
+        lbas.push(lba);
+    }
     e.flush().unwrap();
-    let before = cache.read_bytes.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(lbas.len() as u64, DIRTY_BLOCKS);
+    let (reads, bytes) = (cache.reads.load(Relaxed), cache.read_bytes.load(Relaxed));
     e.drain(|_| {}).unwrap();
-    let read = cache.read_bytes.load(std::sync::atomic::Ordering::Relaxed) - before;
+    let reads = cache.reads.load(Relaxed) - reads;
+    let bytes = cache.read_bytes.load(Relaxed) - bytes;
     assert_eq!(e.stats().dirty_blocks, 0);
+    assert_eq!(e.stats().counters.writeback_batches, 1, "one batch");
     let mut buf = [0u8; 4096];
-    for lba in 100..164u64 {
+    for &lba in &lbas {
         mem.read_at(&mut buf, lba * BLOCK).unwrap();
         assert_eq!(buf, [lba as u8; 4096], "block {lba}, gap {gap_bytes_max}");
     }
     e.close().unwrap();
-    read
+    (reads, bytes)
 }
 
 /// A cache device that says gaps are worth nothing (memory) has writeback read only the dirty
-/// blocks, each straight into its place; the default reads spans over the blocks between.
+/// blocks, each straight into its place (one read per block where a run is not in backing
+/// order); the default reads spans over the blocks between.
 #[test]
 fn gapless_cache_device_reads_only_the_dirty_blocks() {
-    let dirty_bytes = 64 * BLOCK;
-    let gapless = drain_read_bytes(0);
+    let dirty_bytes = DIRTY_BLOCKS * BLOCK;
+    let (reads, bytes) = drain_reads(0);
     assert_eq!(
-        gapless, dirty_bytes,
-        "read {gapless} bytes for {dirty_bytes} dirty"
+        bytes, dirty_bytes,
+        "read {bytes} bytes for {dirty_bytes} dirty"
     );
-    let spans = drain_read_bytes(logcache_engine::io::READ_GAP_BYTES_MAX_DEFAULT);
+    assert_eq!(
+        reads, DIRTY_BLOCKS,
+        "{reads} reads for {DIRTY_BLOCKS} dirty blocks"
+    );
+    let (reads, bytes) = drain_reads(logcache_engine::io::READ_GAP_BYTES_MAX_DEFAULT);
     assert!(
-        spans > dirty_bytes,
-        "spans read {spans} bytes for {dirty_bytes} dirty: no gap read over"
+        bytes > dirty_bytes,
+        "spans read {bytes} bytes for {dirty_bytes} dirty: no gap read over"
     );
+    assert!(reads < DIRTY_BLOCKS, "spans took {reads} reads");
 }
