@@ -19,7 +19,13 @@
 #   nbdkit-file-cold the same, on its own file, with the page cache dropped (`echo 3 >
 #                   /proc/sys/vm/drop_caches`, needs root) right before each of its
 #                   measurements: its reads start from the disk, not from pages left resident
-#                   (each row records `resident_mib`, the file's pages in RAM before the job)
+#                   (each row records `resident_mib`, the file's pages in RAM before the job).
+#                   The drop is the whole page cache's: nbdkit-file's file too, so a
+#                   nbdkit-file round right after a nbdkit-file-cold one reads from the disk
+#                   (0 MiB resident, 170-851 MB/s at 0.9-2.8 ms of CPU per request, against
+#                   ~1,500 MB/s and 0.47 ms with 484-488 of 512 MiB resident: PROBE=1 run of
+#                   2026-11-27 12:08 UTC). bench/run's iopath serves both from one file, so
+#                   there the cold contender's own reads leave it resident again.
 #   qemu-nbd-direct qemu-nbd --cache=none --aio=io_uring (O_DIRECT): the cache device's own
 #                   speed through the same protocol, as logcache reads it
 #   device          no server: fio's io_uring engine, O_DIRECT, on a file of its own on the
@@ -53,6 +59,13 @@
 # for).
 #
 # e.g. SERVERS="hdd logcache-hdd logcache-wt" scripts/bench-iopath.sh 3 8
+#
+# PROBE=1 counts, per request, over each measurement: the server's task switches and system
+# calls (`perf stat` on the server process, its threads and those it starts; `device` has none),
+# and the reads the disk under DIR completed and the KiB they read (/sys/class/block/DEV/stat
+# of the whole disk: anyone else's reads in the same seconds count too). Each JSON line gets
+# `probe`: {"dev_reads": .., "dev_kib": .., "switches": .., "futex": .., ...}, all per request,
+# and a table of them follows the ratios.
 #
 # CACHE_GIB (default 4) sizes logcache's cache files: a smaller one when the shared disk is short
 # of room (the write job's log wraps, so each logcache server's cache file fills).
@@ -177,6 +190,12 @@ resident_mib() { # $1 server: its file's pages in the page cache, MiB (nbdkit's 
     esac
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# The disk under $dir, for PROBE=1 (its reads completed and sectors read: fields 1 and 3).
+disk_stat=/sys/class/block/$(basename "$(df --output=source "$dir" | tail -1)")/stat
+probe_events=context-switches,syscalls:sys_enter_futex,syscalls:sys_enter_recvfrom
+probe_events+=,syscalls:sys_enter_recvmsg,syscalls:sys_enter_sendto,syscalls:sys_enter_sendmsg
+probe_events+=,syscalls:sys_enter_io_uring_enter,syscalls:sys_enter_pread64
+probe_events+=,syscalls:sys_enter_preadv,syscalls:sys_enter_fadvise64,syscalls:sys_enter_sched_yield
 
 is_hdd() { [[ $1 == hdd || $1 == logcache-hdd* || $1 == logcache-wt* || $1 == nbdkit-null ]]; }
 # The data, sequentially, through each server (not the HDD ones: their jobs need none).
@@ -225,25 +244,59 @@ measure() { # $1 server, $2 job name, $3 fio options, $4 round
     fi
     local resident
     resident=$(resident_mib "$1")
+    local perf_out="$dir/perf-$2-$1.csv" perf_pid="" disk_before="0 0 0" disk_after="0 0 0"
+    rm -f "$perf_out"
+    if [ "${PROBE:-0}" = 1 ]; then
+        if [ -n "$p" ]; then
+            # Inherited by the threads the server starts for the connection (perf stat's
+            # default), so a connection's workers are counted though they start after this.
+            perf stat -x, -e "$probe_events" -p "$p" -o "$perf_out" 2>/dev/null &
+            perf_pid=$!
+            sleep 0.3
+        fi
+        disk_before=$(cat "$disk_stat")
+    fi
     before=$( [ -n "$p" ] && cpu_ticks "$p" || echo 0)
     # shellcheck disable=SC2086
     out=$(fio_run "${uri[$1]}" "$2-$1" $3 $seed --size="$size" --time_based --runtime="$runtime")
     after=$( [ -n "$p" ] && cpu_ticks "$p" || echo 0)
+    if [ "${PROBE:-0}" = 1 ]; then
+        disk_after=$(cat "$disk_stat")
+        if [ -n "$perf_pid" ]; then
+            kill -INT "$perf_pid"
+            wait "$perf_pid" || true
+        fi
+    fi
     local state=clean
     is_dirty "$1" && [[ $1 == logcache* ]] && state=dirty
-    /usr/bin/python3 - "$out" "$1" "$2" "$4" "$((after - before))" "$hz" "$state" "$resident" <<'EOF'
-import json, sys
-path, server, job, rnd, ticks, hz, state, resident = sys.argv[1:]
+    /usr/bin/python3 - "$out" "$1" "$2" "$4" "$((after - before))" "$hz" "$state" "$resident" \
+        "${PROBE:-0}" "$perf_out" "$disk_before" "$disk_after" <<'EOF'
+import json, os, sys
+path, server, job, rnd, ticks, hz, state, resident = sys.argv[1:9]
+probe, perf_out, disk_before, disk_after = sys.argv[9:]
 j = json.load(open(path))["jobs"][0]
 side = j["write"] if "write" in job else j["read"]
 ios = side["total_ios"]
 cpu_us = int(ticks) * 1e6 / int(hz)
 # `device` has no server process: no server CPU.
 cpu = None if server == "device" else round(cpu_us / max(ios, 1), 2)
-print(json.dumps({"server": server, "job": job, "round": int(rnd), "state": state,
-                  "iops": round(side["iops"]), "mb_s": round(side["bw_bytes"] / 1e6, 1),
-                  "ios": ios, "server_cpu_us_per_io": cpu,
-                  "resident_mib": json.loads(resident)}))
+row = {"server": server, "job": job, "round": int(rnd), "state": state,
+       "iops": round(side["iops"]), "mb_s": round(side["bw_bytes"] / 1e6, 1),
+       "ios": ios, "server_cpu_us_per_io": cpu, "resident_mib": json.loads(resident)}
+if probe == "1":
+    n = max(ios, 1)
+    b, a = [int(x) for x in disk_before.split()], [int(x) for x in disk_after.split()]
+    got = {"dev_reads": round((a[0] - b[0]) / n, 2),
+           "dev_kib": round((a[2] - b[2]) * 512 / 1024 / n, 1)}
+    if os.path.exists(perf_out):
+        for line in open(perf_out):
+            f = line.strip().split(",")
+            if len(f) > 2 and f[0].replace(".", "").isdigit():
+                name = f[2].split(":")[-1].replace("sys_enter_", "")
+                name = "switches" if name == "context-switches" else name
+                got[name] = round(float(f[0]) / n, 2)
+    row["probe"] = got
+print(json.dumps(row))
 EOF
 }
 results="$dir/results.jsonl"
@@ -278,6 +331,22 @@ for job in jobs:
     cpu = [med([c for c in pick(job, s, "server_cpu_us_per_io") if c is not None], "{:.1f}")
            for s in servers]
     print(f"| {job} | " + " | ".join(cells) + " | " + " / ".join(cpu) + " |")
+probed = [r for r in rows if r.get("probe")]
+if probed:
+    keys = list(dict.fromkeys(k for r in probed for k in r["probe"]))
+    print()
+    print("per request (median over rounds): disk reads and KiB read (the whole disk), the "
+          "server's task switches and system calls")
+    print("| job | server | " + " | ".join(keys) + " |")
+    print("|---|---|" + "---:|" * len(keys))
+    for job in jobs:
+        for s in servers:
+            got = [r["probe"] for r in probed if r["job"] == job and r["server"] == s]
+            if not got:
+                continue
+            cells = [f"{statistics.median([g[k] for g in got if k in g]):,.2f}"
+                     if any(k in g for g in got) else "–" for k in keys]
+            print(f"| {job} | {s} | " + " | ".join(cells) + " |")
 for ref in ("nbdkit-file", "nbdkit-file-cold", "qemu-nbd-direct", "device", "hdd", "nbdkit-null"):
     if ref not in servers:
         continue
