@@ -51,8 +51,9 @@
 # and 4 KiB random writes iodepth 16 (hdd, logcache-wt), over the disk's 8 GiB; and 4 KiB
 # random writes iodepth 64, norandommap (logcache-hdd, logcache-hdd-b, nbdkit-null: seed 000's
 # job). For each: bandwidth or IOPS, and the server's CPU time per request (utime+stime
-# of the server process over the job, from /proc/PID/stat, divided by fio's IOs). Prints one
-# JSON line per measurement, then tables of the median ratios against each reference.
+# of the server process over the job, from /proc/PID/stat, divided by fio's IOs; beside it,
+# after a "+", fio's own CPU per request, from its usr_cpu and sys_cpu). Prints one JSON line
+# per measurement, then tables of the median ratios against each reference.
 #
 # FILL="randwrite 4k" writes the data in random order in 4 KiB pieces instead (each server; the
 # log then holds it scattered, so a 1 MiB read of it is many runs: what batched submission is
@@ -280,9 +281,13 @@ ios = side["total_ios"]
 cpu_us = int(ticks) * 1e6 / int(hz)
 # `device` has no server process: no server CPU.
 cpu = None if server == "device" else round(cpu_us / max(ios, 1), 2)
+# fio's own CPU (usr_cpu and sys_cpu: % of one CPU over the job's runtime) per request: the
+# client's side of the protocol (its receive copy), which the server's figures leave out.
+client_cpu = (j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] * 1000 / max(ios, 1)
 row = {"server": server, "job": job, "round": int(rnd), "state": state,
        "iops": round(side["iops"]), "mb_s": round(side["bw_bytes"] / 1e6, 1),
-       "ios": ios, "server_cpu_us_per_io": cpu, "resident_mib": json.loads(resident)}
+       "ios": ios, "server_cpu_us_per_io": cpu, "client_cpu_us_per_io": round(client_cpu, 2),
+       "resident_mib": json.loads(resident)}
 if probe == "1":
     n = max(ios, 1)
     b, a = [int(x) for x in disk_before.split()], [int(x) for x in disk_after.split()]
@@ -321,7 +326,7 @@ def pick(job, server, key):
     return [r[key] for r in sorted(rows, key=lambda r: r["round"])
             if r["job"] == job and r["server"] == server]
 print()
-print("| job | " + " | ".join(servers) + " | server CPU µs/IO (" + " / ".join(servers) + ") |")
+print("| job | " + " | ".join(servers) + " | server+fio CPU µs/IO (" + " / ".join(servers) + ") |")
 print("|---|" + "---:|" * (len(servers) + 1))
 for job in jobs:
     key = "mb_s" if job.startswith("seq") else "iops"
@@ -329,6 +334,8 @@ for job in jobs:
     med = lambda v, f: f.format(statistics.median(v)) if v else "–"
     cells = [med(pick(job, s, key), "{:,.0f} " + unit) for s in servers]
     cpu = [med([c for c in pick(job, s, "server_cpu_us_per_io") if c is not None], "{:.1f}")
+           + "+" + med([c for c in pick(job, s, "client_cpu_us_per_io") if c is not None],
+                       "{:.1f}")
            for s in servers]
     print(f"| {job} | " + " | ".join(cells) + " | " + " / ".join(cpu) + " |")
 probed = [r for r in rows if r.get("probe")]
