@@ -269,6 +269,11 @@ struct Sched {
     queue: VecDeque<Queued>,
     /// Completion times booked for queued requests, by id, until their owners collect them.
     booked: HashMap<u64, u64>,
+    /// Each queued request's own wake-up, by id: the completion that books it wakes its owner
+    /// alone. (One condvar for all, notified to all, woke every queued caller at each
+    /// completion: ~8 task switches per 4 KiB write in `sim-hdd` at writeback's depth of 16,
+    /// CPU the emulation took from what it is measured beside on the same vCPUs.)
+    wakers: HashMap<u64, Arc<Condvar>>,
     next_id: u64,
     stats: HddStats,
 }
@@ -295,8 +300,6 @@ pub struct HddDevice {
     inner: Arc<dyn BlockDevice>,
     epoch: Instant,
     sched: Mutex<Sched>,
-    /// Signalled when a queued request's completion time is booked.
-    booked: Condvar,
 }
 
 impl HddDevice {
@@ -312,10 +315,10 @@ impl HddDevice {
                 free_at_us: 0,
                 queue: VecDeque::new(),
                 booked: HashMap::new(),
+                wakers: HashMap::new(),
                 next_id: 0,
                 stats: HddStats::default(),
             }),
-            booked: Condvar::new(),
         })
     }
 
@@ -347,11 +350,14 @@ impl HddDevice {
         }
         s.queue.push_back(q);
         s.stats.queued_max = s.stats.queued_max.max(s.queue.len() as u64);
+        let waker = Arc::new(Condvar::new());
+        s.wakers.insert(id, waker.clone());
         loop {
             if let Some(done_us) = s.booked.remove(&id) {
+                s.wakers.remove(&id);
                 return done_us;
             }
-            self.booked.wait(&mut s);
+            waker.wait(&mut s);
         }
     }
 
@@ -372,7 +378,9 @@ impl HddDevice {
         let start_us = s.free_at_us;
         let done_us = s.serve(start_us, q);
         s.booked.insert(q.id, done_us);
-        self.booked.notify_all();
+        if let Some(waker) = s.wakers.get(&q.id) {
+            waker.notify_one();
+        }
     }
 
     /// Runs `io` on the inner device as one disk request: queued, served, timed.
