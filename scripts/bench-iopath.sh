@@ -66,7 +66,10 @@
 # and the reads the disk under DIR completed and the KiB they read (/sys/class/block/DEV/stat
 # of the whole disk: anyone else's reads in the same seconds count too). Each JSON line gets
 # `probe`: {"dev_reads": .., "dev_kib": .., "switches": .., "futex": .., ...}, all per request,
-# and a table of them follows the ratios.
+# and a table of them follows the ratios. With RUNTIME_S of 2 or more, also the server threads'
+# time on a CPU, time waiting on a run queue (a thread woken and not yet running) and
+# timeslices per request, from /proc/PID/task/*/schedstat sampled 1 s into the run and 0.3 s
+# before its end (requests in that window: fio's IOPS times its length).
 #
 # CACHE_GIB (default 4) sizes logcache's cache files: a smaller one when the shared disk is short
 # of room (the write job's log wraps, so each logcache server's cache file fills).
@@ -193,6 +196,13 @@ resident_mib() { # $1 server: its file's pages in the page cache, MiB (nbdkit's 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # The disk under $dir, for PROBE=1 (its reads completed and sectors read: fields 1 and 3).
 disk_stat=/sys/class/block/$(basename "$(df --output=source "$dir" | tail -1)")/stat
+# Every thread's schedstat (ns on a CPU, ns waiting on a run queue, timeslices), one per line
+# after its TID.
+# One process (grep), so a sample takes milliseconds even on a loaded machine.
+sched_sample() {
+    grep -H . /proc/"$1"/task/*/schedstat 2>/dev/null |
+        sed -E 's#^/proc/[0-9]+/task/([0-9]+)/schedstat:#\1 #'
+}
 probe_events=context-switches,syscalls:sys_enter_futex,syscalls:sys_enter_recvfrom
 probe_events+=,syscalls:sys_enter_recvmsg,syscalls:sys_enter_sendto,syscalls:sys_enter_sendmsg
 probe_events+=,syscalls:sys_enter_io_uring_enter,syscalls:sys_enter_pread64
@@ -258,8 +268,32 @@ measure() { # $1 server, $2 job name, $3 fio options, $4 round
         disk_before=$(cat "$disk_stat")
     fi
     before=$( [ -n "$p" ] && cpu_ticks "$p" || echo 0)
-    # shellcheck disable=SC2086
-    out=$(fio_run "${uri[$1]}" "$2-$1" $3 $seed --size="$size" --time_based --runtime="$runtime")
+    local sched_a="$dir/sched-a" sched_b="$dir/sched-b" window_s=0
+    rm -f "$sched_a" "$sched_b"
+    if [ "${PROBE:-0}" = 1 ] && [ -n "$p" ] && [ "$runtime" -ge 2 ]; then
+        # The server threads' schedstat over the run's middle (a connection's threads end
+        # with it, so they are sampled while fio runs): from 1 s in (fio connected, the workers
+        # started) to 0.3 s before the end.
+        local start t0 t1
+        start=$(date +%s.%N)
+        # shellcheck disable=SC2086
+        fio_run "${uri[$1]}" "$2-$1" $3 $seed --size="$size" --time_based \
+            --runtime="$runtime" >"$dir/fio-path" &
+        local fio_pid=$!
+        sleep 1
+        sched_sample "$p" >"$sched_a"
+        t0=$(date +%s.%N)
+        # Until 0.3 s before the run's end (fio takes ~0.35 s to start, so the end is later).
+        sleep "$(echo "$start + $runtime - 0.3 - $(date +%s.%N)" | bc)"
+        t1=$(date +%s.%N)
+        sched_sample "$p" >"$sched_b"
+        window_s=$(echo "$t1 - $t0" | bc)
+        wait "$fio_pid"
+        out=$(cat "$dir/fio-path")
+    else
+        # shellcheck disable=SC2086
+        out=$(fio_run "${uri[$1]}" "$2-$1" $3 $seed --size="$size" --time_based --runtime="$runtime")
+    fi
     after=$( [ -n "$p" ] && cpu_ticks "$p" || echo 0)
     if [ "${PROBE:-0}" = 1 ]; then
         disk_after=$(cat "$disk_stat")
@@ -271,10 +305,11 @@ measure() { # $1 server, $2 job name, $3 fio options, $4 round
     local state=clean
     is_dirty "$1" && [[ $1 == logcache* ]] && state=dirty
     /usr/bin/python3 - "$out" "$1" "$2" "$4" "$((after - before))" "$hz" "$state" "$resident" \
-        "${PROBE:-0}" "$perf_out" "$disk_before" "$disk_after" <<'EOF'
+        "${PROBE:-0}" "$perf_out" "$disk_before" "$disk_after" "$sched_a" "$sched_b" \
+        "$window_s" <<'EOF'
 import json, os, sys
 path, server, job, rnd, ticks, hz, state, resident = sys.argv[1:9]
-probe, perf_out, disk_before, disk_after = sys.argv[9:]
+probe, perf_out, disk_before, disk_after, sched_a, sched_b, window_s = sys.argv[9:]
 j = json.load(open(path))["jobs"][0]
 side = j["write"] if "write" in job else j["read"]
 ios = side["total_ios"]
@@ -300,6 +335,17 @@ if probe == "1":
                 name = f[2].split(":")[-1].replace("sys_enter_", "")
                 name = "switches" if name == "context-switches" else name
                 got[name] = round(float(f[0]) / n, 2)
+    if os.path.exists(sched_b) and float(window_s) > 0:
+        def threads(f):
+            return {l.split()[0]: [int(x) for x in l.split()[1:4]]
+                    for l in open(f) if len(l.split()) == 4}
+        a, b = threads(sched_a), threads(sched_b)
+        # Requests in the window: fio's rate over the whole run times the window.
+        n_window = max(side["iops"] * float(window_s), 1)
+        both = [t for t in b if t in a]
+        for i, name in enumerate(("on_cpu_us", "runq_wait_us", "timeslices")):
+            total = sum(b[t][i] - a[t][i] for t in both)
+            got[name] = round(total / n_window / (1 if i == 2 else 1e3), 2)
     row["probe"] = got
 print(json.dumps(row))
 EOF
