@@ -299,6 +299,16 @@ fn copy_out(
 ) -> std::result::Result<(Vec<usize>, u64), CopyError> {
     debug_assert!((1..=RUN_BLOCKS_MAX).contains(&read_blocks_max));
     let geo = &inner.geo;
+    // The log may reuse a segment's place on the cache device only once writeback is done with
+    // its blocks: `collect` pinned every segment of the batch, and `reclaim` passes no pinned
+    // segment, until this returns (the backing writes below are sent from the batch buffer).
+    debug_assert!(
+        bufs.blocks.iter().all(|b| {
+            let (slot, _) = geo.split(b.cache_block);
+            inner.pins[slot as usize].load(Ordering::Acquire) > 0
+        }),
+        "writeback reads a block whose segment is not pinned"
+    );
     // Read in cache order: the log is sequential, so blocks of a segment are close together.
     bufs.blocks.sort_unstable_by_key(|b| b.cache_block);
     // Each block's data lands at its place in write order, so that a run of blocks adjacent on
