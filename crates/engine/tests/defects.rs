@@ -1995,3 +1995,95 @@ fn a_block_marked_dirty_again_and_shadowed_while_written_back_stays_for_the_next
         .all(|&x| x == 0x33));
     e.close().unwrap();
 }
+
+/// After a failed backing sync that dropped what no sync covered (`crash_lose_all`), a flush
+/// either fails or the backing device holds `data` at block `lba` for good.
+fn a_flush_vouches_only_for_what_the_backing_device_holds(
+    e: &Engine,
+    pair: &SimPair,
+    lba: u64,
+    data: u8,
+) {
+    pair.backing.crash_lose_all();
+    if e.flush().is_ok() {
+        let image = pair.backing.durable_image();
+        let block = &image[(lba * 4096) as usize..((lba + 1) * 4096) as usize];
+        assert!(
+            block.iter().all(|&x| x == data),
+            "a flush returned OK, but block {lba} holds {:#x}.. on the backing device, not the \
+             acknowledged {data:#x}",
+            block[0]
+        );
+    }
+}
+
+/// Cache-loss sim seed 150057: a write-around write was under way when the cache device failed.
+/// The switch to the backing device alone took the unsynced bypass writes (none: this one had
+/// not ended) and then its own sync failed after the write's data had landed, dropping it; the
+/// write then ended in the cached path and was acknowledged, and a flush served alone returned
+/// OK, since no write sent alone was unsynced. Now such a write returns an error to the cached
+/// path and is sent again from the backing device alone. Here the sync that fails comes after
+/// the switch; before the fix the second flush returned OK with the block's data gone.
+#[test]
+fn a_write_around_under_way_when_the_cache_fails_is_sent_again_alone() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let faulty = Arc::new(FaultDevice::new(pair.backing()));
+    let backing = Arc::new(GateDevice::new(faulty.clone()));
+    let (cache, e) = failing_cache_engine(&pair, backing.clone());
+    e.set_tunable("cache_mode", "write-around").unwrap();
+    let lba = 10u64;
+    backing.hold_range(OpKind::Write, lba * 4096, 4096);
+    let writer = e.clone();
+    let write = std::thread::spawn(move || writer.write(lba * 4096, &[0x77; 4096], false));
+    assert!(
+        backing.wait_held(OpKind::Write, 1, HANG),
+        "the write-around write never reached the backing device"
+    );
+    // The cache device fails under a write-back write's flush.
+    e.set_tunable("cache_mode", "write-back").unwrap();
+    cache.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    let other = e.clone();
+    bounded("a write and flush as the cache device fails", move || {
+        other.write(20 * 4096, &[0x6b; 4096], false)?;
+        other.flush()
+    })
+    .expect("answered from the backing device alone");
+    assert!(e.stats().serving_alone, "{:?}", e.stats());
+    backing.release(OpKind::Write);
+    bounded("the write-around write", move || write.join().unwrap())
+        .expect("the write, sent again alone if need be");
+    faulty.fail_next(OpKind::Flush, 1, FaultKind::Io);
+    assert!(e.flush().is_err(), "the flush whose backing sync failed");
+    a_flush_vouches_only_for_what_the_backing_device_holds(&e, &pair, lba, 0x77);
+}
+
+/// Found reviewing the fix above: a write-around write whose data had landed when another
+/// thread's backing sync failed was not counted by that failure's handler (a bypass write is
+/// counted unsynced only when it ends), so once it ended the next sync vouched for it though
+/// the failure may have dropped it (it has no copy to write again). Now a write-around write
+/// that saw a sync fail while under way counts as lost: flushes fail. Before the fix the
+/// second flush returned OK with the block's data gone.
+#[test]
+fn a_write_around_under_way_when_a_backing_sync_fails_counts_as_lost() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let (faulty, backing, e) = faulty_gated_engine(&pair, manual(4 * SEG_64K));
+    // A write-through write the flush's sync owes: its copy is written again after the failure.
+    e.set_tunable("cache_mode", "write-through").unwrap();
+    e.write(5 * 4096, &[0x55; 4096], false).unwrap();
+    e.set_tunable("cache_mode", "write-around").unwrap();
+    let lba = 10u64;
+    // Held once its data is on the device, before the write returns to the engine.
+    backing.hold_after(OpKind::Write);
+    let writer = e.clone();
+    let write = std::thread::spawn(move || writer.write(lba * 4096, &[0x77; 4096], false));
+    assert!(
+        backing.wait_held(OpKind::Write, 1, HANG),
+        "the write-around write never reached the backing device"
+    );
+    faulty.fail_next(OpKind::Flush, 1, FaultKind::Io);
+    assert!(e.flush().is_err(), "the flush whose backing sync failed");
+    backing.release(OpKind::Write);
+    bounded("the write-around write", move || write.join().unwrap())
+        .expect("the write-around write");
+    a_flush_vouches_only_for_what_the_backing_device_holds(&e, &pair, lba, 0x77);
+}

@@ -132,8 +132,10 @@ const CI_LOSS_SCHEDULES: u64 = 100;
 /// write-through dropped the cached copy a failed sync's lost write needed; 104622: a harness
 /// defect, lock waiters whose holder let go unseen were never retried (`Scheduler::retry_locks`);
 /// 138563: a failed backing sync marked a block of a writeback batch dirty again, a write then
-/// made it a shadow, and the batch asserted "a shadow changed"; docs/RELIABILITY.md).
-const FOUND_LOSS_SEEDS: [u64; 6] = [50_030, 100_940, 101_575, 101_855, 104_622, 138_563];
+/// made it a shadow, and the batch asserted "a shadow changed"; 150057: a write-around write
+/// under way when the cache failed, its data landed before the switch's sync failed, was
+/// acknowledged in the cached path and a flush served alone returned OK; docs/RELIABILITY.md).
+const FOUND_LOSS_SEEDS: [u64; 7] = [50_030, 100_940, 101_575, 101_855, 104_622, 138_563, 150_057];
 /// Ordinary seeds outside CI's range that once failed, run in every CI-kind run (107844: the
 /// writeback record's backing sync failed between a write-zeroes' zeroing and its own sync,
 /// dropping the zeros, and the range was marked applied; 118513: a chunk a writer sealed

@@ -154,6 +154,16 @@ fn backing_write(inner: &Inner, offset_bytes: u64, data: &[u8]) -> Result<()> {
 /// flight, and flushes learn they owe a backing-device sync. It counts as in flight from `st`,
 /// the lock hold that logged its drop range: a read miss after that point reads backing data
 /// the write is about to replace, and must not promote it.
+///
+/// A write is counted unsynced (`write_gen`) only when it ends, so a backing sync that failed
+/// while it was under way, after its data landed, may have dropped it unseen: the failure's
+/// handler found nothing unsynced, and the next sync's success would vouch for it. So a
+/// write-around write (no copy to write again) that saw a sync fail meanwhile counts as lost;
+/// a write-through write marks its copy dirty instead (`end_bypass_write`). And one that ends
+/// after the cache was given up returns an error: the switch took its unsynced writes before
+/// this one counted, so it is written again from the backing device alone, where a failed sync
+/// counts it (cache-loss sim seed 150057: the switch's sync failed after this write's data
+/// landed, and a flush then returned OK without it).
 fn bypass_io<'a>(
     inner: &'a Inner,
     mut st: MutexGuard<'a, State>,
@@ -162,13 +172,22 @@ fn bypass_io<'a>(
 ) -> Result<()> {
     let log_pos = st.log_pos();
     st.bypass.begin_write(inner.backing.reconnects(), log_pos);
+    // Read before the data can land: a failure counted after it may have dropped the write.
+    let failed_syncs_before = inner.backing.failed_syncs();
     drop(st);
-    let res = io();
+    let mut res = io();
     let mut st = inner.state.lock();
     st.bypass.end_write(around);
     st.promotion.invalidate();
     if res.is_err() {
         st.counters.io_errors += 1;
+    } else if inner.alone.load(std::sync::atomic::Ordering::Acquire) != crate::path::alone::NO {
+        // Not acknowledged here: `Engine::write` sends it again once the switch decided.
+        res = Err(check_usable(&st).err().unwrap_or_else(|| {
+            Error::Failed("the cache device failed while the write was under way".into())
+        }));
+    } else if around && inner.backing.failed_syncs() != failed_syncs_before {
+        st.bypass.note_around_lost();
     }
     res
 }

@@ -293,6 +293,16 @@ impl Bypass {
         };
     }
 
+    /// A write-around write under way when a backing sync failed (its data may have landed
+    /// before the failure, which did not count it): no copy of it is left, so no flush can
+    /// promise it.
+    pub fn note_around_lost(&mut self) {
+        if self.lost.is_none() {
+            self.lost_why = "a backing sync failed while a write-around write was under way".into();
+        }
+        self.lost = Some(Lost::Gone);
+    }
+
     /// Whether a backing sync could have lost something now: bypass writes no completed sync
     /// covers, and whether one of them has no cached copy (write-around, or a clean block at
     /// or after `unsynced_from` evicted since).
