@@ -2017,6 +2017,21 @@ fn a_flush_vouches_only_for_what_the_backing_device_holds(
     }
 }
 
+/// Starts a write of 0x77 over block `lba` and waits until the backing device holds it.
+fn write_around_held_at_the_backing_device(
+    e: &Engine,
+    backing: &GateDevice,
+    lba: u64,
+) -> std::thread::JoinHandle<Result<(), Error>> {
+    let writer = e.clone();
+    let write = std::thread::spawn(move || writer.write(lba * 4096, &[0x77; 4096], false));
+    assert!(
+        backing.wait_held(OpKind::Write, 1, HANG),
+        "the write-around write never reached the backing device"
+    );
+    write
+}
+
 /// Cache-loss sim seed 150057: a write-around write was under way when the cache device failed.
 /// The switch to the backing device alone took the unsynced bypass writes (none: this one had
 /// not ended) and then its own sync failed after the write's data had landed, dropping it; the
@@ -2033,12 +2048,7 @@ fn a_write_around_under_way_when_the_cache_fails_is_sent_again_alone() {
     e.set_tunable("cache_mode", "write-around").unwrap();
     let lba = 10u64;
     backing.hold_range(OpKind::Write, lba * 4096, 4096);
-    let writer = e.clone();
-    let write = std::thread::spawn(move || writer.write(lba * 4096, &[0x77; 4096], false));
-    assert!(
-        backing.wait_held(OpKind::Write, 1, HANG),
-        "the write-around write never reached the backing device"
-    );
+    let write = write_around_held_at_the_backing_device(&e, &backing, lba);
     // The cache device fails under a write-back write's flush.
     e.set_tunable("cache_mode", "write-back").unwrap();
     cache.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
@@ -2074,12 +2084,7 @@ fn a_write_around_under_way_when_a_backing_sync_fails_counts_as_lost() {
     let lba = 10u64;
     // Held once its data is on the device, before the write returns to the engine.
     backing.hold_after(OpKind::Write);
-    let writer = e.clone();
-    let write = std::thread::spawn(move || writer.write(lba * 4096, &[0x77; 4096], false));
-    assert!(
-        backing.wait_held(OpKind::Write, 1, HANG),
-        "the write-around write never reached the backing device"
-    );
+    let write = write_around_held_at_the_backing_device(&e, &backing, lba);
     faulty.fail_next(OpKind::Flush, 1, FaultKind::Io);
     assert!(e.flush().is_err(), "the flush whose backing sync failed");
     backing.release(OpKind::Write);
