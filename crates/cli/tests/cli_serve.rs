@@ -455,6 +455,26 @@ fn sigterm_stops_cleanly_then_check_and_dump() {
     );
 }
 
+/// The socket files removed under a running serve (a tmp cleaner, an operator): SIGTERM still
+/// stops it cleanly. Before, the control socket's accept loop was woken by connecting to its
+/// path, so the stop waited out its deadline and exited without a clean checkpoint, blaming the
+/// backing device.
+#[test]
+fn sigterm_stops_cleanly_after_its_socket_files_were_removed() {
+    let mut disk = Disk::new("s-unlinked", &[]);
+    qemu_io_ok(&disk.uri(), &["write -P 0x45 0 1M"]);
+    std::fs::remove_file(disk.ctl()).unwrap();
+    std::fs::remove_file(disk.dir.join("cache.img.sock")).unwrap();
+    let stopped = disk.stop();
+    assert!(
+        stopped.stderr.contains("stopped cleanly"),
+        "{}",
+        stopped.stderr
+    );
+    disk.start(&[]);
+    qemu_io_ok(&disk.uri(), &["read -P 0x45 0 1M"]);
+}
+
 #[test]
 fn sigterm_with_idle_clients_connected() {
     let mut disk = Disk::new("s-idle", &[]);

@@ -1,6 +1,8 @@
 //! The serving side of the control socket: one thread accepts, one thread per client.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,36 +18,55 @@ use crate::sockets::bind_unix;
 
 pub struct ControlServer {
     path: PathBuf,
+    /// The socket file's identity, to remove it on stop only if it is still the one we bound.
+    file_id: Option<(u64, u64)>,
     stopping: Arc<AtomicBool>,
+    /// Writing to it wakes the accept loop. (Connecting to `path` did, until the file was
+    /// removed under a running serve: then a SIGTERMed serve waited for the stop's deadline
+    /// and exited without a clean checkpoint, blaming the backing device.)
+    waker: UnixStream,
     thread: Option<JoinHandle<()>>,
 }
 
 impl ControlServer {
     pub fn start(path: &Path, served: Arc<Served>) -> Result<ControlServer> {
         let listener = bind_unix(path).context("starting the control socket")?;
+        listener
+            .set_nonblocking(true)
+            .context("starting the control socket")?;
+        let file_id = std::fs::symlink_metadata(path)
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
+        let (waker, wake) = UnixStream::pair().context("starting the control socket's waker")?;
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = stopping.clone();
         let thread = std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || accept_loop(listener, served, stop))
+            .spawn(move || accept_loop(listener, &wake, served, stop))
             .context("starting the control thread")?;
         Ok(ControlServer {
             path: path.to_path_buf(),
+            file_id,
             stopping,
+            waker,
             thread: Some(thread),
         })
     }
 
-    /// Stops accepting and removes the socket file. Clients mid-request (a long drain) keep
-    /// their thread until the engine closes under them.
+    /// Stops accepting and removes the socket file (if it is still ours: a newer serve may
+    /// own the path). Clients mid-request (a long drain) keep their thread until the engine
+    /// closes under them.
     pub fn stop(&mut self) {
         self.stopping.store(true, Ordering::SeqCst);
-        // Wake the accept call.
-        let _ = UnixStream::connect(&self.path);
+        let _ = self.waker.write_all(&[1]);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| Some((m.dev(), m.ino())) == self.file_id);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -55,12 +76,59 @@ impl Drop for ControlServer {
     }
 }
 
-fn accept_loop(listener: UnixListener, served: Arc<Served>, stopping: Arc<AtomicBool>) {
-    for stream in listener.incoming() {
-        if stopping.load(Ordering::SeqCst) {
+/// Accepts clients until `wake` is readable (or closed). Polls both, so the loop ends whatever
+/// happened to the socket file.
+fn accept_loop(
+    listener: UnixListener,
+    wake: &UnixStream,
+    served: Arc<Served>,
+    stopping: Arc<AtomicBool>,
+) {
+    let events = libc::POLLIN;
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: listener.as_raw_fd(),
+                events,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.as_raw_fd(),
+                events,
+                revents: 0,
+            },
+        ];
+        // SAFETY: `fds` is a valid array of two pollfd structures for the whole call.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if ready < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            // Cannot wait for clients any more: the control socket stops answering; serving
+            // goes on.
+            eprintln!("logcache: warning: the control socket stopped accepting clients: {e}");
             break;
         }
-        let Ok(stream) = stream else { continue };
+        if fds[1].revents != 0 || stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        if fds[0].revents == 0 {
+            continue;
+        }
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            // A client gone before its accept (the listener does not block: `poll` waits).
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            // Out of descriptors, say: a pause, not a spin.
+            Err(_) => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                continue;
+            }
+        };
+        // Accepted sockets do not inherit the listener's non-blocking mode (accept4 without
+        // SOCK_NONBLOCK); said again in case a platform differs.
+        let _ = stream.set_nonblocking(false);
         let served = served.clone();
         let _ = std::thread::Builder::new()
             .name("control-client".into())
