@@ -43,7 +43,7 @@ mod workers;
 pub use config::{ServerConfig, DEFAULT_DESCRIPTION, DEFAULT_EXPORT_NAME};
 pub use error::ServerError;
 pub use limits::MAX_PAYLOAD_BYTES;
-pub use listener::remove_stale_socket;
+pub use listener::{remove_stale_socket, wait_for_client, Readiness, SocketFile};
 pub use server::Server;
 pub use stats::ServerStats;
 pub use tls::{TlsConfig, TlsMode};

@@ -30,10 +30,65 @@ pub(crate) struct Listener {
     unix_socket: Option<SocketFile>,
 }
 
-struct SocketFile {
+/// A socket file this process bound, with its identity, so that it is removed on stop only if
+/// it is still that file (a newer server may own the path; the file may be gone).
+pub struct SocketFile {
     path: PathBuf,
     device: u64,
     inode: u64,
+}
+
+impl SocketFile {
+    /// The file now at `path` (just bound by the caller).
+    pub fn of(path: &Path) -> io::Result<SocketFile> {
+        let metadata = std::fs::symlink_metadata(path)?;
+        Ok(SocketFile {
+            path: path.to_owned(),
+            device: metadata.dev(),
+            inode: metadata.ino(),
+        })
+    }
+
+    /// Removes the file if it is still the one bound.
+    pub fn remove_if_ours(&self) {
+        if let Ok(metadata) = std::fs::symlink_metadata(&self.path) {
+            if metadata.dev() == self.device && metadata.ino() == self.inode {
+                let _ = std::fs::remove_file(&self.path);
+            }
+        }
+    }
+}
+
+/// What [`wait_for_client`] saw.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// The listening socket has a client to accept (or an error to take).
+    Client,
+    /// The wake-up socket was written to or closed: the loop stops.
+    Stop,
+}
+
+/// An accept loop's wait: until the (non-blocking) listening socket `listener` is readable or
+/// `wake` is written to. Polling both, a stop never depends on the socket file still being
+/// there, or on how a platform treats `shutdown` of a socket another thread waits on.
+pub fn wait_for_client(listener: RawFd, wake: &UnixStream) -> Readiness {
+    loop {
+        let mut poll_fds = [poll_fd(listener), poll_fd(wake.as_raw_fd())];
+        // SAFETY: `poll_fds` is a valid array of two pollfd structures for the whole call.
+        let ready = unsafe { libc::poll(poll_fds.as_mut_ptr(), 2, -1) };
+        if ready < 0 {
+            if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+                std::thread::sleep(ACCEPT_ERROR_PAUSE);
+            }
+            continue;
+        }
+        if poll_fds[1].revents != 0 {
+            return Readiness::Stop;
+        }
+        if poll_fds[0].revents != 0 {
+            return Readiness::Client;
+        }
+    }
 }
 
 enum Socket {
@@ -47,12 +102,7 @@ impl Listener {
         let _ = self.waker.write_all(&[1]);
         let _ = self.thread.join();
         if let Some(file) = &self.unix_socket {
-            // Only if it is still the file we bound: a newer server may own the path now.
-            if let Ok(metadata) = std::fs::symlink_metadata(&file.path) {
-                if metadata.dev() == file.device && metadata.ino() == file.inode {
-                    let _ = std::fs::remove_file(&file.path);
-                }
-            }
+            file.remove_if_ours();
         }
     }
 }
@@ -73,12 +123,7 @@ pub(crate) fn listen_unix(server: &Arc<ServerInner>, path: &Path) -> Result<List
         path: path.to_owned(),
         source,
     };
-    let metadata = std::fs::symlink_metadata(path).map_err(bind_error)?;
-    let file = SocketFile {
-        path: path.to_owned(),
-        device: metadata.dev(),
-        inode: metadata.ino(),
-    };
+    let file = SocketFile::of(path).map_err(bind_error)?;
     socket.set_nonblocking(true).map_err(bind_error)?;
     match start(server, Socket::Unix(socket), "nbd-accept-unix") {
         Ok((thread, waker)) => Ok(Listener {
@@ -175,22 +220,7 @@ fn start(
 }
 
 fn accept_loop(server: &Arc<ServerInner>, socket: &Socket, wake: &UnixStream) {
-    loop {
-        let mut poll_fds = [poll_fd(socket.fd()), poll_fd(wake.as_raw_fd())];
-        // SAFETY: `poll_fds` is a valid array of two pollfd structures for the whole call.
-        let ready = unsafe { libc::poll(poll_fds.as_mut_ptr(), 2, -1) };
-        if ready < 0 {
-            if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                std::thread::sleep(ACCEPT_ERROR_PAUSE);
-            }
-            continue;
-        }
-        if poll_fds[1].revents != 0 {
-            return;
-        }
-        if poll_fds[0].revents == 0 {
-            continue;
-        }
+    while wait_for_client(socket.fd(), wake) == Readiness::Client {
         match socket.accept() {
             Ok(stream) => {
                 if stream.set_blocking().is_ok() {

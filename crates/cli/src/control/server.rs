@@ -2,28 +2,26 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::Path;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
+use logcache_server::{wait_for_client, Readiness, SocketFile};
+
 use crate::control::frames::FrameWriter;
 use crate::served::Served;
 use crate::sockets::bind_unix;
 
 pub struct ControlServer {
-    path: PathBuf,
-    /// The socket file's identity, to remove it on stop only if it is still the one we bound.
-    file_id: Option<(u64, u64)>,
-    stopping: Arc<AtomicBool>,
-    /// Writing to it wakes the accept loop. (Connecting to `path` did, until the file was
-    /// removed under a running serve: then a SIGTERMed serve waited for the stop's deadline
-    /// and exited without a clean checkpoint, blaming the backing device.)
+    /// The socket file, removed on stop if it is still the one bound.
+    file: Option<SocketFile>,
+    /// Writing to it wakes the accept loop. (Connecting to the socket's path did, until the
+    /// file was removed under a running serve: then a SIGTERMed serve waited for the stop's
+    /// deadline and exited without a clean checkpoint, blaming the backing device.)
     waker: UnixStream,
     thread: Option<JoinHandle<()>>,
 }
@@ -34,20 +32,14 @@ impl ControlServer {
         listener
             .set_nonblocking(true)
             .context("starting the control socket")?;
-        let file_id = std::fs::symlink_metadata(path)
-            .ok()
-            .map(|m| (m.dev(), m.ino()));
+        let file = SocketFile::of(path).ok();
         let (waker, wake) = UnixStream::pair().context("starting the control socket's waker")?;
-        let stopping = Arc::new(AtomicBool::new(false));
-        let stop = stopping.clone();
         let thread = std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || accept_loop(listener, &wake, served, stop))
+            .spawn(move || accept_loop(listener, &wake, served))
             .context("starting the control thread")?;
         Ok(ControlServer {
-            path: path.to_path_buf(),
-            file_id,
-            stopping,
+            file,
             waker,
             thread: Some(thread),
         })
@@ -57,15 +49,12 @@ impl ControlServer {
     /// own the path). Clients mid-request (a long drain) keep their thread until the engine
     /// closes under them.
     pub fn stop(&mut self) {
-        self.stopping.store(true, Ordering::SeqCst);
         let _ = self.waker.write_all(&[1]);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let ours = std::fs::symlink_metadata(&self.path)
-            .is_ok_and(|m| Some((m.dev(), m.ino())) == self.file_id);
-        if ours {
-            let _ = std::fs::remove_file(&self.path);
+        if let Some(file) = self.file.take() {
+            file.remove_if_ours();
         }
     }
 }
@@ -76,46 +65,9 @@ impl Drop for ControlServer {
     }
 }
 
-/// Accepts clients until `wake` is readable (or closed). Polls both, so the loop ends whatever
-/// happened to the socket file.
-fn accept_loop(
-    listener: UnixListener,
-    wake: &UnixStream,
-    served: Arc<Served>,
-    stopping: Arc<AtomicBool>,
-) {
-    let events = libc::POLLIN;
-    loop {
-        let mut fds = [
-            libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: wake.as_raw_fd(),
-                events,
-                revents: 0,
-            },
-        ];
-        // SAFETY: `fds` is a valid array of two pollfd structures for the whole call.
-        let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if ready < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            // Cannot wait for clients any more: the control socket stops answering; serving
-            // goes on.
-            eprintln!("logcache: warning: the control socket stopped accepting clients: {e}");
-            break;
-        }
-        if fds[1].revents != 0 || stopping.load(Ordering::SeqCst) {
-            break;
-        }
-        if fds[0].revents == 0 {
-            continue;
-        }
+/// Accepts clients until `wake` is written to (`ControlServer::stop`).
+fn accept_loop(listener: UnixListener, wake: &UnixStream, served: Arc<Served>) {
+    while wait_for_client(listener.as_raw_fd(), wake) == Readiness::Client {
         let stream = match listener.accept() {
             Ok((stream, _)) => stream,
             // A client gone before its accept (the listener does not block: `poll` waits).
