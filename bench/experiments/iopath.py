@@ -7,12 +7,15 @@ CPU time per request.
   random reads iodepth 32 and 1, 1 MiB sequential writes iodepth 8. Dirty cached data: a second
   logcache written the same way with writeback held off (`writeback_threshold_percent=100`,
   `writeback_idle_ms=0`), so its 1 MiB sequential reads are hits on dirty blocks.
-- The cached reads are also measured against two references that read the disk: the same
-  nbdkit with the page cache dropped right before each measurement (nbdkit 1.32's `cache=none`
-  reads through the page cache, which keeps most of the file resident between jobs), and the
-  device alone (fio's io_uring engine, O_DIRECT, on a file of its own on the same file
-  system: no protocol, no copy; the ceiling of logcache's O_DIRECT cache reads). The goal's
-  verdict stays against the issue's reference (nbdkit file); these ratios stand beside it.
+- The cached reads are also measured against three references that read the disk: qemu-nbd
+  serving a file of its own on the same file system with `--cache=none --aio=io_uring`
+  (O_DIRECT: the cache device's own speed through the same protocol, read as logcache reads
+  it), the same nbdkit with the page cache dropped right before each measurement (nbdkit
+  1.32's `cache=none` reads through the page cache, which keeps most of the file resident
+  between jobs), and the device alone (fio's io_uring engine, O_DIRECT, on a file of its own on
+  the same file system: no protocol, no copy; the ceiling of logcache's O_DIRECT cache reads).
+  The goal's verdict stays against the issue's reference (nbdkit file); these ratios stand
+  beside it.
 - The slow device: 4 KiB random read misses iodepth 32 through logcache (write-back, nothing
   written, so every read is a miss) and write-through 4 KiB random writes iodepth 16 through
   logcache (`cache_mode=write-through`), each in front of its own emulated HDD, against the
@@ -32,7 +35,8 @@ from harness.contenders import (Contender, alternate, mean_by, median, median_in
 from harness.fio import FioError, fio_argv, run_fio
 from harness.procs import run_tracked
 from harness.report import commands_block, fmt, fmt_int, plt, table
-from harness.servers import GiB, MiB, Logcache, make_file, start_file, start_sim_hdd
+from harness.servers import (GiB, MiB, Logcache, make_file, start_file, start_qemu_nbd_direct,
+                             start_sim_hdd)
 
 NAME = "iopath"
 TITLE = "The IO path (issue 20): each ratio against its reference, with server CPU per request"
@@ -56,12 +60,14 @@ JOBS = {
 # rows' ratios differed by the reference's drift, not logcache's (docs/BENCHMARKS.md, 2026-11-27).
 MEASURED_WITH = {"seqread-dirty-1m-qd8": "seqread-1m-qd8"}
 # The cached-read jobs' references that read the disk, measured in the same alternation.
-DISK_REFS = ["nbdkit_file_cold", "device"]
+DISK_REFS = ["qemu_nbd_direct", "nbdkit_file_cold", "device"]
 DISK_REF_JOBS = ["seqread-1m-qd8", "seqread-dirty-1m-qd8", "randread-4k-qd32", "randread-4k-qd1"]
-SHORT = {"nbdkit_file_cold": "nbdkit cold", "device": "device"}
+SHORT = {"qemu_nbd_direct": "qemu-nbd O_DIRECT", "nbdkit_file_cold": "nbdkit cold",
+         "device": "device"}
 
 LABELS = {"nbdkit_file": "nbdkit file, cache=none",
           "nbdkit_file_cold": "nbdkit file, cache=none, page cache dropped",
+          "qemu_nbd_direct": "qemu-nbd --cache=none (O_DIRECT)",
           "device": "the device alone (fio io_uring, O_DIRECT)",
           "logcache": "logcache (cached data)",
           "logcache_dirty": "logcache (dirty cached data)",
@@ -156,6 +162,11 @@ def run(ctx):
     dev_file = os.path.join(ctx.tmp, "device.img")
     make_file(dev_file, p["cache_size"])
     run_fio(ctx, dev_file, **dict(fill, label="fill-device"))
+    # The cache device's own speed through the same protocol: qemu-nbd, O_DIRECT, its own file.
+    qn_file = os.path.join(ctx.tmp, "qemu-nbd-direct.img")
+    make_file(qn_file, p["cache_size"])
+    qn = start_qemu_nbd_direct(ctx, "qemu-nbd-direct", qn_file)
+    run_fio(ctx, qn.uri, **dict(fill, label="fill-qemu-nbd"))
     disk_refs = list(DISK_REFS)
     if not drop_page_cache():
         ctx.log("   nbdkit_file_cold skipped: /proc/sys/vm/drop_caches is not writable (not root)")
@@ -196,6 +207,7 @@ def run(ctx):
 
     servers = {"nbdkit_file": (kit, lambda: kit.uri), "logcache": (lc.proc, lambda: lc.uri),
                "nbdkit_file_cold": (kit, lambda: kit.uri), "device": (None, lambda: dev_file),
+               "qemu_nbd_direct": (qn, lambda: qn.uri),
                "logcache_dirty": (lc_dirty.proc, lambda: lc_dirty.uri),
                "hdd": (hdd, lambda: hdd.uri), "logcache_hdd": (lc_hdd.proc, lambda: lc_hdd.uri),
                "logcache_wt": (lc_wt.proc, lambda: lc_wt.uri)}
@@ -341,10 +353,13 @@ def render(res, charts):
         "(logcache's then drained: clean hits on the cache device). Slow-device rows: each "
         "server in front of its own emulated HDD. nbdkit 1.32's `cache=none` reads through the "
         "page cache (logcache's cache reads are O_DIRECT), so the cached reference is partly "
-        "RAM speed; so the cached reads are also measured against the same nbdkit with the "
-        "page cache dropped before each measurement (nbdkit cold) and against the device alone "
-        "(fio io_uring O_DIRECT on a file of its own on the same file system), which read the "
-        f"disk (column \"against the disk\"). {rounds_text(p)}, the contenders alternated "
+        "RAM speed; so the cached reads are also measured against references that read the "
+        "disk (column \"against the disk\"): qemu-nbd `--cache=none --aio=io_uring` serving a "
+        "file of its own on the same file system (O_DIRECT: the cache device's own speed "
+        "through the same protocol, read the way logcache reads it), the same nbdkit with the "
+        "page cache dropped before each measurement (nbdkit cold), and the device alone (fio "
+        "io_uring O_DIRECT on a file of its own on the same file system: no protocol). "
+        f"{rounds_text(p)}, the contenders alternated "
         f"({order_text(p)}). Each ratio is taken within a round (the contender's figure "
         "÷ its reference's in the same round); shown: the **median** of the per-round ratios, "
         "then their min–max and the number of rounds (the spread is the noise of this shared "

@@ -2,7 +2,8 @@
 
 - logcache serve (after logcache format), its cache file on /var/tmp or /dev/shm;
 - the emulated hard disk: `logcache-bench sim-hdd`;
-- nbdkit: null, memory, file, and the cache filter in write-back mode over the nbd plugin.
+- nbdkit: null, memory, file, and the cache filter in write-back mode over the nbd plugin;
+- qemu-nbd serving a file with O_DIRECT (`--cache=none`).
 """
 
 import json
@@ -122,6 +123,17 @@ def start_cache_filter(ctx, name, upstream_sock, cache_dir, block_size="4K"):
                     f"cache-min-block-size={block_size}"], filters=["cache"],
         env={"TMPDIR": cache_dir},
     )
+
+
+def start_qemu_nbd_direct(ctx, name, path):
+    """qemu-nbd serving `path` raw with `--cache=none` (O_DIRECT: no page cache) and
+    `--aio=io_uring`: the file's own speed through NBD, read the way logcache reads its cache
+    device. `-t` keeps it serving after the readiness probe's connection closes; `-e 8` lets
+    fio and the probe connect at once."""
+    sock = os.path.join(ctx.tmp, f"{name}.sock")
+    argv = ["qemu-nbd", "-f", "raw", "-k", sock, "-t", "-e", "8", "--cache=none",
+            "--aio=io_uring", path]
+    return ctx.start(name, argv, sock)
 
 
 # ---------------------------------------------------------------------------------------------
