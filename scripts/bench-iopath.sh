@@ -71,6 +71,14 @@
 # timeslices per request, from /proc/PID/task/*/schedstat sampled 1 s into the run and 0.3 s
 # before its end (requests in that window: fio's IOPS times its length).
 #
+# PIN_SERVER / PIN_FIO (CPU lists, e.g. 0 and 0, or 1 and 0) pin every server's threads
+# (`taskset -a`, set once it answers, so the threads it starts later inherit it) and fio
+# (`--cpus_allowed`): at iodepth 1 on this VM the placement decides the figure. With the
+# server and fio on two vCPUs each round trip wakes a halted vCPU twice (an IPI each way,
+# ~6x the round trip of both on one CPU: 2026-11-27 15:17 UTC, both logcache and nbdkit), and
+# on an idle machine the scheduler keeps each task on its own idle vCPU. Unpinned at iodepth 1,
+# a ratio measures where the scheduler put each contender as much as the contenders.
+#
 # CACHE_GIB (default 4) sizes logcache's cache files: a smaller one when the shared disk is short
 # of room (the write job's log wraps, so each logcache server's cache file fills).
 #
@@ -172,6 +180,7 @@ start() { # $1 server name
     pid[$s]=$!
     uri[$s]="nbd+unix:///?socket=$sock"
     wait_nbd "${uri[$s]}" "${pid[$s]}" "$dir"/*.log
+    if [ -n "${PIN_SERVER:-}" ]; then taskset -a -p -c "$PIN_SERVER" "${pid[$s]}" >/dev/null; fi
 }
 for s in $servers; do start "$s"; done
 
@@ -183,6 +192,7 @@ fio_run() { # $1 uri (or, for `device`, a file's path), $2 name, rest: fio optio
     else
         target=(--ioengine=nbd --uri="$1")
     fi
+    if [ -n "${PIN_FIO:-}" ]; then target+=(--cpus_allowed="$PIN_FIO"); fi
     fio --name="$2" "${target[@]}" --output-format=json --output="$out" "${@:3}" >/dev/null
     echo "$out"
 }
@@ -195,7 +205,10 @@ resident_mib() { # $1 server: its file's pages in the page cache, MiB (nbdkit's 
 }
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # The disk under $dir, for PROBE=1 (its reads completed and sectors read: fields 1 and 3).
+# None on /dev/shm (tmpfs): then the probe's disk columns read 0.
 disk_stat=/sys/class/block/$(basename "$(df --output=source "$dir" | tail -1)")/stat
+[ -r "$disk_stat" ] || disk_stat=/dev/null
+disk_read() { if [ "$disk_stat" = /dev/null ]; then echo 0 0 0; else cat "$disk_stat"; fi; }
 # Every thread's schedstat (ns on a CPU, ns waiting on a run queue, timeslices), one per line
 # after its TID.
 # One process (grep), so a sample takes milliseconds even on a loaded machine.
@@ -265,7 +278,7 @@ measure() { # $1 server, $2 job name, $3 fio options, $4 round
             perf_pid=$!
             sleep 0.3
         fi
-        disk_before=$(cat "$disk_stat")
+        disk_before=$(disk_read)
     fi
     before=$( [ -n "$p" ] && cpu_ticks "$p" || echo 0)
     local sched_a="$dir/sched-a" sched_b="$dir/sched-b" window_s=0
@@ -296,7 +309,7 @@ measure() { # $1 server, $2 job name, $3 fio options, $4 round
     fi
     after=$( [ -n "$p" ] && cpu_ticks "$p" || echo 0)
     if [ "${PROBE:-0}" = 1 ]; then
-        disk_after=$(cat "$disk_stat")
+        disk_after=$(disk_read)
         if [ -n "$perf_pid" ]; then
             kill -INT "$perf_pid"
             wait "$perf_pid" || true
