@@ -101,6 +101,17 @@ def summarize(data):
     return out
 
 
+def runtime_seconds(runtime):
+    """fio's `--runtime` value in seconds: a number of seconds, or a string with one of fio's
+    time suffixes ("500ms", "2s"). fio reads a fraction of a second written as a number
+    (`--runtime=1.5`) as whole seconds (1 s), so shorter runs are written in ms."""
+    if isinstance(runtime, str):
+        for suffix, scale in (("ms", 1e-3), ("us", 1e-6), ("s", 1.0), ("m", 60.0)):
+            if runtime.endswith(suffix):
+                return float(runtime[:-len(suffix)]) * scale
+    return float(runtime)
+
+
 def run_fio(ctx, uri, rw, bs, iodepth, size, runtime, numjobs=1, io_size=None, label="fio",
             time_based=True, extra=None):
     """Runs one fio measurement; returns summarize() plus the command line."""
@@ -109,7 +120,7 @@ def run_fio(ctx, uri, rw, bs, iodepth, size, runtime, numjobs=1, io_size=None, l
     argv = fio_argv(uri, rw, bs, iodepth, size, runtime, numjobs=numjobs, io_size=io_size,
                     name=label, output=out_path, time_based=time_based, extra=extra)
     ctx.record_command(argv)
-    rc, out, err = run_tracked(argv, timeout=float(runtime) * 4 + 120)
+    rc, out, err = run_tracked(argv, timeout=runtime_seconds(runtime) * 4 + 120)
     if rc != 0:
         raise FioError(f"fio failed ({rc}): {shlex.join(argv)}\n{err[-2000:]}\n{out[-500:]}")
     res = summarize(_parse(out_path))
