@@ -40,7 +40,8 @@ def params(ctx):
     # costs ~0.5-0.7 s more than its runtime (SIGKILL, format, serve, fio's start), nbdkit
     # null's ~0.3 s. Quick trades the old 5 points × one 1 s run (38-40 s) for 3 points × 5
     # rounds of 0.3 s (1, 16 and 256 in flight: the rise, then the plateau, where the old
-    # flags were; 64 and the rest only in full), ~1.5-1.7x the old time (0.5 s runs: 2.2x);
+    # flags were; 64 and the rest only in full; 1 in flight measured once for both connection
+    # counts, same_as_one), ~1.5x the old time (0.5 s runs, 1 in flight twice: 2.2x);
     # 5 rounds are the fewest whose min-max holds the median with 90% confidence (93.75%).
     # Full keeps its 9 points, 8 rounds of 1 s (its interval drops the lowest and highest).
     return pick(ctx, {
@@ -80,8 +81,15 @@ def round_plan(p, r):
     plan = []
     for k in list(range(k0, len(series))) + list(range(k0)):
         pts = p["points"] if (r + k) % 2 == 0 else list(reversed(p["points"]))
-        plan += [(k, n) for n in pts]
+        plan += [(k, n) for n in pts if not same_as_one(series[k], n)]
     return plan
+
+
+def same_as_one(s, n):
+    """A "several" series' point whose fio job is the one-connection series' (1 in flight:
+    numjobs=1 iodepth=1 in both): measured once per round, under the one-connection series,
+    and the row copied to this one (`same_run_as`)."""
+    return s[2] == "several" and shape(n, "several") == shape(n, "one")
 
 
 def run(ctx):
@@ -121,6 +129,14 @@ def run(ctx):
             rows.append(row)
             ctx.log(f"   round {r + 1} {name:<28} {n:>4} in flight ({numjobs}x{iodepth}) "
                     f"{res['iops']:>10,.0f} IOPS")
+        for target, rw, conns in series:
+            for n in p["points"]:
+                if same_as_one((target, rw, conns), n):
+                    one = f"{target}-{rw}-one"
+                    row = next(x for x in rows if x["round"] == r + 1 and x["series"] == one
+                               and x["inflight"] == n)
+                    rows.append(dict(row, series=f"{target}-{rw}-{conns}", connections=conns,
+                                     same_run_as=one))
     st = lc.status()
     lc.remove()
     return {"rows": rows, "params": p,
@@ -183,8 +199,8 @@ def summary(res):
     rounds = max(len(x["ratios"]) for x in lc_steps)
     points = sorted({r["inflight"] for r in res["rows"]})
     figure = (f"{len(lc_steps)} steps ({' → '.join(str(n) for n in points)} in flight, "
-              f"{len({x['series'] for x in lc_steps})} series; median of {rounds} round(s), "
-              f"[its interval]): {len(bad)} not met, {len(open_)} undecided")
+              f"{len({x['series'] for x in lc_steps})} series; a step's ratio: median of {rounds} "
+              f"round(s) [its 90% interval]): {len(bad)} not met, {len(open_)} undecided")
     if bad or open_:
         named = (bad + open_)[:4]
         figure += "; " + "; ".join(
@@ -228,7 +244,10 @@ def render(res, charts):
         "formatted afresh before each run, and each run stops before three quarters of the "
         "cache are written (`io_size`), so the log never wraps: the curve shows parallelism, "
         "not reclaim."
-        + (" `nbdkit null` on one connection is the reference." if p["null"] else ""),
+        + (" `nbdkit null` on one connection is the reference." if p["null"] else "")
+        + (" At 1 in flight a \"several\" series runs the one-connection series' job "
+           "(`numjobs=1 iodepth=1`): it is measured once per round and shown in both."
+           if any(r.get("same_run_as") for r in rows) else ""),
         "",
         "Each step (a point against the one before it in its series) is judged on its ratios "
         "within a round (IOPS at the point ÷ IOPS at the point before, the same round): their "
