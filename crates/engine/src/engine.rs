@@ -58,6 +58,8 @@ mod close_race_tests;
 #[cfg(test)]
 mod pause_cut_tests;
 #[cfg(test)]
+mod ram_cache_tests;
+#[cfg(test)]
 mod room_wake_tests;
 #[cfg(test)]
 mod round_wake_tests;
@@ -90,6 +92,10 @@ pub struct OpenOptions {
     /// sync (0: before every such chunk). Fewer syncs keep a backing disk's queue free of
     /// barriers under write-through load; a hole costs only that block's copy after a crash.
     pub clean_holes_per_backing_sync: u64,
+    /// The RAM cache's size in bytes (`path::hot`), whatever `ram_cache_mib` says, until that
+    /// tunable is set: tests give a tiny one, so its blocks are evicted and replaced. `None`:
+    /// the tunable's size.
+    pub ram_cache_bytes: Option<u64>,
 }
 
 impl Default for OpenOptions {
@@ -101,6 +107,7 @@ impl Default for OpenOptions {
             writeback_sorted: true,
             promote_pause_after_relocation: PROMOTE_PAUSE_AFTER_RELOCATION,
             clean_holes_per_backing_sync: CLEAN_HOLES_PER_BACKING_SYNC,
+            ram_cache_bytes: None,
         }
     }
 }
@@ -208,6 +215,9 @@ impl Engine {
         state.changes.tracked = loaded.tracked;
         let pins = (0..geo.segment_count).map(|_| AtomicU32::new(0)).collect();
         let index_hint = state.blocks.slot_hint();
+        let hot = crate::path::hot::HotTier::new(opts.ram_cache_bytes.unwrap_or_else(|| {
+            crate::path::hot::size_for_mib(tunables.get(tunables::RAM_CACHE_MIB))
+        }));
         let inner = Arc::new_cyclic(|me| Inner {
             me: me.clone(),
             lost: Default::default(),
@@ -222,6 +232,7 @@ impl Engine {
             room_turn: TurnWake::new(TURN_WAKE_SLOTS),
             buffers,
             pins,
+            hot,
             superblock,
             drive: inner::Drive::new(opts.manual_flusher),
             writeback_sorted: opts.writeback_sorted,
@@ -653,6 +664,9 @@ impl Engine {
         if index == tunables::BACKING_READ_AHEAD_KIB {
             self.inner.backing.set_read_ahead_bytes(value * 1024);
         }
+        if index == tunables::RAM_CACHE_MIB && value != old {
+            self.inner.hot.resize(crate::path::hot::size_for_mib(value));
+        }
         // The flusher's sleep depends on the seal interval.
         self.inner.flusher_wake.notify_all();
         if index == tunables::CACHE_MODE
@@ -704,6 +718,7 @@ impl Engine {
         let g = &self.inner.geo;
         let mut counters = st.counters.clone();
         counters.backing_syncs_waited = self.inner.backing.syncs_waited();
+        counters.read_hits_ram_cache = self.inner.hot.hits();
         Stats {
             counters,
             recovery: self.inner.recovery.clone(),
@@ -751,6 +766,8 @@ impl Engine {
             segments_in_ram: st.ring.ram_segment_count(),
             segments_on_disk: st.ring.segments_in_use() - st.ring.ram_segment_count(),
             segments_free: st.ring.free_segments(),
+            ram_cache_bytes: self.inner.hot.capacity_bytes(),
+            ram_cache_blocks: self.inner.hot.held_blocks(),
         }
     }
 

@@ -37,6 +37,8 @@ pub(crate) struct Inner {
     pub buffers: SegmentBuffers,
     /// Per slot: readers currently reading blocks of this segment from the cache device.
     pub pins: Vec<AtomicU32>,
+    /// Copies of cache-device blocks small reads verified (`path::hot`; `ram_cache_mib`).
+    pub hot: crate::path::hot::HotTier,
     pub superblock: SuperblockWriter,
     /// Background threads, or manual (deterministic) mode.
     pub drive: Drive,

@@ -11,6 +11,9 @@ pub struct Counters {
     /// Block reads that needed the backing device for at least one sector.
     pub read_misses: u64,
     pub read_hits_ram: u64,
+    /// Of `read_hits`, block reads served from the RAM cache (`path::hot`): copies of blocks
+    /// on the cache device (`read_hits_ram` counts blocks still in the log's RAM buffers).
+    pub read_hits_ram_cache: u64,
     pub writes: u64,
     pub write_bytes: u64,
     /// Block writes to a block already in the cache.
@@ -132,6 +135,7 @@ impl Counters {
             ("read_hits", self.read_hits),
             ("read_misses", self.read_misses),
             ("read_hits_ram", self.read_hits_ram),
+            ("read_hits_ram_cache", self.read_hits_ram_cache),
             ("writes", self.writes),
             ("write_bytes", self.write_bytes),
             ("write_hits", self.write_hits),
@@ -310,6 +314,10 @@ pub struct Stats {
     pub segments_in_ram: u64,
     pub segments_on_disk: u64,
     pub segments_free: u64,
+    /// The RAM cache (`ram_cache_mib`, capped at 1/8 of physical memory; 0: off): its room,
+    /// and the 4 KiB copies it holds now.
+    pub ram_cache_bytes: u64,
+    pub ram_cache_blocks: u64,
 }
 
 /// Counts one access in a (hit | miss) × (full | partial) table and in the hit / miss totals:

@@ -47,6 +47,7 @@ pub const READ_SEQUENTIAL_CUTOFF_KIB: usize = 7;
 pub const WRITEBACK_IO_DEPTH: usize = 8;
 pub const WRITEBACK_ORDER: usize = 9;
 pub const BACKING_READ_AHEAD_KIB: usize = 10;
+pub const RAM_CACHE_MIB: usize = 11;
 
 /// Values of `cache_mode`.
 pub const MODE_WRITE_BACK: u64 = 0;
@@ -179,6 +180,18 @@ pub static SPECS: &[TunableSpec] = &[
         default: 16384,
         online: true,
         help: "how far ahead of a sequential reader of missed blocks the backing device reads on its own (0: off); only an RBD backing reads ahead",
+    },
+    TunableSpec {
+        name: "ram_cache_mib",
+        slot: 11,
+        kind: Kind::Number {
+            min: 0,
+            max: 1 << 20,
+            unit: "MiB",
+        },
+        default: 1024,
+        online: true,
+        help: "RAM for copies of cached blocks that small reads (up to 64 KiB) fetched from the cache device, so hot blocks are read from RAM (0: off); never more than 1/8 of physical memory; a change drops the copies",
     },
 ];
 

@@ -113,6 +113,11 @@ const SORTED_ODDS: u64 = 4;
 /// (`flusher::queue_wants_round`).
 const RAM_BUFFERS_MANY_ODDS: u64 = 3;
 const RAM_BUFFERS_MANY_FACTOR: u64 = 4;
+/// The RAM cache (`ram_cache_bytes`) a schedule runs with, drawn from a stream of its own:
+/// the tunable's default (far larger than the region: nothing is evicted), or 16 or 48 blocks
+/// (one or three entries per shard, the region up to 128 blocks: blocks are evicted and their
+/// places reused while segments are reclaimed and their slots reused under them).
+const RAM_CACHE_CHOICES: [Option<u64>; 3] = [None, Some(16 * 4096), Some(48 * 4096)];
 /// One cycle in this many of a sorted schedule ends in a relocator read window
 /// (`relocator_read_check`, issue 19's defect 3).
 const RELOCATOR_WINDOW_ODDS: u64 = 3;
@@ -676,6 +681,11 @@ struct Totals {
     sorted_schedules: u64,
     /// Schedules whose cache device says a read gap is worth nothing (as memory does).
     gapless_cache_schedules: u64,
+    /// Schedules with a tiny RAM cache (`RAM_CACHE_CHOICES`), and block reads served from the
+    /// RAM cache in those and in the others.
+    tiny_ram_cache_schedules: u64,
+    ram_cache_hits_tiny: u64,
+    ram_cache_hits: u64,
     /// Relocator read windows opened (`relocator_read_check`), those whose filling reached a
     /// relocator read of the head segment (failed with EIO), and after how many of those the
     /// engine failed (with a reason naming the relocator) rather than retried.
@@ -1125,12 +1135,17 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         } else {
             1
         };
+    let ram_cache_bytes = RAM_CACHE_CHOICES
+        [Rng::new(seed ^ 0x7261_6d63_6163_6865).below(RAM_CACHE_CHOICES.len() as u64) as usize];
+    let tiny_ram_cache = ram_cache_bytes.is_some();
+    totals.tiny_ram_cache_schedules += u64::from(tiny_ram_cache);
     let opts = OpenOptions {
         ram_buffer_bytes: segment * ram_buffers,
         seal_interval_ms: Some(seal_interval_ms),
         // Fewer decisions by the wall clock: a replay then takes the same path more often.
         promote_pause_after_relocation: Duration::ZERO,
         clean_holes_per_backing_sync,
+        ram_cache_bytes,
         ..OpenOptions::default()
     };
     let pair = SimPair::new(cache_bytes, 4 << 20, segment);
@@ -1165,7 +1180,8 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         eprintln!(
             "sim: seed {seed}: segment {segment} B, cache {cache_bytes} B, region {region_sectors} \
              sectors, seal interval {seal_interval_ms} ms, clean holes per backing sync \
-             {clean_holes_per_backing_sync}, {cycles} cycle(s), sorted {sorted}"
+             {clean_holes_per_backing_sync}, {cycles} cycle(s), sorted {sorted}, RAM cache \
+             {ram_cache_bytes:?} B"
         );
     }
     // The engine's locks, waits and clock go through the scheduler (one engine thread at a
@@ -1454,6 +1470,11 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         case.totals.writeback_written_again += before_cut.counters.writeback_written_again;
         case.totals.backing_syncs_waited += before_cut.counters.backing_syncs_waited;
         case.totals.backing_failures_caught_up += before_cut.counters.backing_failures_caught_up;
+        let ram_cache_hits = before_cut.counters.read_hits_ram_cache;
+        case.totals.ram_cache_hits += ram_cache_hits;
+        if tiny_ram_cache {
+            case.totals.ram_cache_hits_tiny += ram_cache_hits;
+        }
         let gave_up = before_cut.cache_failed.is_some()
             || (before_cut.failed.is_some() && before_cut.writeback_lag_bytes == 0);
         let must_refuse = !loss && before_cut.serving_alone;
@@ -2718,6 +2739,10 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.gapless_cache_schedules
     );
     eprintln!(
+        "sim: {} block reads served from the RAM cache ({} of them in the {} schedules with a tiny one)",
+        totals.ram_cache_hits, totals.ram_cache_hits_tiny, totals.tiny_ram_cache_schedules
+    );
+    eprintln!(
         "sim: with requests running and none completing, the longest wait for timers: {:.1?} \
          (a hang at {HANG:?}), the most IOs through the gate: {} (a hang at {HANG_IOS}), the \
          longest wait: {:.1?} (a hang at {HANG_WALL:?})",
@@ -2749,6 +2774,17 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
             "the engine never went on from the backing device alone with data lost"
         );
     }
+    // The RAM cache serves reads, a tiny one too (its evictions and reused places), not only
+    // never wrongly: a run of CI's size sees hits of both.
+    assert!(
+        seeds.len() < CI_SCHEDULES as usize
+            || (totals.ram_cache_hits_tiny > 0
+                && totals.ram_cache_hits > totals.ram_cache_hits_tiny),
+        "the RAM cache served {} block reads ({} with a tiny one) in {} schedules",
+        totals.ram_cache_hits,
+        totals.ram_cache_hits_tiny,
+        seeds.len()
+    );
     // Zero tracking is exercised, not only never wrong: a run of CI's size sees claims.
     assert!(
         seeds.len() < CI_SCHEDULES as usize || totals.zero_claims_checked > 0,

@@ -5,6 +5,7 @@
 pub mod admission;
 pub mod alone;
 pub mod bypass;
+pub mod hot;
 pub mod in_ram;
 pub mod lost;
 pub mod prefetch;

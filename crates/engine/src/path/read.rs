@@ -8,6 +8,10 @@
 //! with one device IO per run, each block's CRC checked, then the miss runs are read from the
 //! backing device (one IO per run) and the sectors partial blocks never held. The window
 //! bounds both the lock hold (its RAM copies) and the run scratch buffer.
+//!
+//! Reads of at most `hot::ADMIT_MAX_REQUEST_BYTES` also use the RAM cache (`path::hot`): a
+//! planned block it holds is copied from it (and unpinned) before the runs are formed, and
+//! each whole block such a read verified from the device enters it.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -19,6 +23,7 @@ use crate::inner::{check_usable, Inner};
 use crate::io::aligned::AlignedBuf;
 use crate::io::BlockDevice as _;
 use crate::io::{recycle_read_ops, ReadOp};
+use crate::path::hot::{HotKey, ADMIT_MAX_REQUEST_BYTES};
 use crate::path::prefetch::IndexPrefetch;
 use crate::promote;
 use crate::state::{Location, State};
@@ -38,6 +43,9 @@ struct Planned {
     req: u32,
     lba: u64,
     c: CacheBlock,
+    /// The id of the segment in `c`'s slot when planned: with `c`, the RAM cache's key (the
+    /// pin keeps the slot from being reused before the read ends).
+    segment_id: u64,
     crc: u32,
     /// Where the wanted bytes go in the request's buffer, and where they start in the block.
     dst_start: usize,
@@ -369,10 +377,13 @@ fn lookup_block(
             let (slot, _) = inner.geo.split(c);
             // Pinned under the lock, so the segment cannot be reclaimed before the read.
             inner.pins[slot as usize].fetch_add(1, Ordering::AcqRel);
+            let segment_id = st.ring.segment(slot).id;
+            debug_assert_ne!(segment_id, 0, "a block on the device in a free slot");
             s.planned.push(Planned {
                 req: 0,
                 lba,
                 c,
+                segment_id,
                 crc: st.blocks.crc(c),
                 dst_start,
                 in_block,
@@ -402,6 +413,7 @@ fn lookup_block(
 /// checks each block's CRC. `targets` are the requests, by `Planned::req`; a request's failure
 /// replaces its `served` (its later runs are then only unpinned). Unpins every planned block.
 fn read_planned(inner: &Inner, targets: &mut [CachedRead<'_>], s: &mut Scratch) {
+    serve_from_ram_cache(inner, targets, s);
     s.runs.clear();
     let mut i = 0;
     while i < s.planned.len() {
@@ -420,10 +432,55 @@ fn read_planned(inner: &Inner, targets: &mut [CachedRead<'_>], s: &mut Scratch) 
         read_runs(inner, targets, s);
     }
     for p in &s.planned {
-        let (slot, _) = inner.geo.split(p.c);
-        let pins_before = inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
-        assert!(pins_before > 0, "segment pin count underflow");
+        unpin(inner, p);
     }
+}
+
+fn unpin(inner: &Inner, p: &Planned) {
+    let (slot, _) = inner.geo.split(p.c);
+    let pins_before = inner.pins[slot as usize].fetch_sub(1, Ordering::AcqRel);
+    assert!(pins_before > 0, "segment pin count underflow");
+}
+
+fn ram_cache_key(p: &Planned) -> HotKey {
+    HotKey {
+        segment_id: p.segment_id,
+        cache_block: p.c,
+    }
+}
+
+/// Whether block `p` of a read of `request_bytes` may be served from and enter the RAM cache:
+/// small reads only (`hot::ADMIT_MAX_REQUEST_BYTES`), and whole blocks the cache holds every
+/// sector of (partial ones keep their backing-device and zeroing handling).
+fn ram_cache_admits(request_bytes: usize, p: &Planned) -> bool {
+    request_bytes <= ADMIT_MAX_REQUEST_BYTES && p.valid == FULL_MASK
+}
+
+/// Copies the planned blocks the RAM cache holds into their requests, unpins them and takes
+/// them out of the plan (keeping its order), so only the others are read from the device.
+fn serve_from_ram_cache(inner: &Inner, targets: &mut [CachedRead<'_>], s: &mut Scratch) {
+    let hot = &inner.hot;
+    if !hot.enabled() {
+        return;
+    }
+    let mut kept = 0usize;
+    let mut hits = 0u64;
+    for i in 0..s.planned.len() {
+        let p = s.planned[i];
+        let target = &mut targets[p.req as usize];
+        if target.served.is_ok() && ram_cache_admits(target.buf.len(), &p) {
+            let dst = &mut target.buf[p.dst_start..p.dst_start + p.len];
+            if hot.get(ram_cache_key(&p), p.lba, p.crc, p.in_block, dst) {
+                unpin(inner, &p);
+                hits += 1;
+                continue;
+            }
+        }
+        s.planned[kept] = p;
+        kept += 1;
+    }
+    s.planned.truncate(kept);
+    hot.count_hits(hits);
 }
 
 /// Whether `b` follows `a` both in the same request and on the cache device.
@@ -541,6 +598,8 @@ fn check_run(
         }
         return Ok(());
     }
+    let request_bytes = buf.len();
+    let ram_cache = inner.hot.enabled();
     for i in from..to {
         let p = s.planned[i];
         let (block, dst): (&[u8], &mut [u8]) = if direct {
@@ -556,6 +615,10 @@ fn check_run(
         if !inner.geo.block_verifies(p.lba, block, p.crc) {
             block_failed(inner, offset_bytes, buf, &p, corrupt(&p))?;
             continue;
+        }
+        // Only verified bytes enter the RAM cache.
+        if ram_cache && ram_cache_admits(request_bytes, &p) {
+            inner.hot.put(ram_cache_key(&p), p.lba, p.crc, block);
         }
         if !direct {
             dst.copy_from_slice(&block[p.in_block..p.in_block + p.len]);

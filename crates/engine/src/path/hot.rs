@@ -1,0 +1,512 @@
+//! The RAM cache (the "hot tier"): copies of cache-device blocks that small reads read and
+//! verified, so a repeated small read of them is a copy out of RAM rather than a device read.
+//! It is what a host page cache gives a server that reads its files buffered, kept by the
+//! engine, sized by the `ram_cache_mib` tunable, and never trusted beyond what it can prove.
+//!
+//! **No stale hit without any invalidation.** An entry is keyed by where its bytes came from:
+//! the cache block and the id of the segment then in its slot. Segment ids only rise in an
+//! engine's life (a slot's next use has a higher id), and a cache block of a segment is
+//! written to the cache device once (blocks change only in RAM buffers, before their chunk is
+//! written), so a key names one content for ever. The read path looks a block up only when the
+//! index maps the wanted lba to that cache block now (planned under the state lock, its segment
+//! pinned, so the id read then is the one the block holds until the read ends): a block
+//! overwritten, trimmed, evicted or relocated since is never asked for, and its entry ages out.
+//! An entry also carries the lba and CRC it was verified against; a hit checks both.
+//!
+//! **Layout.** `SHARDS` shards, each behind its own lock, each a table of `WAYS`-way sets with
+//! CLOCK (second chance) eviction within a set: a lookup or an insert touches one set, and
+//! nothing is allocated on either. Each shard's block copies live in one anonymous mapping
+//! (`MAP_NORESERVE`, so memory is used only as blocks are stored).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::format::BLOCK_SIZE_BYTES;
+use crate::geometry::CacheBlock;
+use crate::sync::Mutex;
+
+const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
+/// Shards, each with its own lock: enough that the request threads of a 2-64 CPU server rarely
+/// meet on one (a lock is held for one 4 KiB copy).
+pub const SHARDS: usize = 16;
+/// Entries per set: a lookup compares at most this many keys; CLOCK picks the victim among them.
+pub const WAYS: usize = 8;
+/// Reads of at most this many bytes are served from the tier and fill it. Larger reads leave it
+/// alone: a streaming read would flush it and pay a copy per block, and its blocks come in long
+/// device runs that a hit would only split.
+pub const ADMIT_MAX_REQUEST_BYTES: usize = 64 << 10;
+
+/// Where a block's bytes came from: a key names one content for ever (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HotKey {
+    /// The id of the segment in the block's slot when it was read (ids start at 1).
+    pub segment_id: u64,
+    pub cache_block: CacheBlock,
+}
+
+/// One way of a set. `segment_id` 0: empty.
+#[derive(Clone, Copy, Debug, Default)]
+struct Meta {
+    segment_id: u64,
+    lba: u64,
+    cache_block: CacheBlock,
+    crc: u32,
+}
+
+/// Anonymous memory holding a shard's block copies.
+struct Region {
+    ptr: *mut u8,
+    len_bytes: usize,
+}
+
+// SAFETY: the region is owned by its shard and only touched under the shard's lock.
+unsafe impl Send for Region {}
+
+impl Region {
+    fn empty() -> Region {
+        Region {
+            ptr: std::ptr::null_mut(),
+            len_bytes: 0,
+        }
+    }
+
+    /// `None` if the kernel refuses the mapping (the tier then stays off).
+    fn map(len_bytes: usize) -> Option<Region> {
+        assert!(len_bytes > 0);
+        // SAFETY: a new private anonymous mapping at an address the kernel picks; nothing
+        // existing is touched. MAP_NORESERVE: pages are committed only once written.
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        (raw != libc::MAP_FAILED).then(|| Region {
+            ptr: raw.cast::<u8>(),
+            len_bytes,
+        })
+    }
+
+    fn block(&self, i: usize) -> &[u8] {
+        assert!((i + 1) * BLOCK <= self.len_bytes);
+        // SAFETY: in bounds (checked above); the mapping lives as long as `self`, and `&self`
+        // (under the shard's lock) excludes writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.add(i * BLOCK), BLOCK) }
+    }
+
+    fn block_mut(&mut self, i: usize) -> &mut [u8] {
+        assert!((i + 1) * BLOCK <= self.len_bytes);
+        // SAFETY: as `block`, with `&mut self` excluding every other access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * BLOCK), BLOCK) }
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.len_bytes > 0 {
+            // SAFETY: the mapping made in `map`, unmapped once; no reference into it outlives
+            // `self`.
+            let rc = unsafe { libc::munmap(self.ptr.cast(), self.len_bytes) };
+            debug_assert_eq!(rc, 0, "munmap of the RAM cache");
+        }
+    }
+}
+
+/// One shard: `sets` sets of `ways` entries; entry `set * ways + way` keeps its copy in block
+/// `set * ways + way` of `data`.
+struct Shard {
+    sets: usize,
+    ways: usize,
+    meta: Vec<Meta>,
+    /// Per set: the CLOCK reference bits, bit `way`.
+    referenced: Vec<u8>,
+    /// Per set: the CLOCK hand.
+    hands: Vec<u8>,
+    data: Region,
+    held_blocks: u64,
+}
+
+impl Shard {
+    fn off() -> Shard {
+        Shard {
+            sets: 0,
+            ways: 0,
+            meta: Vec::new(),
+            referenced: Vec::new(),
+            hands: Vec::new(),
+            data: Region::empty(),
+            held_blocks: 0,
+        }
+    }
+
+    /// A shard of `blocks` entries (0: off); off if the memory cannot be mapped.
+    fn with_blocks(blocks: usize) -> Shard {
+        let ways = blocks.min(WAYS);
+        if ways == 0 {
+            return Shard::off();
+        }
+        let sets = blocks / ways;
+        let Some(data) = Region::map(sets * ways * BLOCK) else {
+            return Shard::off();
+        };
+        Shard {
+            sets,
+            ways,
+            meta: vec![Meta::default(); sets * ways],
+            referenced: vec![0; sets],
+            hands: vec![0; sets],
+            data,
+            held_blocks: 0,
+        }
+    }
+
+    fn find(&self, set: usize, key: HotKey) -> Option<usize> {
+        let base = set * self.ways;
+        (base..base + self.ways).find(|&i| {
+            self.meta[i].segment_id == key.segment_id && self.meta[i].cache_block == key.cache_block
+        })
+    }
+
+    /// The way of `set` to fill: an empty one, else CLOCK's victim (the first from the hand
+    /// with its reference bit clear, clearing the bits it passes).
+    fn victim(&mut self, set: usize) -> usize {
+        let base = set * self.ways;
+        if let Some(i) = (base..base + self.ways).find(|&i| self.meta[i].segment_id == 0) {
+            return i;
+        }
+        loop {
+            let way = self.hands[set] as usize;
+            self.hands[set] = ((way + 1) % self.ways) as u8;
+            let bit = 1u8 << way;
+            if self.referenced[set] & bit == 0 {
+                return base + way;
+            }
+            self.referenced[set] &= !bit;
+        }
+    }
+}
+
+/// The engine's RAM cache (module docs).
+pub struct HotTier {
+    shards: Box<[Mutex<Shard>]>,
+    /// Entries the tier has room for (0: off): the read path's check, without a lock.
+    capacity_blocks: AtomicU64,
+    /// Block reads served from the tier (`read_hits_ram_cache`).
+    hits: AtomicU64,
+}
+
+impl HotTier {
+    /// A tier of `bytes` (rounded down to whole sets; 0 or too small for one block per shard:
+    /// off).
+    pub fn new(bytes: u64) -> HotTier {
+        let tier = HotTier {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::off())).collect(),
+            capacity_blocks: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+        };
+        tier.resize(bytes);
+        tier
+    }
+
+    /// Drops every copy and makes room for `bytes` (as `new`). Each shard changes under its
+    /// own lock, so reads in flight see either the old shard or the new one, both correct.
+    pub fn resize(&self, bytes: u64) {
+        let per_shard_blocks = usize::try_from(bytes / BLOCK_SIZE_BYTES / SHARDS as u64)
+            .expect("a RAM cache that fits the address space");
+        // Off first, so no read counts on a capacity being built.
+        self.capacity_blocks.store(0, Ordering::Relaxed);
+        let mut capacity = 0u64;
+        for shard in self.shards.iter() {
+            // Mapped before the lock: readers wait only for the swap. The old region is
+            // unmapped after the lock is let go.
+            let fresh = Shard::with_blocks(per_shard_blocks);
+            capacity += (fresh.sets * fresh.ways) as u64;
+            let old = std::mem::replace(&mut *shard.lock(), fresh);
+            drop(old);
+        }
+        self.capacity_blocks.store(capacity, Ordering::Relaxed);
+    }
+
+    /// Whether the tier holds room for anything.
+    pub fn enabled(&self) -> bool {
+        self.capacity_blocks.load(Ordering::Relaxed) > 0
+    }
+
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity_blocks.load(Ordering::Relaxed) * BLOCK_SIZE_BYTES
+    }
+
+    /// Blocks held now (a snapshot: each shard's count is read under its lock in turn).
+    pub fn held_blocks(&self) -> u64 {
+        self.shards.iter().map(|s| s.lock().held_blocks).sum()
+    }
+
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// Counts `n` block reads served from the tier.
+    pub fn count_hits(&self, n: u64) {
+        if n > 0 {
+            self.hits.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    fn place(&self, key: HotKey) -> (usize, u64) {
+        // SplitMix64's finaliser: consecutive blocks and ids spread over every shard and set.
+        let mut h = key.segment_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(key.cache_block);
+        h = (h ^ (h >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        h = (h ^ (h >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        h ^= h >> 31;
+        ((h % SHARDS as u64) as usize, h / SHARDS as u64)
+    }
+
+    /// If the tier holds block `key`, verified as backing block `lba` with `crc`, copies its
+    /// bytes from `in_block` on into `dst` and returns true.
+    pub fn get(&self, key: HotKey, lba: u64, crc: u32, in_block: usize, dst: &mut [u8]) -> bool {
+        debug_assert!(key.segment_id != 0);
+        assert!(in_block + dst.len() <= BLOCK);
+        let (s, h) = self.place(key);
+        let mut shard = self.shards[s].lock();
+        if shard.sets == 0 {
+            return false;
+        }
+        let set = (h % shard.sets as u64) as usize;
+        let Some(i) = shard.find(set, key) else {
+            return false;
+        };
+        let m = shard.meta[i];
+        // A key names one content (module docs): the same place verified as another block
+        // would be a bug. Served from the device then, which checks its CRC.
+        debug_assert!(
+            m.lba == lba && m.crc == crc,
+            "RAM cache entry {key:?} holds lba {} crc {:#x}, the read wants lba {lba} crc {crc:#x}",
+            m.lba,
+            m.crc
+        );
+        if m.lba != lba || m.crc != crc {
+            return false;
+        }
+        dst.copy_from_slice(&shard.data.block(i)[in_block..in_block + dst.len()]);
+        shard.referenced[set] |= 1 << (i - set * shard.ways);
+        true
+    }
+
+    /// Stores a copy of `block`, read from `key` and verified as backing block `lba` with
+    /// `crc` (only verified bytes may enter). Replaces CLOCK's victim of its set.
+    pub fn put(&self, key: HotKey, lba: u64, crc: u32, block: &[u8]) {
+        debug_assert!(key.segment_id != 0);
+        assert_eq!(block.len(), BLOCK);
+        let (s, h) = self.place(key);
+        let mut shard = self.shards[s].lock();
+        if shard.sets == 0 {
+            return;
+        }
+        let set = (h % shard.sets as u64) as usize;
+        if shard.find(set, key).is_some() {
+            return; // the same bytes (a key names one content)
+        }
+        let i = shard.victim(set);
+        if shard.meta[i].segment_id == 0 {
+            shard.held_blocks += 1;
+        }
+        shard.data.block_mut(i).copy_from_slice(block);
+        shard.meta[i] = Meta {
+            segment_id: key.segment_id,
+            lba,
+            cache_block: key.cache_block,
+            crc,
+        };
+        // A new entry starts unreferenced: one read is no evidence of heat, a second one is.
+        let way = i - set * shard.ways;
+        shard.referenced[set] &= !(1 << way);
+    }
+}
+
+/// The tier's size for `ram_cache_mib`: at most an eighth of physical memory, so a default
+/// meant for a server never pushes a small machine into swap or the OOM killer.
+pub fn size_for_mib(ram_cache_mib: u64) -> u64 {
+    let wanted = ram_cache_mib.saturating_mul(1 << 20);
+    wanted.min(physical_memory_bytes() / 8)
+}
+
+fn physical_memory_bytes() -> u64 {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if pages <= 0 || page <= 0 {
+        return 0; // unknown: no RAM cache rather than a guess
+    }
+    (pages as u64).saturating_mul(page as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block_of(v: u8) -> Vec<u8> {
+        vec![v; BLOCK]
+    }
+
+    fn key(segment_id: u64, cache_block: u32) -> HotKey {
+        HotKey {
+            segment_id,
+            cache_block,
+        }
+    }
+
+    fn get_block(t: &HotTier, k: HotKey, lba: u64, crc: u32) -> Option<Vec<u8>> {
+        let mut b = vec![0u8; BLOCK];
+        t.get(k, lba, crc, 0, &mut b).then_some(b)
+    }
+
+    #[test]
+    fn a_stored_block_is_served_whole_and_in_part() {
+        let t = HotTier::new(1 << 20);
+        assert_eq!(t.capacity_bytes(), 1 << 20);
+        let mut b = block_of(0);
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (i / 512) as u8;
+        }
+        t.put(key(3, 17), 99, 0xabc, &b);
+        assert_eq!(get_block(&t, key(3, 17), 99, 0xabc), Some(b.clone()));
+        let mut part = vec![0u8; 1024];
+        assert!(t.get(key(3, 17), 99, 0xabc, 1536, &mut part));
+        assert_eq!(part, b[1536..2560]);
+        assert_eq!(t.held_blocks(), 1);
+    }
+
+    /// The same cache block of a later segment (its slot reused) never hits the old copy.
+    #[test]
+    fn another_segment_id_never_hits() {
+        let t = HotTier::new(1 << 20);
+        t.put(key(5, 40), 7, 1, &block_of(1));
+        assert!(get_block(&t, key(6, 40), 7, 1).is_none());
+        assert!(get_block(&t, key(4, 40), 7, 1).is_none());
+        assert!(get_block(&t, key(5, 41), 7, 1).is_none());
+        assert!(get_block(&t, key(5, 40), 7, 1).is_some());
+        // The new segment's block enters beside it and each key gets its own bytes.
+        t.put(key(6, 40), 7, 2, &block_of(2));
+        assert_eq!(get_block(&t, key(6, 40), 7, 2), Some(block_of(2)));
+        assert_eq!(get_block(&t, key(5, 40), 7, 1), Some(block_of(1)));
+    }
+
+    #[test]
+    fn off_holds_nothing() {
+        for bytes in [0, BLOCK_SIZE_BYTES * (SHARDS as u64 - 1)] {
+            let t = HotTier::new(bytes);
+            assert!(!t.enabled());
+            t.put(key(1, 1), 1, 1, &block_of(1));
+            assert!(get_block(&t, key(1, 1), 1, 1).is_none());
+            assert_eq!(t.held_blocks(), 0);
+        }
+    }
+
+    /// More blocks than room: the tier never holds more than its capacity, and CLOCK keeps a
+    /// block read again over blocks read once.
+    #[test]
+    fn eviction_keeps_capacity_and_prefers_referenced_blocks() {
+        // One set of WAYS per shard.
+        let t = HotTier::new((SHARDS * WAYS) as u64 * BLOCK_SIZE_BYTES);
+        let cap = (SHARDS * WAYS) as u64;
+        assert_eq!(t.capacity_bytes(), cap * BLOCK_SIZE_BYTES);
+        let hot = key(1, 0);
+        t.put(hot, 0, 0, &block_of(0xee));
+        for c in 1..(cap as u32 * 8) {
+            // The hot block is read between inserts, as a hot block is.
+            assert!(get_block(&t, hot, 0, 0).is_some(), "evicted after {c}");
+            t.put(key(1, c), c as u64, c, &block_of(c as u8));
+            assert!(t.held_blocks() <= cap);
+        }
+        assert_eq!(t.held_blocks(), cap);
+        // Every block still held is its own.
+        let mut held = 0;
+        for c in 0..(cap as u32 * 8) {
+            if let Some(b) = get_block(&t, key(1, c), c as u64, c) {
+                assert_eq!(
+                    b,
+                    if c == 0 {
+                        block_of(0xee)
+                    } else {
+                        block_of(c as u8)
+                    }
+                );
+                held += 1;
+            }
+        }
+        assert_eq!(held, cap);
+    }
+
+    /// Keys spread over every shard, and a tiny tier (one way per shard) still works.
+    #[test]
+    fn keys_spread_over_every_shard() {
+        let t = HotTier::new(1 << 20);
+        let mut seen = [0u32; SHARDS];
+        for c in 0..(SHARDS as u32 * 64) {
+            seen[t.place(key(1 + u64::from(c / 256), c)).0] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 16), "{seen:?}");
+        let tiny = HotTier::new(SHARDS as u64 * BLOCK_SIZE_BYTES);
+        assert_eq!(tiny.capacity_bytes(), SHARDS as u64 * BLOCK_SIZE_BYTES);
+        for c in 0..200u32 {
+            tiny.put(key(2, c), c.into(), c, &block_of(c as u8));
+            assert_eq!(
+                get_block(&tiny, key(2, c), c.into(), c),
+                Some(block_of(c as u8))
+            );
+        }
+        assert!(tiny.held_blocks() <= SHARDS as u64);
+    }
+
+    #[test]
+    fn resize_drops_every_copy() {
+        let t = HotTier::new(1 << 20);
+        t.put(key(1, 1), 1, 1, &block_of(1));
+        t.resize(2 << 20);
+        assert_eq!(t.capacity_bytes(), 2 << 20);
+        assert!(get_block(&t, key(1, 1), 1, 1).is_none());
+        t.resize(0);
+        assert!(!t.enabled());
+    }
+
+    #[test]
+    fn the_size_is_capped_at_an_eighth_of_memory() {
+        assert_eq!(size_for_mib(0), 0);
+        assert_eq!(size_for_mib(1), 1 << 20);
+        let phys = physical_memory_bytes();
+        assert!(phys > 0);
+        assert_eq!(size_for_mib(u64::MAX), phys / 8);
+    }
+
+    /// Threads storing and reading the same blocks concurrently each get whole, right copies.
+    #[test]
+    fn concurrent_use_returns_whole_copies() {
+        let t = std::sync::Arc::new(HotTier::new(64 * BLOCK_SIZE_BYTES));
+        let threads: Vec<_> = (0..4u32)
+            .map(|n| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    for i in 0..20_000u32 {
+                        let c = (i * 7 + n) % 300;
+                        let v = (c % 251) as u8;
+                        if i % 3 == 0 {
+                            t.put(key(9, c), c.into(), c, &block_of(v));
+                        } else if let Some(b) = get_block(&t, key(9, c), c.into(), c) {
+                            assert!(b.iter().all(|&x| x == v), "a torn or foreign copy");
+                        }
+                    }
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().unwrap();
+        }
+    }
+}
