@@ -245,7 +245,8 @@ def render_report(names, results_dir, doc_path, chart_dir, mode):
             "",
             "Goals not met are analysed, with the experiments that test each explanation, among "
             "the hand-measured sections at the end (\"What holds (3) below 95% of nbdkit null\", "
-            "\"Resume of the 24 GiB cache, rerun\", \"The scaling flag at 256 in flight, rerun\"; "
+            "\"Resume of the 24 GiB cache, rerun\", \"The scaling flag at 256 in flight, "
+            "rerun\" and \"`scaling` with rounds\" (its undecided verdict); "
             "issue 20's: \"The IO path: cached reads and large IO against nbdkit's file plugin\" "
             "and the issue-20 subsections after it).",
             ""]
