@@ -67,6 +67,9 @@ impl Served {
         gauge("ram_buffers_free", s.ram_buffers_free as f64);
         gauge("ram_buffer_bytes", s.ram_buffer_bytes as f64);
         gauge("index_memory_bytes", s.index_memory_bytes as f64);
+        // The RAM cache of hot cached blocks (`ram_cache_mib`): its room and what it holds.
+        gauge("ram_cache_bytes", s.ram_cache_bytes as f64);
+        gauge("ram_cache_blocks", s.ram_cache_blocks as f64);
         gauge("zero_ranges", s.zero_ranges as f64);
         gauge("zero_blocks_forgotten", s.zero_blocks_forgotten as f64);
         // The engine reports u64::MAX for "unpaced"; keep the JSON numbers small and exact.

@@ -247,6 +247,42 @@ fn fio_random_writes_verify() {
     assert_eq!(u64_of(&s, "io_errors"), 0, "{s}");
 }
 
+/// The RAM cache: on by default; repeated 4 KiB reads of blocks on the cache device are served
+/// from it (status counts them); `ram_cache_mib` resizes it online and 0 turns it off.
+#[test]
+fn the_ram_cache_serves_repeated_small_reads_and_resizes_online() {
+    let disk = Disk::new("s-ramcache", &[]);
+    let ctl = disk.ctl();
+    let s = status_json(Path::new(&ctl));
+    assert!(u64_of(&s, "ram_cache_bytes") >= MIB, "{s}");
+    assert_eq!(u64_of(&s, "ram_cache_blocks"), 0, "{s}");
+    assert_eq!(u64_of(&s, "read_hits_ram_cache"), 0, "{s}");
+    // Written and flushed: the first MiB's segments are full and on the cache device.
+    qemu_io_ok(&disk.uri(), &["write -P 0x5a 0 4M", "flush"]);
+    let reads: Vec<String> = (0..2)
+        .flat_map(|_| (0..64).map(|i| format!("read -P 0x5a {} 4k", i * 4096)))
+        .collect();
+    let reads: Vec<&str> = reads.iter().map(String::as_str).collect();
+    qemu_io_ok(&disk.uri(), &reads);
+    let s = status_json(Path::new(&ctl));
+    assert!(u64_of(&s, "ram_cache_blocks") > 0, "{s}");
+    let hits = u64_of(&s, "read_hits_ram_cache");
+    assert!(hits > 0 && hits <= 64, "{s}");
+    let human = logcache_ok(&["status", "--control", &ctl]);
+    assert!(
+        human.contains("block reads served from it") && human.contains("RAM cache:"),
+        "{human}"
+    );
+    logcache_ok(&["set", "--control", &ctl, "ram_cache_mib=0"]);
+    let s = status_json(Path::new(&ctl));
+    assert_eq!(u64_of(&s, "ram_cache_bytes"), 0, "{s}");
+    assert_eq!(u64_of(&s, "ram_cache_blocks"), 0, "{s}");
+    assert_eq!(s["tunables"]["ram_cache_mib"], 0, "{s}");
+    qemu_io_ok(&disk.uri(), &reads);
+    let s = status_json(Path::new(&ctl));
+    assert_eq!(u64_of(&s, "read_hits_ram_cache"), hits, "{s}");
+}
+
 #[test]
 fn status_counters_and_drain_to_the_backing_file() {
     // No idle writeback: the data stays dirty until drained.

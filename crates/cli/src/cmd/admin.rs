@@ -136,6 +136,12 @@ fn render_status(s: &Value) -> String {
         n("read_misses_partial")
     ));
     line(format!(
+        "  RAM cache: {} of {} held, {} block reads served from it",
+        human(n("ram_cache_blocks") * block),
+        human(n("ram_cache_bytes")),
+        n("read_hits_ram_cache")
+    ));
+    line(format!(
         "  read cache: {}, {} promoted ({} requests past the sequential cutoff, {} while the log was congested, {} raced)",
         word("read_cache"),
         human(n("promotion_bytes")),
