@@ -41,7 +41,9 @@
 #                   against logcache in front of the emulated HDD; here without a fresh format
 #                   per measurement, so keep ROUNDS × RUNTIME_S short of filling the 4 GiB cache)
 #   logcache-b, logcache-dirty-b, logcache-hdd-b, logcache-wt-b  the same with the binary LOGCACHE_BIN_B (an A/B of two
-#                   builds in one alternated run, e.g. the NBD backing client before a change)
+#                   builds in one alternated run, e.g. the NBD backing client before a change;
+#                   LOGCACHE_B_SET="KEY=VALUE ..." serves logcache-b and logcache-dirty-b with
+#                   those tunables, e.g. the same binary with ram_cache_mib=0)
 #
 # The data (DATA_MIB, written sequentially through each server) is in place first; logcache's
 # is then drained (clean, on the cache device: every read is a hit there; LOGCACHE_DIRTY=1
@@ -148,6 +150,11 @@ start() { # $1 server name
         local sets=()
         if is_dirty "$s"; then
             sets=(--set writeback_threshold_percent=100 --set writeback_idle_ms=0)
+        fi
+        # LOGCACHE_B_SET: tunables (KEY=VALUE, space-separated) for the -b servers only, e.g.
+        # the same binary with ram_cache_mib=0 (an A/B of a tunable in one alternated run).
+        if [[ $s == *-b ]]; then
+            for kv in ${LOGCACHE_B_SET:-}; do sets+=(--set "$kv"); done
         fi
         "$run_bin" format --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" >/dev/null
         "$run_bin" serve --cache "$dir/$s-cache.img" --backing "$dir/$s-backing.img" \
@@ -265,6 +272,15 @@ measure() { # $1 server, $2 job name, $3 fio options, $4 round
     if [[ $1 == *-cold ]]; then
         sync
         echo 3 >/proc/sys/vm/drop_caches
+    fi
+    # The page-cache reference as it runs: its file read through nbdkit first, as bench/run's
+    # iopath does (9895cfe). Without it, anyone's drop_caches (a nbdkit-file-cold contender in
+    # another run) or memory pressure leaves it reading the disk: 8-85 of 512 MiB resident and
+    # ~21K IOPS at iodepth 32 in a run of 2026-11-27 15:28 UTC, against ~97K warm. WARM_NBDKIT=0
+    # measures it as found.
+    if [ "$1" = nbdkit-file ] && [ "${WARM_NBDKIT:-1}" = 1 ]; then
+        fio_run "${uri[$1]}" warm-nbdkit --rw=read --bs=1M --iodepth=8 --size="${data_mib}M" \
+            >/dev/null
     fi
     local resident
     resident=$(resident_mib "$1")
