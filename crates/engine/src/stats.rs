@@ -314,7 +314,7 @@ pub struct Stats {
     pub segments_in_ram: u64,
     pub segments_on_disk: u64,
     pub segments_free: u64,
-    /// The RAM cache (`ram_cache_mib`, capped at 1/8 of physical memory; 0: off): its room,
+    /// The RAM cache (`ram_cache_mib`, capped at 1/8 of physical memory or the cgroup limit; 0: off): its room,
     /// and the 4 KiB copies it holds now.
     pub ram_cache_bytes: u64,
     pub ram_cache_blocks: u64,

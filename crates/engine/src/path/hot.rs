@@ -326,14 +326,15 @@ impl HotTier {
     }
 }
 
-/// The tier's size for `ram_cache_mib`: at most an eighth of physical memory, so a default
-/// meant for a server never pushes a small machine into swap or the OOM killer.
+/// The tier's size for `ram_cache_mib`: at most an eighth of the memory this process may use
+/// (physical memory, or its cgroup's limit if lower), so a default meant for a server never
+/// pushes a small machine or a container into swap or the OOM killer.
 pub fn size_for_mib(ram_cache_mib: u64) -> u64 {
     let wanted = ram_cache_mib.saturating_mul(1 << 20);
-    wanted.min(physical_memory_bytes() / 8)
+    wanted.min(memory_bytes() / 8)
 }
 
-fn physical_memory_bytes() -> u64 {
+fn memory_bytes() -> u64 {
     // SAFETY: sysconf only reads system configuration.
     let (pages, page) = unsafe {
         (
@@ -344,7 +345,41 @@ fn physical_memory_bytes() -> u64 {
     if pages <= 0 || page <= 0 {
         return 0; // unknown: no RAM cache rather than a guess
     }
-    (pages as u64).saturating_mul(page as u64)
+    let physical = (pages as u64).saturating_mul(page as u64);
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    cgroup_limit_paths(&cgroups)
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .filter_map(|text| parse_limit(&text))
+        .fold(physical, u64::min)
+}
+
+/// The memory-limit files of this process's cgroups, from `/proc/self/cgroup`: v2's
+/// `memory.max` (line `0::PATH`) and v1's `memory.limit_in_bytes` (line `N:...memory...:PATH`),
+/// at their usual mount points. Limits of ancestor cgroups are not read.
+fn cgroup_limit_paths(proc_self_cgroup: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    for line in proc_self_cgroup.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let path = path.trim_end_matches('/');
+        if id == "0" && controllers.is_empty() {
+            paths.push(format!("/sys/fs/cgroup{path}/memory.max"));
+        } else if controllers.split(',').any(|c| c == "memory") {
+            paths.push(format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"));
+        }
+    }
+    paths
+}
+
+/// A cgroup memory limit in bytes; `None` for none ("max", or v1's "unlimited", a number near
+/// 2^63) or an unreadable value.
+fn parse_limit(text: &str) -> Option<u64> {
+    text.trim().parse::<u64>().ok().filter(|&v| v < 1 << 62)
 }
 
 #[cfg(test)]
@@ -480,9 +515,32 @@ mod tests {
     fn the_size_is_capped_at_an_eighth_of_memory() {
         assert_eq!(size_for_mib(0), 0);
         assert_eq!(size_for_mib(1), 1 << 20);
-        let phys = physical_memory_bytes();
-        assert!(phys > 0);
-        assert_eq!(size_for_mib(u64::MAX), phys / 8);
+        let memory = memory_bytes();
+        assert!(memory > 0);
+        assert_eq!(size_for_mib(u64::MAX), memory / 8);
+    }
+
+    #[test]
+    fn cgroup_limits_are_found_and_read() {
+        let v2 = "0::/system.slice/x.service\n";
+        assert_eq!(
+            cgroup_limit_paths(v2),
+            ["/sys/fs/cgroup/system.slice/x.service/memory.max"]
+        );
+        assert_eq!(cgroup_limit_paths("0::/\n"), ["/sys/fs/cgroup/memory.max"]);
+        let v1 = "9:name=systemd:/\n4:memory:/box/7\n3:cpu,cpuacct:/\n0::/\n";
+        assert_eq!(
+            cgroup_limit_paths(v1),
+            [
+                "/sys/fs/cgroup/memory/box/7/memory.limit_in_bytes",
+                "/sys/fs/cgroup/memory.max"
+            ]
+        );
+        assert!(cgroup_limit_paths("garbage").is_empty());
+        assert_eq!(parse_limit("2147483648\n"), Some(2 << 30));
+        assert_eq!(parse_limit("max\n"), None);
+        assert_eq!(parse_limit("9223372036854771712\n"), None);
+        assert_eq!(parse_limit(""), None);
     }
 
     /// Threads storing and reading the same blocks concurrently each get whole, right copies.
