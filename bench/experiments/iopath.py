@@ -21,6 +21,16 @@ CPU time per request.
   logcache (`cache_mode=write-through`), each in front of its own emulated HDD, against the
   emulated HDD alone.
 
+Placement (where the server and fio run): at iodepth 1 on a 2-vCPU VM the scheduler's placement
+decides the figure (a round trip across two vCPUs wakes a halted vCPU twice, ~6x one on the same
+vCPU) and it differs by server, not by merit (a one-thread server and its client stay on two idle
+vCPUs; nbdkit's threads taking turns land beside the client part of the time). So the 4 KiB
+iodepth-1 goal is measured with every contender placed alike: each server's threads on CPU 1,
+fio on CPU 0 (`PLACEMENTS`, the split: the conservative one, every reply crossing vCPUs), and two
+information rows beside it, logcache and nbdkit only: both on CPU 0, and unpinned (as before).
+The other jobs stay unpinned: with many requests in flight a server's threads use both vCPUs,
+which pinning to one would take from the threaded servers (nbdkit, logcache's workers).
+
 Server CPU is the server process's utime+stime over the measurement (/proc/PID/stat) divided by
 fio's IOs (the emulated HDD's includes its timing loop: not comparable). The nbdkit rows also
 record `resident_mib`: how much of its file the page cache held as the measurement started.
@@ -49,6 +59,9 @@ JOBS = {
     "seqread-dirty-1m-qd8": (dict(rw="read", bs="1M", iodepth=8), "nbdkit_file", "logcache_dirty", 0.90, "mb_s"),
     "randread-4k-qd32": (dict(rw="randread", bs="4k", iodepth=32), "nbdkit_file", "logcache", 1.00, "iops"),
     "randread-4k-qd1": (dict(rw="randread", bs="4k", iodepth=1), "nbdkit_file", "logcache", 0.90, "iops"),
+    # Information (no goal): the same job in the two other placements (`JOB_PLACEMENT`).
+    "randread-4k-qd1-same": (dict(rw="randread", bs="4k", iodepth=1), "nbdkit_file", "logcache", None, "iops"),
+    "randread-4k-qd1-unpinned": (dict(rw="randread", bs="4k", iodepth=1), "nbdkit_file", "logcache", None, "iops"),
     "seqwrite-1m-qd8": (dict(rw="write", bs="1M", iodepth=8), "nbdkit_file", "logcache", 0.90, "mb_s"),
     "randread-miss-4k-qd32": (dict(rw="randread", bs="4k", iodepth=32), "hdd", "logcache_hdd", 0.95, "iops"),
     "randwrite-wt-4k-qd16": (dict(rw="randwrite", bs="4k", iodepth=16), "hdd", "logcache_wt", 0.90, "iops"),
@@ -62,6 +75,18 @@ MEASURED_WITH = {"seqread-dirty-1m-qd8": "seqread-1m-qd8"}
 # The cached-read jobs' references that read the disk, measured in the same alternation.
 DISK_REFS = ["qemu_nbd_direct", "nbdkit_file_cold", "device"]
 DISK_REF_JOBS = ["seqread-1m-qd8", "seqread-dirty-1m-qd8", "randread-4k-qd32", "randread-4k-qd1"]
+# Placements: (server CPUs, fio CPUs); None: unpinned, wherever the scheduler puts them.
+PLACEMENTS = {"split": ([1], [0]), "same": ([0], [0]), "unpinned": None}
+PLACEMENT_TEXT = {"split": "server on CPU 1, fio on CPU 0", "same": "server and fio on CPU 0",
+                  "unpinned": "unpinned"}
+# Where each job runs (jobs not listed: unpinned). The goal's row takes the split: every
+# contender's reply then crosses vCPUs, as a client and a server on two busy cores of a host do.
+# Measured 2026-11-27 (docs/BENCHMARKS.md, "Placement at iodepth 1 ..."): logcache ÷ nbdkit
+# file was level or ahead in either fixed placement and swung with the scheduler unpinned.
+JOB_PLACEMENT = {"randread-4k-qd1": "split", "randread-4k-qd1-same": "same",
+                 "randread-4k-qd1-unpinned": "unpinned"}
+# The information rows shown beside a goal's row in the issue's table.
+INFO_OF = {"randread-4k-qd1": ["randread-4k-qd1-same", "randread-4k-qd1-unpinned"]}
 SHORT = {"qemu_nbd_direct": "qemu-nbd O_DIRECT", "nbdkit_file_cold": "nbdkit cold",
          "device": "device"}
 
@@ -147,6 +172,33 @@ def cpu_ticks(pid):
     return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
 
 
+def pin_threads(pid, cpus):
+    """Every thread of process `pid` onto `cpus` (a set of CPU numbers). The threads it starts
+    later (a connection's) inherit the mask of the thread that starts them, so pinning before
+    fio connects covers them; a thread ending meanwhile is skipped."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+
+
+def placement_of(job):
+    """(placement name, server CPUs, fio CPUs) of a job; CPUs None when unpinned. A placement
+    needing a CPU this process may not use (a 1-CPU machine, a cpuset) falls back to unpinned,
+    named so ("unpinned (CPU 1 not available)")."""
+    name = JOB_PLACEMENT.get(job, "unpinned")
+    cpus = PLACEMENTS[name]
+    if cpus is None:
+        return name, None, None
+    server, fio = cpus
+    missing = sorted(set(server + fio) - os.sched_getaffinity(0))
+    if missing:
+        return (f"unpinned (CPU {', '.join(map(str, missing))} not available for {name})",
+                None, None)
+    return name, set(server), set(fio)
+
+
 def run(ctx):
     p = params(ctx)
     hz = os.sysconf("SC_CLK_TCK")
@@ -224,8 +276,11 @@ def run(ctx):
                "logcache_wt": (lc_wt.proc, lambda: lc_wt.uri)}
     ticks = {}
     resident = {}
+    # Each server's own CPU mask (every CPU, unless bench/run itself runs in a narrower one),
+    # restored after each pinned measurement so the unpinned jobs find it as started.
+    home = {name: os.sched_getaffinity(proc.pid) for name, (proc, _) in servers.items() if proc}
 
-    def contender(name, kw):
+    def contender(name, kw, server_cpus):
         proc, uri = servers[name]
 
         def prepare():
@@ -241,10 +296,15 @@ def run(ctx):
             # How much of nbdkit's file the page cache holds as its measurement starts: its
             # reads run at RAM speed for that share (what moves the cached rows' reference).
             resident[name] = resident_mib(kit_file) if name.startswith("nbdkit_file") else None
+            if proc and server_cpus:
+                pin_threads(proc.pid, server_cpus)
             ticks[name] = cpu_ticks(proc.pid) if proc else 0
             return uri()
 
         def finish():
+            if proc and server_cpus:
+                # Its threads back on its own mask, those the connection left behind too.
+                pin_threads(proc.pid, home[name])
             # The device alone has no server process.
             extra = {"cpu_s": (cpu_ticks(proc.pid) - ticks[name]) / hz if proc else None}
             if resident[name] is not None:
@@ -253,6 +313,7 @@ def run(ctx):
         return Contender(name, LABELS[name], prepare, kw, finish)
 
     rows = []
+    placements = {}
     for job, (opts, ref, other, _goal, _figure) in JOBS.items():
         if job in MEASURED_WITH:
             continue
@@ -260,13 +321,18 @@ def run(ctx):
         size = p["hdd_size"] - MiB if ref == "hdd" else data
         rounds, runtime = job_rounds(p, job)
         kw = dict(opts, size=size, runtime=runtime)
+        placement, server_cpus, fio_cpus = placement_of(job)
+        placements[job] = placement
+        if fio_cpus:
+            kw["extra"] = {"cpus_allowed": ",".join(map(str, sorted(fio_cpus)))}
         riders = [j for j, host in MEASURED_WITH.items() if host == job]
         ctx.log(f"   job {job}{' with ' + ', '.join(riders) if riders else ''}: "
-                f"{rounds} round(s) of {runtime} s")
+                f"{rounds} round(s) of {runtime} s, {PLACEMENT_TEXT.get(placement, placement)}")
         names = [ref, other] + [JOBS[j][2] for j in riders]
         names += disk_refs if job in DISK_REF_JOBS else []
         order = p.get("cached_order", "rotate") if ref == "nbdkit_file" else "rotate"
-        for r in alternate(ctx, [contender(n, kw) for n in names], rounds, order=order):
+        for r in alternate(ctx, [contender(n, kw, server_cpus) for n in names], rounds,
+                           order=order):
             cpu_s = r.pop("cpu_s")
             # The device alone has no server: 0 here (rows must be numbers), never shown.
             r["cpu_us_per_io"] = 0.0 if cpu_s is None else cpu_s * 1e6 / max(r["ios"], 1)
@@ -280,7 +346,7 @@ def run(ctx):
         c.remove()
     return {"rows": rows, "params": p,
             "extra": {"dirty_blocks_before": dirty_blocks, "dirty_blocks_after": dirty_after,
-                      "measured_with": MEASURED_WITH}}
+                      "measured_with": MEASURED_WITH, "placements": placements}}
 
 
 def ratios(rows, job, ref=None):
@@ -320,18 +386,37 @@ def interval_text(rs):
                                      f"(the range: {coverage:.0%} with {len(rs)} rounds)")
 
 
+def placement_text(res, job):
+    """Where the job ran; results stored before the placements were recorded ran unpinned."""
+    name = res.get("extra", {}).get("placements", {}).get(job, "unpinned")
+    return PLACEMENT_TEXT.get(name, name)
+
+
+def info_text(res, job):
+    """"information: server and fio on CPU 0 1.52 (...); unpinned 0.76 (...)" for the
+    information rows measured beside a goal's row."""
+    parts = []
+    for info in INFO_OF.get(job, []):
+        rs = ratios(res["rows"], info)
+        if rs:
+            parts.append(f"{placement_text(res, info)} {spread(rs)}")
+    return "information: " + "; ".join(parts) if parts else ""
+
+
 def summary(res):
     lines = []
     rows = res["rows"]
     for job, (_opts, ref, other, goal, _figure) in JOBS.items():
         rs = ratios(rows, job)
-        if not rs:
+        if not rs or goal is None:
             continue
         cpu = cpu_of(rows, job)
         beside = disk_ref_ratios(rows, job)
+        where = (f" ({placement_text(res, job)})" if job in JOB_PLACEMENT else "")
+        info = info_text(res, job)
         lines.append([f"issue 20: {job}, {LABELS[other]} ≥ {goal:.0%} of {LABELS[ref]}",
-                      spread(rs) + f", interval of the median {interval_text(rs)}"
-                      + (f"; {beside}" if beside else ""),
+                      spread(rs) + where + f", interval of the median {interval_text(rs)}"
+                      + (f"; {beside}" if beside else "") + (f"; {info}" if info else ""),
                       verdict(rs, goal),
                       {"issue20": job,
                        "cpu": f"{fmt_int(cpu.get(other))} / {fmt_int(cpu.get(ref))}"}])
@@ -353,6 +438,23 @@ def order_text(p):
                 "contender runs in each place and right after each other one equally often; "
                 "slow-device rows: the order rotated each round")
     return "the order rotated each round"
+
+
+def placements_para(res):
+    """The placement paragraph: what ran pinned where (none recorded: everything unpinned)."""
+    placed = res.get("extra", {}).get("placements")
+    if not placed:
+        return "Every job ran unpinned (results stored before the placements were recorded). "
+    pinned = {j: n for j, n in placed.items() if n != "unpinned"}
+    return ("Placement: at iodepth 1 on this 2-vCPU VM where the scheduler puts the server and "
+            "fio decides the figure (a reply crossing vCPUs wakes a halted vCPU, both ways), and "
+            "unpinned it puts a one-thread server and nbdkit's turn-taking threads differently, "
+            "so the iodepth-1 goal is judged with every contender placed alike, "
+            + ", ".join(f"{j}: {PLACEMENT_TEXT.get(n, n)}" for j, n in pinned.items())
+            + " (`taskset` of every server thread, fio's `--cpus_allowed`; the server's own "
+            "mask restored after each measurement); the same job in the other placements is "
+            "shown for information. Every other job ran unpinned (pinning a server to one vCPU "
+            "would take the second from the threaded servers at high iodepth). ")
 
 
 def render(res, charts):
@@ -382,6 +484,7 @@ def render(res, charts):
         "assumption about their distribution), and their mean. The verdict: met when that whole interval is at or above "
         "the goal, not met when it is all below, undecided when the goal lies inside it (the "
         "same code may land on either side in another run). Figures in MB/s or IOPS are means over the rounds. "
+        + placements_para(res)
         + "".join(f"The {j} row is measured in the {h} row's rounds (its contender one more in "
                   f"each round), so both are judged on the same reference measurements. "
                   for j, h in res.get("extra", {}).get("measured_with", {}).items()),
@@ -391,16 +494,18 @@ def render(res, charts):
     for job, (_opts, ref, other, goal, figure) in JOBS.items():
         if not any(r["job"] == job for r in rows):
             continue
+        shown = job + (f" ({placement_text(res, job)})" if job in JOB_PLACEMENT else "")
         val = mean_by(rows, "contender", figure, where=lambda r, j=job: r["job"] == j)
         cpu = cpu_of(rows, job)
         rs = ratios(rows, job)
         unit = "MB/s" if figure == "mb_s" else "IOPS"
         mid = median(rs) if rs else None
-        tab.append([job, LABELS[ref], f"{fmt(val.get(ref), 1)} {unit}", LABELS[other],
+        tab.append([shown, LABELS[ref], f"{fmt(val.get(ref), 1)} {unit}", LABELS[other],
                     f"{fmt(val.get(other), 1)} {unit}",
                     f"**{mid:.2f}** ({min(rs):.2f}–{max(rs):.2f}, {len(rs)} rounds); "
                     f"interval of the median {interval_text(rs)}; "
                     f"mean {sum(rs) / len(rs):.2f}" if rs else "–",
+                    "information (no goal)" if goal is None else
                     f"≥ {goal:.2f}: " + (verdict(rs, goal) if rs else "not measured"),
                     disk_ref_ratios(rows, job) or "–",
                     f"{fmt_int(cpu.get(ref))} / {fmt_int(cpu.get(other))}"])
@@ -423,7 +528,8 @@ def render(res, charts):
                 yerr=[[m - lo for m, (lo, _) in zip(mids, ivs)],
                       [hi - m for m, (_, hi) in zip(mids, ivs)]],
                 fmt="none", ecolor="black", capsize=3, label="90% interval of the median")
-    ax.scatter(range(len(jobs)), [JOBS[j][3] for j in jobs], marker="_", s=600, color="red",
+    goals = [(i, JOBS[j][3]) for i, j in enumerate(jobs) if JOBS[j][3] is not None]
+    ax.scatter([i for i, _ in goals], [g for _, g in goals], marker="_", s=600, color="red",
                label="goal", zorder=3)
     ax.set_xticks(range(len(jobs)))
     ax.set_xticklabels(jobs, rotation=20, fontsize=7)
