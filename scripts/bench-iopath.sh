@@ -79,7 +79,10 @@
 # server and fio on two vCPUs each round trip wakes a halted vCPU twice (an IPI each way,
 # ~6x the round trip of both on one CPU: 2026-11-27 15:17 UTC, both logcache and nbdkit), and
 # on an idle machine the scheduler keeps each task on its own idle vCPU. Unpinned at iodepth 1,
-# a ratio measures where the scheduler put each contender as much as the contenders.
+# a ratio measures where the scheduler put each contender as much as the contenders (0.76 of
+# nbdkit file on a quiet machine, 4.31 at load 5-6, the same code: docs/BENCHMARKS.md,
+# "Placement at iodepth 1"). bench/run's iopath judges its iodepth-1 goal with PIN_SERVER=1
+# PIN_FIO=0 for every contender, and shows both-on-0 and unpinned beside it.
 #
 # CACHE_GIB (default 4) sizes logcache's cache files: a smaller one when the shared disk is short
 # of room (the write job's log wraps, so each logcache server's cache file fills).
