@@ -36,6 +36,7 @@ fio's IOs (the emulated HDD's includes its timing loop: not comparable). The nbd
 record `resident_mib`: how much of its file the page cache held as the measurement started.
 """
 
+import errno
 import os
 import subprocess
 
@@ -175,12 +176,17 @@ def cpu_ticks(pid):
 def pin_threads(pid, cpus):
     """Every thread of process `pid` onto `cpus` (a set of CPU numbers). The threads it starts
     later (a connection's) inherit the mask of the thread that starts them, so pinning before
-    fio connects covers them; a thread ending meanwhile is skipped."""
+    fio connects covers them; a thread ending meanwhile is skipped, and so is one the kernel
+    refuses a mask (EINVAL: a kernel-managed thread marked not movable; this kernel's io_uring
+    workers take one)."""
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             os.sched_setaffinity(int(tid), cpus)
         except (ProcessLookupError, FileNotFoundError):
             pass
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
 
 
 def placement_of(job):
