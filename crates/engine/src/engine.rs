@@ -719,6 +719,9 @@ impl Engine {
         let mut counters = st.counters.clone();
         counters.backing_syncs_waited = self.inner.backing.syncs_waited();
         counters.read_hits_ram_cache = self.inner.hot.hits();
+        counters.read_hits_ram_cache_large = self.inner.hot.large_hits();
+        counters.ram_cache_second_touch_blocks = self.inner.hot.large_admitted();
+        counters.ram_cache_first_touch_blocks = self.inner.hot.large_first_touches();
         Stats {
             counters,
             recovery: self.inner.recovery.clone(),

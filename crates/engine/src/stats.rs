@@ -14,6 +14,13 @@ pub struct Counters {
     /// Of `read_hits`, block reads served from the RAM cache (`path::hot`): copies of blocks
     /// on the cache device (`read_hits_ram` counts blocks still in the log's RAM buffers).
     pub read_hits_ram_cache: u64,
+    /// Of `read_hits_ram_cache`, those of reads larger than 64 KiB (served a run at a time).
+    pub read_hits_ram_cache_large: u64,
+    /// Blocks of reads larger than 64 KiB, read from the cache device in runs: stored in the
+    /// RAM cache on the run's second touch, or not stored (its first touch, noted in the
+    /// ghost table).
+    pub ram_cache_second_touch_blocks: u64,
+    pub ram_cache_first_touch_blocks: u64,
     pub writes: u64,
     pub write_bytes: u64,
     /// Block writes to a block already in the cache.
@@ -136,6 +143,15 @@ impl Counters {
             ("read_misses", self.read_misses),
             ("read_hits_ram", self.read_hits_ram),
             ("read_hits_ram_cache", self.read_hits_ram_cache),
+            ("read_hits_ram_cache_large", self.read_hits_ram_cache_large),
+            (
+                "ram_cache_second_touch_blocks",
+                self.ram_cache_second_touch_blocks,
+            ),
+            (
+                "ram_cache_first_touch_blocks",
+                self.ram_cache_first_touch_blocks,
+            ),
             ("writes", self.writes),
             ("write_bytes", self.write_bytes),
             ("write_hits", self.write_hits),

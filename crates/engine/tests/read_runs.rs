@@ -19,6 +19,16 @@ fn block_of(b: u64) -> [u8; 4096] {
     [b as u8 + 1; 4096]
 }
 
+/// `manual` with the RAM cache off: every read of a cached block reads the cache device, for
+/// tests of what a device failure does (with it on, a read repeated would be served from RAM:
+/// a large read's blocks are stored on its second touch, `path::hot`).
+fn device_reads(ram: u64) -> logcache_engine::OpenOptions {
+    logcache_engine::OpenOptions {
+        ram_cache_bytes: Some(0),
+        ..manual(ram)
+    }
+}
+
 /// The cache device offset of the one block holding `pattern`.
 fn cache_offset_of(pair: &SimPair, cache_bytes: u64, pattern: &[u8; 4096]) -> u64 {
     let image = pair.cache.read_volatile(0, cache_bytes);
@@ -190,7 +200,7 @@ fn a_cached_only_read_serves_hits_and_refuses_the_rest_untouched() {
 fn a_device_error_in_the_middle_of_a_multi_run_read() {
     let cache_bytes = MIB + 16 * MIB;
     let pair = SimPair::new(cache_bytes, 64 * MIB, MIB);
-    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    let e = Engine::open(pair.cache(), pair.backing(), device_reads(4 * MIB)).unwrap();
     // Blocks 0..32 clean (written back), 32..64 dirty; a hole of misses between the two runs.
     for b in 0..32 {
         e.write(b * BLOCK, &block_of(b), false).unwrap();
@@ -212,7 +222,7 @@ fn a_device_error_in_the_middle_of_a_multi_run_read() {
 
     let fault = Arc::new(FaultDevice::new(pair.cache()));
     let cache: Arc<dyn BlockDevice> = fault.clone();
-    let e = Engine::open(cache, pair.backing(), manual(4 * MIB)).unwrap();
+    let e = Engine::open(cache, pair.backing(), device_reads(4 * MIB)).unwrap();
     let mut out = vec![0u8; (64 * BLOCK) as usize];
 
     // The dirty block's copy cannot be read: the read fails, with the device's error.
@@ -255,7 +265,7 @@ fn a_device_error_in_the_middle_of_a_multi_run_read() {
     e.close().unwrap();
     let corrupt_at = cache_offset_of(&pair, cache_bytes, &block_of(12));
     pair.cache.corrupt(corrupt_at + 9, 0x40);
-    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    let e = Engine::open(pair.cache(), pair.backing(), device_reads(4 * MIB)).unwrap();
     out.fill(0);
     e.read(0, &mut out).unwrap();
     assert!(out == model, "a corrupt clean block changed the data");
@@ -264,7 +274,7 @@ fn a_device_error_in_the_middle_of_a_multi_run_read() {
     e.close().unwrap();
     let corrupt_at = cache_offset_of(&pair, cache_bytes, &block_of(50));
     pair.cache.corrupt(corrupt_at + 9, 0x40);
-    let e = Engine::open(pair.cache(), pair.backing(), manual(4 * MIB)).unwrap();
+    let e = Engine::open(pair.cache(), pair.backing(), device_reads(4 * MIB)).unwrap();
     let err = e.read(0, &mut out).unwrap_err();
     assert!(matches!(err, Error::Corruption(_)), "{err}");
 }

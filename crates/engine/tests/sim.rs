@@ -7,7 +7,9 @@
 //!   the relocator moves blocks and writeback runs within a few dozen requests;
 //! - 2–4 request threads; at each step, once the process is quiescent, the seed either starts
 //!   the next request on an idle thread (writes of any size and alignment, sub-block too, with
-//!   or without FUA; flushes; TRIM; write-zeroes; reads, which promote misses; cache-mode
+//!   or without FUA; flushes; TRIM; write-zeroes; reads, which promote misses (in half the
+//!   schedules over more than 64 KiB, mostly large reads of four fixed extents, which the RAM
+//!   cache stores on a second touch and serves run by run: `LARGE_READ_ODDS`); cache-mode
 //!   switches; checkpoint creates and deletes, whose table and bitmap writes and the folds
 //!   before each reclaim go through the gate too; exports, read in pieces while the other
 //!   threads change the disk, every sector checked against the export's moment) or lets one held IO through. Some kinds of IO are slow in a schedule (released
@@ -118,6 +120,15 @@ const RAM_BUFFERS_MANY_FACTOR: u64 = 4;
 /// (one or three entries per shard, the region up to 128 blocks: blocks are evicted and their
 /// places reused while segments are reclaimed and their slots reused under them).
 const RAM_CACHE_CHOICES: [Option<u64>; 3] = [None, Some(16 * 4096), Some(48 * 4096)];
+/// One ordinary schedule in this many, drawn from a stream of its own, sends large reads too
+/// (3 of its reads in 4, where the region is larger than 64 KiB): reads
+/// of more than 64 KiB, which use the RAM cache a device run at a time and fill it on a run's
+/// second touch (`path::hot`), so each is of one of four extents fixed for the schedule
+/// (`large_read_extents`): aligned and not, through `read_if_cached`, `read` and a worker's
+/// batch, read again and again so their runs are stored and served from the RAM cache while
+/// writes, reclaim and slot reuse go on under them. Not in `FOUND_SEEDS` (their schedules
+/// stay the ones that found their defects) nor in cache-loss schedules.
+const LARGE_READ_ODDS: u64 = 2;
 /// One cycle in this many of a sorted schedule ends in a relocator read window
 /// (`relocator_read_check`, issue 19's defect 3).
 const RELOCATOR_WINDOW_ODDS: u64 = 3;
@@ -686,6 +697,11 @@ struct Totals {
     tiny_ram_cache_schedules: u64,
     ram_cache_hits_tiny: u64,
     ram_cache_hits: u64,
+    /// Schedules sending large reads (`LARGE_READ_ODDS`), the large reads sent, and of
+    /// `ram_cache_hits` the block reads of large reads (served run by run).
+    large_read_schedules: u64,
+    large_reads: u64,
+    ram_cache_hits_large: u64,
     /// Relocator read windows opened (`relocator_read_check`), those whose filling reached a
     /// relocator read of the head segment (failed with EIO), and after how many of those the
     /// engine failed (with a reason naming the relocator) rather than retried.
@@ -808,6 +824,10 @@ struct Case<'a> {
     relocator_rereads: (u64, u64),
     /// The cache's segment size: the relocator reads one whole segment.
     segment_bytes: u64,
+    /// The extents this schedule's large reads read (`LARGE_READ_ODDS`; empty: none), and
+    /// their stream of choices (its own, so the main stream draws as it did before them).
+    large_read_extents: Vec<(u64, u64)>,
+    large_read_rng: Rng,
 }
 
 impl Case<'_> {
@@ -920,6 +940,12 @@ impl Case<'_> {
                 let count = rng.range(1, (n - first).min(64));
                 if rng.chance(1, 4) {
                     Req::Status { first, count }
+                } else if !self.large_read_extents.is_empty() && self.large_read_rng.chance(3, 4) {
+                    let extents = &self.large_read_extents;
+                    let (first, count) =
+                        extents[self.large_read_rng.below(extents.len() as u64) as usize];
+                    self.totals.large_reads += 1;
+                    Req::Read { first, count }
                 } else {
                     Req::Read { first, count }
                 }
@@ -1139,6 +1165,11 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         [Rng::new(seed ^ 0x7261_6d63_6163_6865).below(RAM_CACHE_CHOICES.len() as u64) as usize];
     let tiny_ram_cache = ram_cache_bytes.is_some();
     totals.tiny_ram_cache_schedules += u64::from(tiny_ram_cache);
+    let large_reads = !loss
+        && !FOUND_SEEDS.contains(&seed)
+        && !large_read_extents(region_sectors).is_empty()
+        && Rng::new(seed ^ 0x6c61_7267_6573_6368).chance(1, LARGE_READ_ODDS);
+    totals.large_read_schedules += u64::from(large_reads);
     let opts = OpenOptions {
         ram_buffer_bytes: segment * ram_buffers,
         seal_interval_ms: Some(seal_interval_ms),
@@ -1212,6 +1243,12 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         drop_rng: Rng::new(seed ^ 0x6472_6f70),
         relocator_rereads: (0, u64::MAX),
         segment_bytes: segment,
+        large_read_extents: if large_reads {
+            large_read_extents(region_sectors)
+        } else {
+            Vec::new()
+        },
+        large_read_rng: Rng::new(seed ^ 0x6c61_7267_6572_6561),
     };
     for cycle in 0..cycles {
         case.totals.cycles += 1;
@@ -1472,6 +1509,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         case.totals.backing_failures_caught_up += before_cut.counters.backing_failures_caught_up;
         let ram_cache_hits = before_cut.counters.read_hits_ram_cache;
         case.totals.ram_cache_hits += ram_cache_hits;
+        case.totals.ram_cache_hits_large += before_cut.counters.read_hits_ram_cache_large;
         if tiny_ram_cache {
             case.totals.ram_cache_hits_tiny += ram_cache_hits;
         }
@@ -1618,6 +1656,25 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
 /// Checks the backing device's region (its current contents, unsynced writes included) against
 /// the flush epochs of the run (`EpochLog::check`): issue 25's guarantee in the default
 /// `writeback_order = consistent`.
+/// The four extents of a schedule's large reads (`LARGE_READ_ODDS`) over a region of
+/// `region_sectors`, each more than 64 KiB: the whole region (read through `read_if_cached`
+/// first), from sector 1 (unaligned, a worker's batch: `batch_read`), from sector 3 to 5
+/// sectors short of the end (unaligned at both ends, `read`), and the last 136 sectors or a
+/// few more from a block boundary (`read_if_cached`). None for a region of 64 KiB or less.
+fn large_read_extents(region_sectors: u64) -> Vec<(u64, u64)> {
+    let n = region_sectors;
+    let tail = 136;
+    if n < tail + 16 {
+        return Vec::new();
+    }
+    let tail_first = (n - tail) / 8 * 8;
+    let extents = vec![(0, n), (1, n - 1), (3, n - 8), (tail_first, n - tail_first)];
+    debug_assert!(extents
+        .iter()
+        .all(|&(first, count)| count * SECTOR as u64 > 64 * KIB && first + count <= n));
+    extents
+}
+
 fn check_backing(
     pair: &SimPair,
     shared: &Shared,
@@ -2739,8 +2796,14 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.gapless_cache_schedules
     );
     eprintln!(
-        "sim: {} block reads served from the RAM cache ({} of them in the {} schedules with a tiny one)",
-        totals.ram_cache_hits, totals.ram_cache_hits_tiny, totals.tiny_ram_cache_schedules
+        "sim: {} block reads served from the RAM cache ({} of them in the {} schedules with a tiny one, \
+         {} of them of large reads: {} large reads in {} schedules)",
+        totals.ram_cache_hits,
+        totals.ram_cache_hits_tiny,
+        totals.tiny_ram_cache_schedules,
+        totals.ram_cache_hits_large,
+        totals.large_reads,
+        totals.large_read_schedules
     );
     eprintln!(
         "sim: with requests running and none completing, the longest wait for timers: {:.1?} \
@@ -2784,6 +2847,14 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.ram_cache_hits,
         totals.ram_cache_hits_tiny,
         seeds.len()
+    );
+    // Large reads are served from the RAM cache too (stored on a second touch), not only
+    // never wrongly.
+    assert!(
+        seeds.len() < CI_SCHEDULES as usize || totals.ram_cache_hits_large > 0,
+        "{} large reads in {} schedules, none served from the RAM cache",
+        totals.large_reads,
+        totals.large_read_schedules
     );
     // Zero tracking is exercised, not only never wrong: a run of CI's size sees claims.
     assert!(

@@ -1,14 +1,18 @@
-//! The RAM cache (`path::hot`) across a segment's reuse: a block a small read put in the RAM
-//! cache stays there while its segment is reclaimed and its slot reused by a later segment; a
-//! read of whatever the new segment holds at that same cache block must get the new data (its
-//! key carries the new segment id), never the old copy. The test checks it really made that
-//! case: the old copy is still in the RAM cache, under the same cache block, when it reads.
+//! The RAM cache (`path::hot`) across a segment's reuse: a block a small (or large) read put in
+//! the RAM cache stays there while its segment is reclaimed and its slot reused by a later
+//! segment; a read of whatever the new segment holds at that same cache block must get the new
+//! data (its key carries the new segment id), never the old copy. The tests check they really
+//! made that case: the old copy is still in the RAM cache, under the same cache block, when
+//! they read. And the admission of reads larger than 64 KiB: a single scan stores nothing
+//! (nor evicts the blocks small reads keep), a second read of the same extent stores it and a
+//! third is served from it, run by run, with the newest data wherever parts of it are.
 
 use super::test_setup::{formatted, shared};
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::path::hot::HotKey;
 use crate::state::Location;
 use crate::{Engine, OpenOptions};
+use logcache_testkit::sim::SimDevice;
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 /// Blocks the writes cycle over: twice the cache's ring, so it wraps and reuses every slot.
@@ -42,6 +46,36 @@ fn read_block(e: &Engine, lba: u64) -> Vec<u8> {
     let mut b = vec![0u8; BLOCK];
     e.read(lba * BLOCK_SIZE_BYTES, &mut b).expect("read");
     b
+}
+
+/// One read of `blocks` blocks from `lba` (large when more than 16).
+fn read_blocks(e: &Engine, lba: u64, blocks: u64) -> Vec<u8> {
+    let mut b = vec![0u8; blocks as usize * BLOCK];
+    e.read(lba * BLOCK_SIZE_BYTES, &mut b).expect("read");
+    b
+}
+
+/// What `read_blocks(lba, blocks)` must return, by the versions written (0: never written,
+/// the formatted backing device's zeros).
+fn expected(version: &[u64], lba: u64, blocks: u64) -> Vec<u8> {
+    (lba..lba + blocks)
+        .flat_map(|l| match version[l as usize] {
+            0 => vec![0u8; BLOCK],
+            v => content(l, v),
+        })
+        .collect()
+}
+
+fn large_hits(e: &Engine) -> u64 {
+    e.stats().counters.read_hits_ram_cache_large
+}
+
+/// Asserts `got` equals `want` block by block, naming the first block that differs.
+fn assert_blocks_eq(got: &[u8], want: &[u8], first_lba: u64, what: &str) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.chunks(BLOCK).zip(want.chunks(BLOCK)).enumerate() {
+        assert!(g == w, "{what}: lba {} differs", first_lba + i as u64);
+    }
 }
 
 #[test]
@@ -181,5 +215,289 @@ fn large_reads_pass_the_ram_cache_and_the_tunable_resizes_it() {
     assert_eq!(e.stats().ram_cache_bytes, 0);
     assert_eq!(read_block(&e, lba), content(lba, 1));
     assert_eq!(e.stats().ram_cache_blocks, 0);
+    e.close().expect("close");
+}
+
+/// An engine over `cache`/`backing` with a RAM cache of `ram_cache_bytes`, blocks
+/// `0..written` written (version 1), flushed and drained: clean on the cache device, save the
+/// few a segment's end left in RAM.
+fn engine_with_data(
+    cache: &SimDevice,
+    backing: &SimDevice,
+    ram_cache_bytes: u64,
+    written: u64,
+) -> Engine {
+    let opts = OpenOptions {
+        manual_flusher: true,
+        ram_cache_bytes: Some(ram_cache_bytes),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(shared(cache), shared(backing), opts).expect("open");
+    for lba in 0..written {
+        e.write(lba * BLOCK_SIZE_BYTES, &content(lba, 1), false)
+            .expect("write");
+    }
+    e.flush().expect("flush");
+    e.drain(|_| {}).expect("drain");
+    e
+}
+
+fn on_device_count(e: &Engine, lbas: std::ops::Range<u64>) -> u64 {
+    lbas.filter(|&l| on_device(e, l).is_some()).count() as u64
+}
+
+/// One sequential scan of data read once stores nothing and evicts nothing: the blocks small
+/// reads put in the RAM cache are all still there, and a tier of 128 entries saw 448 blocks go
+/// by. Nor do more passes over the same data, which the tier could not hold until a next pass.
+#[test]
+fn large_scans_store_nothing_and_keep_the_small_reads_blocks() {
+    let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
+    // One set of 8 ways per shard: 128 entries.
+    let e = engine_with_data(&cache, &backing, 128 * BLOCK_SIZE_BYTES, 512);
+    let mut version = vec![0u64; 1024];
+    version[..512].fill(1);
+    // Small reads fill it.
+    for lba in 0..32 {
+        assert_eq!(read_block(&e, lba), content(lba, 1));
+    }
+    let kept: Vec<(u64, HotKey, u32)> = (0..32)
+        .filter_map(|lba| on_device(&e, lba).map(|(k, crc)| (lba, k, crc)))
+        .filter(|&(lba, k, crc)| e.inner.hot.get(k, lba, crc, 0, &mut vec![0u8; BLOCK]))
+        .collect();
+    assert!(kept.len() >= 24, "small reads stored {} blocks", kept.len());
+    let held = e.stats().ram_cache_blocks;
+    let on_disk = on_device_count(&e, 64..512);
+    assert!(on_disk >= 400, "{on_disk}");
+    // The scan: 1 MiB and 768 KiB reads, three passes.
+    for pass in 1..=3 {
+        for (lba, blocks) in [(64, 256), (320, 192)] {
+            let got = read_blocks(&e, lba, blocks);
+            assert_blocks_eq(&got, &expected(&version, lba, blocks), lba, "scan");
+        }
+        let s = e.stats();
+        assert_eq!(s.ram_cache_blocks, held, "pass {pass} stored blocks");
+        assert_eq!(s.counters.ram_cache_first_touch_blocks, on_disk * pass);
+        assert_eq!(s.counters.ram_cache_second_touch_blocks, 0);
+        assert_eq!(s.counters.read_hits_ram_cache_large, 0);
+    }
+    for &(lba, k, crc) in &kept {
+        let mut b = vec![0u8; BLOCK];
+        assert!(
+            e.inner.hot.get(k, lba, crc, 0, &mut b),
+            "the scan evicted lba {lba}"
+        );
+        assert_eq!(b, content(lba, 1));
+    }
+    e.close().expect("close");
+}
+
+/// A second read of the same extent stores its runs; the next large reads of it (of another
+/// alignment too, and unaligned) are served from the RAM cache with no cache-device read.
+#[test]
+fn a_large_extent_read_again_enters_and_is_then_served_from_ram() {
+    let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
+    let e = engine_with_data(&cache, &backing, 8 << 20, 256);
+    let mut version = vec![0u64; 1024];
+    version[..256].fill(1);
+    let on_disk = on_device_count(&e, 0..200);
+    assert!(on_disk >= 150, "{on_disk}");
+    let want = expected(&version, 0, 200);
+    assert_blocks_eq(&read_blocks(&e, 0, 200), &want, 0, "first read");
+    assert_eq!(e.stats().ram_cache_blocks, 0);
+    assert_blocks_eq(&read_blocks(&e, 0, 200), &want, 0, "second read");
+    let s = e.stats();
+    assert_eq!(s.counters.ram_cache_second_touch_blocks, on_disk);
+    assert_eq!(
+        s.ram_cache_blocks, on_disk,
+        "the second touch stored every block"
+    );
+    assert_eq!(s.counters.read_hits_ram_cache_large, 0);
+    // Third: every block from RAM (or the log's RAM buffers), none from the cache device.
+    let device_reads = cache.read_count();
+    assert_blocks_eq(&read_blocks(&e, 0, 200), &want, 0, "third read");
+    assert_eq!(large_hits(&e), on_disk);
+    assert_eq!(
+        cache.read_count(),
+        device_reads,
+        "a hit read the cache device"
+    );
+    // Another alignment: its runs start elsewhere, every block is there all the same.
+    assert_blocks_eq(
+        &read_blocks(&e, 8, 150),
+        &expected(&version, 8, 150),
+        8,
+        "shifted",
+    );
+    assert_eq!(large_hits(&e), on_disk + on_device_count(&e, 8..158));
+    // Unaligned at both ends (sub-block parts of the first and last blocks).
+    let mut odd = vec![0u8; 100 * BLOCK + 1536];
+    e.read(3 * BLOCK_SIZE_BYTES + 512, &mut odd).expect("read");
+    let whole = expected(&version, 3, 102);
+    assert!(odd == whole[512..512 + odd.len()], "unaligned large read");
+    assert_eq!(
+        cache.read_count(),
+        device_reads,
+        "a hit read the cache device"
+    );
+    // The status keys count it.
+    let s = e.stats();
+    assert!(s.counters.read_hits_ram_cache >= s.counters.read_hits_ram_cache_large);
+    let fields = s.counters.fields();
+    for key in [
+        "read_hits_ram_cache_large",
+        "ram_cache_second_touch_blocks",
+        "ram_cache_first_touch_blocks",
+    ] {
+        assert!(fields.iter().any(|(k, _)| *k == key), "{key}");
+    }
+    e.close().expect("close");
+}
+
+/// A large read over blocks the RAM cache holds, blocks rewritten since (in RAM, then on the
+/// cache device under new keys, their old copies still in the RAM cache), blocks never
+/// written (the backing device) and blocks on the cache device but not in RAM: the newest
+/// data, every time.
+#[test]
+fn a_large_read_straddling_cached_and_uncached_blocks_returns_the_newest_data() {
+    let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
+    let e = engine_with_data(&cache, &backing, 8 << 20, 96);
+    let mut version = vec![0u64; 1024];
+    version[..96].fill(1);
+    // 0..64 read three times: stored, then served from RAM.
+    for _ in 0..3 {
+        assert_blocks_eq(
+            &read_blocks(&e, 0, 64),
+            &expected(&version, 0, 64),
+            0,
+            "warm",
+        );
+    }
+    assert!(large_hits(&e) > 0);
+    let stale: Vec<(u64, HotKey, u32)> = (10..14)
+        .filter_map(|lba| on_device(&e, lba).map(|(k, crc)| (lba, k, crc)))
+        .collect();
+    assert!(!stale.is_empty());
+    // Rewrite 10..14 (now in the open chunk) and read 0..160: RAM cache, log RAM, cache
+    // device (64..96, never read), backing device (96..160).
+    for lba in 10..14 {
+        version[lba as usize] = 2;
+        e.write(lba * BLOCK_SIZE_BYTES, &content(lba, 2), false)
+            .expect("write");
+    }
+    for round in 0..3 {
+        let got = read_blocks(&e, 0, 160);
+        assert_blocks_eq(
+            &got,
+            &expected(&version, 0, 160),
+            0,
+            &format!("mixed {round}"),
+        );
+    }
+    // The rewrites go to the cache device under new keys; the old copies stay in the RAM cache
+    // under theirs, and are never served.
+    e.flush().expect("flush");
+    e.drain(|_| {}).expect("drain");
+    for &(lba, k, crc) in &stale {
+        assert!(
+            e.inner.hot.get(k, lba, crc, 0, &mut vec![0u8; BLOCK]),
+            "the old copy of lba {lba} left the RAM cache: the test no longer covers it"
+        );
+        let (now, _) = on_device(&e, lba).expect("on the device");
+        assert_ne!(now, k);
+    }
+    for round in 0..3 {
+        let got = read_blocks(&e, 0, 160);
+        assert_blocks_eq(
+            &got,
+            &expected(&version, 0, 160),
+            0,
+            &format!("after {round}"),
+        );
+    }
+    e.close().expect("close");
+}
+
+/// The reused-slot case on the large path: a block stored by large reads stays in the RAM
+/// cache while its slot is reused; large reads of what the slot holds now get the new data.
+#[test]
+fn a_reused_segment_never_serves_the_old_copy_to_a_large_read() {
+    let (cache, backing) = formatted(2 << 20, 8 << 20, 64 << 10);
+    let opts = OpenOptions {
+        manual_flusher: true,
+        ram_buffer_bytes: 4 * (64 << 10),
+        ram_cache_bytes: Some(1 << 20),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(shared(&cache), shared(&backing), opts).expect("open");
+    let mut version = vec![0u64; WORKING_SET_BLOCKS as usize];
+    let mut write = |e: &Engine, lba: u64| {
+        version[lba as usize] += 1;
+        e.write(
+            lba * BLOCK_SIZE_BYTES,
+            &content(lba, version[lba as usize]),
+            false,
+        )
+        .expect("write");
+    };
+    for lba in 0..64 {
+        write(&e, lba);
+    }
+    e.flush().expect("flush");
+    e.drain(|_| {}).expect("drain");
+    // Stored by large reads (the second touch), then served from RAM.
+    for _ in 0..3 {
+        let got = read_blocks(&e, 0, 64);
+        for lba in 0..64u64 {
+            assert_eq!(&got[lba as usize * BLOCK..][..BLOCK], &content(lba, 1)[..]);
+        }
+    }
+    assert!(large_hits(&e) > 0);
+    assert_eq!(e.stats().counters.read_hits_ram_cache, large_hits(&e));
+    let old_lba = (0..64)
+        .find(|&lba| on_device(&e, lba).is_some())
+        .expect("a block on the cache device");
+    let (old_key, old_crc) = on_device(&e, old_lba).unwrap();
+    let mut probe = vec![0u8; BLOCK];
+    assert!(e.inner.hot.get(old_key, old_lba, old_crc, 0, &mut probe));
+
+    let mut found = None;
+    for i in 0..(20 * WORKING_SET_BLOCKS) {
+        let lba = (64 + i) % WORKING_SET_BLOCKS;
+        write(&e, lba);
+        if i % 16 == 15 {
+            e.flush().expect("flush");
+        }
+        if i % 64 == 63 {
+            e.drain(|_| {}).expect("drain");
+        }
+        let st = e.inner.state.lock();
+        let (slot, _) = e.inner.geo.split(old_key.cache_block);
+        let reused = st.ring.segment(slot).id > old_key.segment_id;
+        let now = st.blocks.lba_of(old_key.cache_block);
+        drop(st);
+        if let Some(new_lba) = now.filter(|_| reused) {
+            if on_device(&e, new_lba).is_some() {
+                found = Some(new_lba);
+                break;
+            }
+        }
+    }
+    let new_lba = found.expect("the ring wrapped and reused the old block's slot");
+    assert!(
+        e.inner.hot.get(old_key, old_lba, old_crc, 0, &mut probe),
+        "the old copy left the RAM cache: the test no longer covers a reused slot"
+    );
+    // Large reads around the new block (three: stored on the second, served on the third).
+    let first = new_lba.saturating_sub(20).min(WORKING_SET_BLOCKS - 40);
+    for round in 0..3 {
+        let got = read_blocks(&e, first, 40);
+        for (i, b) in got.chunks(BLOCK).enumerate() {
+            let lba = first + i as u64;
+            assert!(
+                b == content(lba, version[lba as usize]),
+                "round {round}: lba {lba} is not its newest data"
+            );
+        }
+    }
     e.close().expect("close");
 }

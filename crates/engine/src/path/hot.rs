@@ -17,8 +17,27 @@
 //! CLOCK (second chance) eviction within a set: a lookup or an insert touches one set, and
 //! nothing is allocated on either. Each shard's block copies live in one anonymous mapping
 //! (`MAP_NORESERVE`, so memory is used only as blocks are stored).
+//!
+//! **Admission.** A read of at most `ADMIT_MAX_REQUEST_BYTES` puts every whole block it
+//! verified from the device (a small read is a lookup: one read is worth a copy). A larger
+//! read puts a device run's blocks only on the run's second touch, and only if the second
+//! came soon enough for the copies to live until a third: each shard also keeps a ghost
+//! table, one entry per entry the shard has room for, in the same `WAYS`-way sets (a key's
+//! ghost entry is in its copy's set; the oldest entry of the set goes), each the 32-bit
+//! fingerprint of the first block of a large-read run read from the device and the ghost
+//! clock then (blocks of large-read runs read from the device so far, 32 bits). A run whose
+//! fingerprint is there, stamped less than the tier's capacity in blocks ago, enters whole;
+//! either way its entry is written anew (fingerprint, clock now). So one sequential pass over
+//! data read once only writes entries (8 bytes per run; no copy, no eviction of the blocks
+//! small reads keep hot); a second pass over data that fits fills the cache; and a loop over
+//! more than the cache holds, which would evict each run before its next pass, stores
+//! nothing (no copy per block for no hit). A run, not a block, is the unit because a large
+//! read uses the cache a run at a time (`path::read`): a run served from it must be there
+//! whole. The ghost is only advice: a lost or false entry (a collision, a race, the clock
+//! wrapping) costs a copy or a hit, never a wrong answer, since what is served is still
+//! checked by key, lba and CRC.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::geometry::CacheBlock;
@@ -30,9 +49,10 @@ const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 pub const SHARDS: usize = 16;
 /// Entries per set: a lookup compares at most this many keys; CLOCK picks the victim among them.
 pub const WAYS: usize = 8;
-/// Reads of at most this many bytes are served from the tier and fill it. Larger reads leave it
-/// alone: a streaming read would flush it and pay a copy per block, and its blocks come in long
-/// device runs that a hit would only split.
+/// Reads of at most this many bytes look up each block and fill the tier with every block they
+/// read from the device. Larger reads use it a device run at a time (a run is served from it
+/// only whole, so a hit never splits one device IO into several) and fill it only on a run's
+/// second touch (module docs: a scan read once must neither flush it nor pay a copy per block).
 pub const ADMIT_MAX_REQUEST_BYTES: usize = 64 << 10;
 
 /// Where a block's bytes came from: a key names one content for ever (module docs).
@@ -127,6 +147,10 @@ struct Shard {
     hands: Vec<u8>,
     data: Region,
     held_blocks: u64,
+    /// Per entry: the fingerprint (high 32 bits; 0: empty) of the first block of a large-read
+    /// run read from the device and the ghost clock then (low 32), in the sets of `meta`, as
+    /// many as the shard has entries: the second-touch admission (module docs).
+    ghost: Vec<u64>,
 }
 
 impl Shard {
@@ -139,6 +163,7 @@ impl Shard {
             hands: Vec::new(),
             data: Region::empty(),
             held_blocks: 0,
+            ghost: Vec::new(),
         }
     }
 
@@ -160,6 +185,7 @@ impl Shard {
             hands: vec![0; sets],
             data,
             held_blocks: 0,
+            ghost: vec![0; sets * ways],
         }
     }
 
@@ -196,6 +222,19 @@ pub struct HotTier {
     capacity_blocks: AtomicU64,
     /// Block reads served from the tier (`read_hits_ram_cache`).
     hits: AtomicU64,
+    /// False only while no block was stored since the last resize: the read path then skips
+    /// its lookups (an over-estimate is harmless, so it is set before the store it announces
+    /// and cleared before the shards are replaced).
+    may_hold: AtomicBool,
+    /// Of `hits`, those of reads larger than `ADMIT_MAX_REQUEST_BYTES`.
+    large_hits: AtomicU64,
+    /// Blocks of large-read runs stored on their run's second touch, and blocks of large-read
+    /// runs read from the device and not stored (the run's first touch, or a ghost entry
+    /// since overwritten).
+    large_admitted: AtomicU64,
+    large_first_touches: AtomicU64,
+    /// The ghost clock: blocks of large-read runs read from the device (module docs).
+    ghost_clock_blocks: AtomicU64,
 }
 
 impl HotTier {
@@ -206,6 +245,11 @@ impl HotTier {
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::off())).collect(),
             capacity_blocks: AtomicU64::new(0),
             hits: AtomicU64::new(0),
+            may_hold: AtomicBool::new(false),
+            large_hits: AtomicU64::new(0),
+            large_admitted: AtomicU64::new(0),
+            large_first_touches: AtomicU64::new(0),
+            ghost_clock_blocks: AtomicU64::new(0),
         };
         tier.resize(bytes);
         tier
@@ -218,6 +262,8 @@ impl HotTier {
             .expect("a RAM cache that fits the address space");
         // Off first, so no read counts on a capacity being built.
         self.capacity_blocks.store(0, Ordering::Relaxed);
+        // Cleared before the swaps: a store into a new shard sets it again after.
+        self.may_hold.store(false, Ordering::Relaxed);
         let mut capacity = 0u64;
         for shard in self.shards.iter() {
             // Mapped before the lock: readers wait only for the swap. The old region is
@@ -244,15 +290,97 @@ impl HotTier {
         self.shards.iter().map(|s| s.lock().held_blocks).sum()
     }
 
+    /// Whether a lookup may find anything: the tier is on and stored a block since it was
+    /// last resized. False: the read path skips its lookups (a cold tier costs a read nothing).
+    pub fn may_hold_any(&self) -> bool {
+        self.enabled() && self.may_hold.load(Ordering::Relaxed)
+    }
+
     pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
     }
 
-    /// Counts `n` block reads served from the tier.
-    pub fn count_hits(&self, n: u64) {
-        if n > 0 {
-            self.hits.fetch_add(n, Ordering::Relaxed);
+    /// Of `hits`, block reads of reads larger than `ADMIT_MAX_REQUEST_BYTES`.
+    pub fn large_hits(&self) -> u64 {
+        self.large_hits.load(Ordering::Relaxed)
+    }
+
+    /// Blocks of large-read runs stored on a second touch.
+    pub fn large_admitted(&self) -> u64 {
+        self.large_admitted.load(Ordering::Relaxed)
+    }
+
+    /// Blocks of large-read runs read from the device and not stored (a first touch).
+    pub fn large_first_touches(&self) -> u64 {
+        self.large_first_touches.load(Ordering::Relaxed)
+    }
+
+    /// Counts block reads served from the tier: `small` of small reads, `large` of large ones.
+    pub fn count_hits(&self, small: u64, large: u64) {
+        if small + large > 0 {
+            self.hits.fetch_add(small + large, Ordering::Relaxed);
         }
+        if large > 0 {
+            self.large_hits.fetch_add(large, Ordering::Relaxed);
+        }
+    }
+
+    /// The admission of a large-read run of `blocks` blocks read from the device, whose first
+    /// block is `first`: true on its second touch within the tier's capacity of large-read
+    /// device blocks (store the run's verified blocks), else false; the touch is noted either
+    /// way (module docs). Counts the run's blocks. One lock of one shard, no allocation.
+    pub fn second_touch(&self, first: HotKey, blocks: u64) -> bool {
+        debug_assert!(first.segment_id != 0);
+        debug_assert!(blocks > 0);
+        let capacity_blocks = self.capacity_blocks.load(Ordering::Relaxed);
+        if capacity_blocks == 0 {
+            return false;
+        }
+        // The clock before this run: its own blocks do not count against it.
+        let now = self.ghost_clock_blocks.fetch_add(blocks, Ordering::Relaxed) as u32;
+        let reach_blocks = u32::try_from(capacity_blocks).unwrap_or(u32::MAX);
+        let (s, h) = self.place(first);
+        let admitted = {
+            let mut shard = self.shards[s].lock();
+            if shard.ghost.is_empty() {
+                return false;
+            }
+            debug_assert_eq!(shard.ghost.len(), shard.sets * shard.ways);
+            // The key's set, as for its copy (`h`'s low bits, under 2^28 sets a shard); the
+            // fingerprint is the 32 bits above them (`h` has 60), never 0 (empty).
+            let ways = shard.ways;
+            let base = (h % shard.sets as u64) as usize * ways;
+            let fingerprint = (h >> 28) as u32 | 1;
+            let age = |entry: u64| now.wrapping_sub(entry as u32);
+            let ghost = &mut shard.ghost[base..base + ways];
+            let (slot, seen) = match ghost.iter().position(|&e| (e >> 32) as u32 == fingerprint) {
+                Some(i) => (i, age(ghost[i]) < reach_blocks),
+                // Else the empty or oldest entry of the set goes.
+                None => {
+                    let oldest = (0..ghost.len())
+                        .max_by_key(|&i| {
+                            if ghost[i] == 0 {
+                                u32::MAX
+                            } else {
+                                age(ghost[i])
+                            }
+                        })
+                        .expect("a set has ways");
+                    (oldest, false)
+                }
+            };
+            // Stamped anew either way: a run read again and again stays admitted (its blocks
+            // evicted meanwhile enter again), a loop too long for the tier never is.
+            ghost[slot] = u64::from(fingerprint) << 32 | u64::from(now);
+            seen
+        };
+        let counter = if admitted {
+            &self.large_admitted
+        } else {
+            &self.large_first_touches
+        };
+        counter.fetch_add(blocks, Ordering::Relaxed);
+        admitted
     }
 
     fn place(&self, key: HotKey) -> (usize, u64) {
@@ -309,9 +437,11 @@ impl HotTier {
         if shard.find(set, key).is_some() {
             return; // the same bytes (a key names one content)
         }
+        self.may_hold.store(true, Ordering::Relaxed);
         let i = shard.victim(set);
         if shard.meta[i].segment_id == 0 {
             shard.held_blocks += 1;
+            debug_assert!(shard.held_blocks <= (shard.sets * shard.ways) as u64);
         }
         shard.data.block_mut(i).copy_from_slice(block);
         shard.meta[i] = Meta {
@@ -498,6 +628,73 @@ mod tests {
             );
         }
         assert!(tiny.held_blocks() <= SHARDS as u64);
+    }
+
+    /// The ghost: a run's first touch is noted, its second admits (and keeps admitting); other
+    /// keys, the same block of another segment among them, are first touches; a resize forgets.
+    #[test]
+    fn a_second_touch_admits_and_the_first_only_notes() {
+        let t = HotTier::new(1 << 20);
+        assert!(!t.may_hold_any(), "nothing stored yet");
+        assert!(!t.second_touch(key(3, 100), 4));
+        assert!(!t.second_touch(key(4, 100), 4));
+        assert!(!t.second_touch(key(3, 101), 2));
+        assert!(t.second_touch(key(3, 100), 4));
+        assert!(t.second_touch(key(3, 100), 4));
+        assert_eq!(t.large_admitted(), 8);
+        assert_eq!(t.large_first_touches(), 10);
+        // Noting touches stores nothing.
+        assert_eq!(t.held_blocks(), 0);
+        assert!(!t.may_hold_any());
+        t.put(key(3, 100), 1, 1, &block_of(1));
+        assert!(t.may_hold_any());
+        t.resize(1 << 20);
+        assert!(!t.may_hold_any());
+        assert!(
+            !t.second_touch(key(3, 100), 4),
+            "a resize forgets the touches"
+        );
+        let off = HotTier::new(0);
+        assert!(!off.second_touch(key(3, 100), 1));
+        assert!(!off.second_touch(key(3, 100), 1));
+        assert!(!off.may_hold_any());
+    }
+
+    /// A scan of many more runs than the ghost holds overwrites its entries: what stays is a
+    /// bounded table, and a run touched again right away is still admitted.
+    #[test]
+    fn the_ghost_is_bounded_and_keeps_recent_runs() {
+        let t = HotTier::new(SHARDS as u64 * BLOCK_SIZE_BYTES * 8);
+        for c in 0..10_000u32 {
+            assert!(!t.second_touch(key(7, c * 4), 4), "run {c} seen before");
+            assert!(t.second_touch(key(7, c * 4), 4), "run {c}");
+        }
+        let entries: usize = t.shards.iter().map(|s| s.lock().ghost.len()).sum();
+        assert_eq!(entries, SHARDS * 8);
+        // A run longer than the tier is never admitted: it could not be held whole.
+        assert!(!t.second_touch(key(8, 0), 200));
+        assert!(!t.second_touch(key(8, 0), 200));
+    }
+
+    /// Passes over a loop of runs: one that fits the tier is admitted on its second pass; one
+    /// larger than the tier (each run would be evicted before its next pass) never is.
+    #[test]
+    fn only_a_loop_that_fits_is_admitted() {
+        // 1,024 entries; runs of 16 blocks.
+        let t = HotTier::new(SHARDS as u64 * BLOCK_SIZE_BYTES * 64);
+        let pass = |runs: u32, id: u64| -> u32 {
+            (0..runs)
+                .filter(|&r| t.second_touch(key(id, r * 16), 16))
+                .count() as u32
+        };
+        // 40 runs, 640 blocks: none on the first pass, all on the next ones.
+        assert_eq!(pass(40, 1), 0);
+        assert_eq!(pass(40, 1), 40);
+        assert_eq!(pass(40, 1), 40);
+        // 100 runs, 1,600 blocks: never.
+        for _ in 0..4 {
+            assert_eq!(pass(100, 2), 0);
+        }
     }
 
     #[test]

@@ -9,9 +9,16 @@
 //! backing device (one IO per run) and the sectors partial blocks never held. The window
 //! bounds both the lock hold (its RAM copies) and the run scratch buffer.
 //!
-//! Reads of at most `hot::ADMIT_MAX_REQUEST_BYTES` also use the RAM cache (`path::hot`): a
-//! planned block it holds is copied from it (and unpinned) before the runs are formed, and
-//! each whole block such a read verified from the device enters it.
+//! Planned blocks are looked up in the RAM cache (`path::hot`) before the device runs are
+//! formed; what it serves is copied from it and unpinned. A read of at most
+//! `hot::ADMIT_MAX_REQUEST_BYTES` looks up each block, and each whole block it verified from
+//! the device enters the RAM cache. A larger read looks up a run at a time (blocks adjacent
+//! on the device and in the request, what one device IO would read): the run is served from
+//! RAM only if the RAM cache holds every block of it, else the whole run is read from the
+//! device (one IO, as without the RAM cache); a run's first block missing ends its lookups,
+//! so a large read of data not in RAM pays one lookup per run. Its verified blocks enter the
+//! RAM cache on the run's second touch (`HotTier::second_touch`), so a scan read once leaves
+//! the RAM cache as it was.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -449,38 +456,87 @@ fn ram_cache_key(p: &Planned) -> HotKey {
     }
 }
 
-/// Whether block `p` of a read of `request_bytes` may be served from and enter the RAM cache:
-/// small reads only (`hot::ADMIT_MAX_REQUEST_BYTES`), and whole blocks the cache holds every
-/// sector of (partial ones keep their backing-device and zeroing handling).
-fn ram_cache_admits(request_bytes: usize, p: &Planned) -> bool {
-    request_bytes <= ADMIT_MAX_REQUEST_BYTES && p.valid == FULL_MASK
+/// Whether block `p` may be served from and enter the RAM cache: whole blocks the cache holds
+/// every sector of (partial ones keep their backing-device and zeroing handling).
+fn ram_cache_admits(p: &Planned) -> bool {
+    p.valid == FULL_MASK
+}
+
+/// Whether a read of `request_bytes` uses the RAM cache a run at a time, filling it only on a
+/// run's second touch (module docs).
+fn large(request_bytes: usize) -> bool {
+    request_bytes > ADMIT_MAX_REQUEST_BYTES
+}
+
+/// The end of the run of planned blocks starting at `from`: what one device IO reads.
+fn run_end(inner: &Inner, planned: &[Planned], from: usize) -> usize {
+    let mut end = from + 1;
+    while end < planned.len() && adjacent(inner, &planned[end - 1], &planned[end]) {
+        end += 1;
+    }
+    end
 }
 
 /// Copies the planned blocks the RAM cache holds into their requests, unpins them and takes
-/// them out of the plan (keeping its order), so only the others are read from the device.
+/// them out of the plan (keeping its order), so only the others are read from the device: a
+/// small read's block by block, a large read's run by run, whole runs only (so the runs the
+/// device reads afterwards are the runs looked up here: a large read's runs are left whole or
+/// taken out whole, and blocks of different runs are never adjacent).
 fn serve_from_ram_cache(inner: &Inner, targets: &mut [CachedRead<'_>], s: &mut Scratch) {
     let hot = &inner.hot;
-    if !hot.enabled() {
+    // Nothing to find (off, or nothing stored since it was last sized): no walk of the plan.
+    if s.planned.is_empty() || !hot.may_hold_any() {
         return;
     }
     let mut kept = 0usize;
-    let mut hits = 0u64;
-    for i in 0..s.planned.len() {
+    let (mut small_hits, mut large_hits) = (0u64, 0u64);
+    let mut i = 0usize;
+    while i < s.planned.len() {
         let p = s.planned[i];
         let target = &mut targets[p.req as usize];
-        if target.served.is_ok() && ram_cache_admits(target.buf.len(), &p) {
-            let dst = &mut target.buf[p.dst_start..p.dst_start + p.len];
-            if hot.get(ram_cache_key(&p), p.lba, p.crc, p.in_block, dst) {
-                unpin(inner, &p);
-                hits += 1;
-                continue;
+        if !large(target.buf.len()) {
+            if target.served.is_ok() && ram_cache_admits(&p) {
+                let dst = &mut target.buf[p.dst_start..p.dst_start + p.len];
+                if hot.get(ram_cache_key(&p), p.lba, p.crc, p.in_block, dst) {
+                    unpin(inner, &p);
+                    small_hits += 1;
+                    i += 1;
+                    continue;
+                }
             }
+            s.planned[kept] = p;
+            kept += 1;
+            i += 1;
+            continue;
         }
-        s.planned[kept] = p;
-        kept += 1;
+        let end = run_end(inner, &s.planned, i);
+        let run = &s.planned[i..end];
+        if target.served.is_ok() && serve_run(hot, target.buf, run) {
+            for p in run {
+                unpin(inner, p);
+            }
+            large_hits += run.len() as u64;
+        } else {
+            s.planned.copy_within(i..end, kept);
+            kept += end - i;
+        }
+        i = end;
     }
     s.planned.truncate(kept);
-    hot.count_hits(hits);
+    hot.count_hits(small_hits, large_hits);
+}
+
+/// Copies a large read's run from the RAM cache into `buf` if it holds every block of it; the
+/// first block it lacks ends the lookups (false: the run is read from the device, which
+/// overwrites what was copied before the miss).
+fn serve_run(hot: &crate::path::hot::HotTier, buf: &mut [u8], run: &[Planned]) -> bool {
+    debug_assert!(!run.is_empty() && run.len() <= WINDOW_BLOCKS);
+    run.iter().all(|p| {
+        ram_cache_admits(p) && {
+            let dst = &mut buf[p.dst_start..p.dst_start + p.len];
+            hot.get(ram_cache_key(p), p.lba, p.crc, p.in_block, dst)
+        }
+    })
 }
 
 /// Whether `b` follows `a` both in the same request and on the cache device.
@@ -598,8 +654,13 @@ fn check_run(
         }
         return Ok(());
     }
-    let request_bytes = buf.len();
-    let ram_cache = inner.hot.enabled();
+    // Which verified blocks enter the RAM cache: a small read's all, a large read's on its
+    // run's second touch (decided once for the run, by its first block).
+    let ram_cache = inner.hot.enabled()
+        && (!large(buf.len())
+            || inner
+                .hot
+                .second_touch(ram_cache_key(&s.planned[from]), count as u64));
     for i in from..to {
         let p = s.planned[i];
         let (block, dst): (&[u8], &mut [u8]) = if direct {
@@ -617,7 +678,7 @@ fn check_run(
             continue;
         }
         // Only verified bytes enter the RAM cache.
-        if ram_cache && ram_cache_admits(request_bytes, &p) {
+        if ram_cache && ram_cache_admits(&p) {
             inner.hot.put(ram_cache_key(&p), p.lba, p.crc, block);
         }
         if !direct {
