@@ -45,7 +45,7 @@ thr=pct([q['tot'] for q in reads],.999) if reads else 0
 thr=float(sys.argv[2]) if len(sys.argv)>2 else thr
 slow=[q for q in reads if q['tot']>=thr]
 print(f"slow reads (>= {thr} us): {len(slow)}; device-read ones {sum(1 for q in slow if q['npr']>0)}")
-keys=['tot','a','pre','pr','dev','post','b','rq_s','rq_c','fut']
+keys=['tot','a','pre','pr','qd','dev','cw','post','b','rq_s','rq_c','fut']
 for k in keys:
     vs=[q[k] for q in slow if 0<=q[k]<=q['tot']+1000]
     print(f"  {k:5s} median {statistics.median(vs) if vs else 0:7.0f}  mean {statistics.mean(vs) if vs else 0:7.0f}  share of tot {sum(vs)/max(1,sum(q['tot'] for q in slow)):.2f}")
