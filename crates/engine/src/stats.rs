@@ -17,7 +17,8 @@ pub struct Counters {
     /// Of `read_hits_ram_cache`, those of reads larger than 64 KiB (served a run at a time).
     pub read_hits_ram_cache_large: u64,
     /// Blocks of reads larger than 64 KiB, read from the cache device in runs: stored in the
-    /// RAM cache on the run's second touch, or not stored (its first touch, noted in the
+    /// RAM cache (on the run's second touch, or at once when the rest of the run came from
+    /// it; a full set may still refuse one), or not stored (its first touch, noted in the
     /// ghost table).
     pub ram_cache_second_touch_blocks: u64,
     pub ram_cache_first_touch_blocks: u64,

@@ -353,6 +353,56 @@ fn a_large_extent_read_again_enters_and_is_then_served_from_ram() {
     e.close().expect("close");
 }
 
+/// A run the RAM cache holds all but a few blocks of (its set evicted them): the blocks it
+/// holds are served from it, the others read from the cache device, one IO per stretch of
+/// them, and stored again, so the next read needs no device IO at all.
+#[test]
+fn a_run_held_in_part_reads_only_what_ram_lacks_and_stores_it_again() {
+    let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
+    let e = engine_with_data(&cache, &backing, 8 << 20, 256);
+    let mut version = vec![0u64; 1024];
+    version[..256].fill(1);
+    let want = expected(&version, 0, 200);
+    for _ in 0..2 {
+        assert_blocks_eq(&read_blocks(&e, 0, 200), &want, 0, "fill");
+    }
+    let on_disk = on_device_count(&e, 0..200);
+    assert_eq!(e.stats().ram_cache_blocks, on_disk);
+    // Six blocks in a row on the device (one run, at least): drop the second (alone) and the
+    // fourth and fifth (one stretch), so the run's first block is still there.
+    let next_on_device = |lba: u64| {
+        let (a, b) = (on_device(&e, lba), on_device(&e, lba + 1));
+        matches!((a, b), (Some((a, _)), Some((b, _)))
+            if a.segment_id == b.segment_id && b.cache_block == a.cache_block + 1)
+    };
+    let a = (0..194)
+        .find(|&a| (a..a + 5).all(next_on_device))
+        .expect("six blocks in a row on the cache device");
+    let dropped = [a + 1, a + 3, a + 4];
+    for lba in dropped {
+        let (k, _) = on_device(&e, lba).expect("on the device");
+        e.inner.hot.forget(k);
+    }
+    let hits = large_hits(&e);
+    let refilled = e.stats().counters.ram_cache_second_touch_blocks;
+    let device_reads = cache.read_count();
+    assert_blocks_eq(&read_blocks(&e, 0, 200), &want, 0, "in part");
+    assert_eq!(large_hits(&e), hits + on_disk - dropped.len() as u64);
+    assert_eq!(
+        cache.read_count(),
+        device_reads + 2,
+        "one device read per stretch"
+    );
+    assert_eq!(
+        e.stats().counters.ram_cache_second_touch_blocks,
+        refilled + dropped.len() as u64
+    );
+    assert_eq!(e.stats().ram_cache_blocks, on_disk, "stored again");
+    assert_blocks_eq(&read_blocks(&e, 0, 200), &want, 0, "whole again");
+    assert_eq!(cache.read_count(), device_reads + 2);
+    e.close().expect("close");
+}
+
 /// A large read over blocks the RAM cache holds, blocks rewritten since (in RAM, then on the
 /// cache device under new keys, their old copies still in the RAM cache), blocks never
 /// written (the backing device) and blocks on the cache device but not in RAM: the newest

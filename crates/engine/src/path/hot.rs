@@ -50,9 +50,10 @@ pub const SHARDS: usize = 16;
 /// Entries per set: a lookup compares at most this many keys; CLOCK picks the victim among them.
 pub const WAYS: usize = 8;
 /// Reads of at most this many bytes look up each block and fill the tier with every block they
-/// read from the device. Larger reads use it a device run at a time (a run is served from it
-/// only whole, so a hit never splits one device IO into several) and fill it only on a run's
-/// second touch (module docs: a scan read once must neither flush it nor pay a copy per block).
+/// read from the device. Larger reads use it a device run at a time (a run whose first block
+/// it lacks is read whole from the device, one lookup spent: `path::read`) and fill it only on
+/// a run's second touch (module docs: a scan read once must neither flush it nor pay a copy
+/// per block).
 pub const ADMIT_MAX_REQUEST_BYTES: usize = 64 << 10;
 
 /// Where a block's bytes came from: a key names one content for ever (module docs).
@@ -197,20 +198,25 @@ impl Shard {
     }
 
     /// The way of `set` to fill: an empty one, else CLOCK's victim (the first from the hand
-    /// with its reference bit clear, clearing the bits it passes).
-    fn victim(&mut self, set: usize) -> usize {
+    /// with its reference bit clear, clearing the bits it passes). With `one_step`, the hand
+    /// moves once only: `None` if the way it passes was referenced (its bit is cleared, so a
+    /// set is never closed for good to those who ask so).
+    fn victim(&mut self, set: usize, one_step: bool) -> Option<usize> {
         let base = set * self.ways;
         if let Some(i) = (base..base + self.ways).find(|&i| self.meta[i].segment_id == 0) {
-            return i;
+            return Some(i);
         }
         loop {
             let way = self.hands[set] as usize;
             self.hands[set] = ((way + 1) % self.ways) as u8;
             let bit = 1u8 << way;
             if self.referenced[set] & bit == 0 {
-                return base + way;
+                return Some(base + way);
             }
             self.referenced[set] &= !bit;
+            if one_step {
+                return None;
+            }
         }
     }
 }
@@ -325,6 +331,13 @@ impl HotTier {
         }
     }
 
+    /// Counts `blocks` blocks of a large read stored without a second touch: the part of a run
+    /// the RAM cache lacked when it served the rest (`path::read`), counted as stored on a
+    /// second touch.
+    pub fn count_refill(&self, blocks: u64) {
+        self.large_admitted.fetch_add(blocks, Ordering::Relaxed);
+    }
+
     /// The admission of a large-read run of `blocks` blocks read from the device, whose first
     /// block is `first`: true on its second touch within the tier's capacity of large-read
     /// device blocks (store the run's verified blocks), else false; the touch is noted either
@@ -383,6 +396,21 @@ impl HotTier {
         admitted
     }
 
+    /// Drops `key`'s copy if held (tests: a block its set evicted).
+    #[cfg(test)]
+    pub fn forget(&self, key: HotKey) {
+        let (s, h) = self.place(key);
+        let mut shard = self.shards[s].lock();
+        if shard.sets == 0 {
+            return;
+        }
+        let set = (h % shard.sets as u64) as usize;
+        if let Some(i) = shard.find(set, key) {
+            shard.meta[i] = Meta::default();
+            shard.held_blocks -= 1;
+        }
+    }
+
     fn place(&self, key: HotKey) -> (usize, u64) {
         // SplitMix64's finaliser: consecutive blocks and ids spread over every shard and set.
         let mut h = key.segment_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(key.cache_block);
@@ -426,6 +454,20 @@ impl HotTier {
     /// Stores a copy of `block`, read from `key` and verified as backing block `lba` with
     /// `crc` (only verified bytes may enter). Replaces CLOCK's victim of its set.
     pub fn put(&self, key: HotKey, lba: u64, crc: u32, block: &[u8]) {
+        self.store(key, lba, crc, block, false);
+    }
+
+    /// `put` for a large read's block: it takes an empty way or one not referenced since the
+    /// hand last passed, else stores nothing, the hand passing one way (clearing its bit), and
+    /// it enters referenced (it was read twice). So the blocks of a loop that overflows a set
+    /// keep their places and hit every pass (the one too many misses), rather than each
+    /// evicting the next one to be read, so that every block of the loop misses; and blocks
+    /// no longer read still age out of the way, a bit per refused store.
+    pub fn put_large(&self, key: HotKey, lba: u64, crc: u32, block: &[u8]) {
+        self.store(key, lba, crc, block, true);
+    }
+
+    fn store(&self, key: HotKey, lba: u64, crc: u32, block: &[u8], one_step: bool) {
         debug_assert!(key.segment_id != 0);
         assert_eq!(block.len(), BLOCK);
         let (s, h) = self.place(key);
@@ -437,8 +479,10 @@ impl HotTier {
         if shard.find(set, key).is_some() {
             return; // the same bytes (a key names one content)
         }
+        let Some(i) = shard.victim(set, one_step) else {
+            return;
+        };
         self.may_hold.store(true, Ordering::Relaxed);
-        let i = shard.victim(set);
         if shard.meta[i].segment_id == 0 {
             shard.held_blocks += 1;
             debug_assert!(shard.held_blocks <= (shard.sets * shard.ways) as u64);
@@ -450,9 +494,15 @@ impl HotTier {
             cache_block: key.cache_block,
             crc,
         };
-        // A new entry starts unreferenced: one read is no evidence of heat, a second one is.
+        // A small read's new entry starts unreferenced: one read is no evidence of heat, a
+        // second one is. A large read's was read twice (its second touch) or is part of a run
+        // read from RAM: referenced.
         let way = i - set * shard.ways;
-        shard.referenced[set] &= !(1 << way);
+        if one_step {
+            shard.referenced[set] |= 1 << way;
+        } else {
+            shard.referenced[set] &= !(1 << way);
+        }
     }
 }
 
@@ -694,6 +744,60 @@ mod tests {
         // 100 runs, 1,600 blocks: never.
         for _ in 0..4 {
             assert_eq!(pass(100, 2), 0);
+        }
+    }
+
+    /// Nine blocks read in a loop through one set of eight: stored by `put` (CLOCK), each
+    /// evicts the next to be read and every read misses; by `put_large`, eight keep their
+    /// places and one misses per pass. And a set full of blocks no longer read still takes
+    /// a large read's blocks after a few tries.
+    #[test]
+    fn a_loop_overflowing_a_set_keeps_its_places_with_put_large() {
+        // One set of WAYS per shard: keys of one shard share a set.
+        let t = HotTier::new((SHARDS * WAYS) as u64 * BLOCK_SIZE_BYTES);
+        let keys: Vec<HotKey> = (0..10_000u32)
+            .map(|c| key(5, c))
+            .filter(|&k| t.place(k).0 == 0)
+            .take(WAYS + 1)
+            .collect();
+        assert_eq!(keys.len(), WAYS + 1);
+        let misses_per_pass = |t: &HotTier, large: bool| -> Vec<usize> {
+            (0..6)
+                .map(|_| {
+                    let mut misses = 0;
+                    for (i, &k) in keys.iter().enumerate() {
+                        if get_block(t, k, i as u64, 0).is_none() {
+                            misses += 1;
+                            if large {
+                                t.put_large(k, i as u64, 0, &block_of(i as u8));
+                            } else {
+                                t.put(k, i as u64, 0, &block_of(i as u8));
+                            }
+                        }
+                    }
+                    misses
+                })
+                .collect()
+        };
+        assert_eq!(misses_per_pass(&t, false), [9, 9, 9, 9, 9, 9]);
+        t.resize((SHARDS * WAYS) as u64 * BLOCK_SIZE_BYTES);
+        assert_eq!(misses_per_pass(&t, true), [9, 1, 1, 1, 1, 1]);
+        // Now other blocks, read by large reads, replace the loop's (no longer read) within a
+        // few passes: one way's bit is cleared per refused store.
+        let others: Vec<HotKey> = (10_000..20_000u32)
+            .map(|c| key(6, c))
+            .filter(|&k| t.place(k).0 == 0)
+            .take(WAYS)
+            .collect();
+        for _ in 0..3 {
+            for (i, &k) in others.iter().enumerate() {
+                if get_block(&t, k, 100 + i as u64, 0).is_none() {
+                    t.put_large(k, 100 + i as u64, 0, &block_of(i as u8));
+                }
+            }
+        }
+        for (i, &k) in others.iter().enumerate() {
+            assert_eq!(get_block(&t, k, 100 + i as u64, 0), Some(block_of(i as u8)));
         }
     }
 

@@ -13,12 +13,13 @@
 //! formed; what it serves is copied from it and unpinned. A read of at most
 //! `hot::ADMIT_MAX_REQUEST_BYTES` looks up each block, and each whole block it verified from
 //! the device enters the RAM cache. A larger read looks up a run at a time (blocks adjacent
-//! on the device and in the request, what one device IO would read): the run is served from
-//! RAM only if the RAM cache holds every block of it, else the whole run is read from the
-//! device (one IO, as without the RAM cache); a run's first block missing ends its lookups,
-//! so a large read of data not in RAM pays one lookup per run. Its verified blocks enter the
-//! RAM cache on the run's second touch (`HotTier::second_touch`), so a scan read once leaves
-//! the RAM cache as it was.
+//! on the device and in the request, what one device IO would read): a run whose first block
+//! the RAM cache holds is served from it block by block, the stretches it lacks read from the
+//! device (one IO each) and stored again; a run whose first block it lacks is read whole from
+//! the device (one IO, as without the RAM cache), so a large read of data not in RAM pays one
+//! lookup per run. Its verified blocks enter the RAM cache on the run's second touch
+//! (`HotTier::second_touch`, `HotTier::put_large`), so a scan read once leaves the RAM cache
+//! as it was.
 
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
@@ -62,6 +63,9 @@ struct Planned {
     valid: u8,
     /// A zero range over the block is being applied: the sectors it lacks are zeros.
     zeroing: bool,
+    /// Left to the device by a large read whose run the RAM cache served in part (its first
+    /// block was there): stored once verified, without waiting for a second touch.
+    refill: bool,
 }
 
 /// A block of the window (from RAM or the cache device) with sectors the cache never held.
@@ -397,6 +401,7 @@ fn lookup_block(
                 len: dst.len(),
                 valid,
                 zeroing,
+                refill: false,
             });
             return true;
         }
@@ -479,9 +484,10 @@ fn run_end(inner: &Inner, planned: &[Planned], from: usize) -> usize {
 
 /// Copies the planned blocks the RAM cache holds into their requests, unpins them and takes
 /// them out of the plan (keeping its order), so only the others are read from the device: a
-/// small read's block by block, a large read's run by run, whole runs only (so the runs the
-/// device reads afterwards are the runs looked up here: a large read's runs are left whole or
-/// taken out whole, and blocks of different runs are never adjacent).
+/// small read's block by block; a large read's run by run (`serve_run`). The device runs are
+/// formed afterwards from what is left: a run left whole is the run looked up here (blocks of
+/// different runs are never adjacent), a run served in part leaves the stretches of blocks
+/// the RAM cache lacked, each one device IO.
 fn serve_from_ram_cache(inner: &Inner, targets: &mut [CachedRead<'_>], s: &mut Scratch) {
     let hot = &inner.hot;
     // Nothing to find (off, or nothing stored since it was last sized): no walk of the plan.
@@ -510,33 +516,60 @@ fn serve_from_ram_cache(inner: &Inner, targets: &mut [CachedRead<'_>], s: &mut S
             continue;
         }
         let end = run_end(inner, &s.planned, i);
-        let run = &s.planned[i..end];
-        if target.served.is_ok() && serve_run(hot, target.buf, run) {
-            for p in run {
-                unpin(inner, p);
-            }
-            large_hits += run.len() as u64;
-        } else {
+        if target.served.is_err() {
             s.planned.copy_within(i..end, kept);
             kept += end - i;
+            i = end;
+            continue;
         }
+        let (served, left) = serve_run(inner, target.buf, &mut s.planned, i, end, kept);
+        large_hits += served;
+        kept += left;
         i = end;
     }
     s.planned.truncate(kept);
     hot.count_hits(small_hits, large_hits);
 }
 
-/// Copies a large read's run from the RAM cache into `buf` if it holds every block of it; the
-/// first block it lacks ends the lookups (false: the run is read from the device, which
-/// overwrites what was copied before the miss).
-fn serve_run(hot: &crate::path::hot::HotTier, buf: &mut [u8], run: &[Planned]) -> bool {
-    debug_assert!(!run.is_empty() && run.len() <= WINDOW_BLOCKS);
-    run.iter().all(|p| {
+/// A large read's run, planned blocks `[from, end)`: if the RAM cache holds its first block,
+/// each block it holds is copied into `buf` and unpinned, and the others are kept (moved down
+/// to `kept..`, marked `refill`) for the device; else the whole run is kept, one lookup spent
+/// (a large read of data not in RAM pays one per run). A run is stored whole on its second
+/// touch, so one whose first block is in RAM is mostly there: what it lacks (blocks its set
+/// evicted) is read in stretches and stored again. Returns the blocks served and kept.
+fn serve_run(
+    inner: &Inner,
+    buf: &mut [u8],
+    planned: &mut [Planned],
+    from: usize,
+    end: usize,
+    kept: usize,
+) -> (u64, usize) {
+    debug_assert!(from < end && end - from <= WINDOW_BLOCKS && kept <= from);
+    let hot = &inner.hot;
+    let mut get = |p: &Planned| {
         ram_cache_admits(p) && {
             let dst = &mut buf[p.dst_start..p.dst_start + p.len];
             hot.get(ram_cache_key(p), p.lba, p.crc, p.in_block, dst)
         }
-    })
+    };
+    if !get(&planned[from]) {
+        planned.copy_within(from..end, kept);
+        return (0, end - from);
+    }
+    unpin(inner, &planned[from]);
+    let (mut served, mut left) = (1u64, 0usize);
+    for i in from + 1..end {
+        let p = planned[i];
+        if get(&p) {
+            unpin(inner, &p);
+            served += 1;
+        } else {
+            planned[kept + left] = Planned { refill: true, ..p };
+            left += 1;
+        }
+    }
+    (served, left)
 }
 
 /// Whether `b` follows `a` both in the same request and on the cache device.
@@ -654,13 +687,19 @@ fn check_run(
         }
         return Ok(());
     }
-    // Which verified blocks enter the RAM cache: a small read's all, a large read's on its
-    // run's second touch (decided once for the run, by its first block).
+    let large_read = large(buf.len());
+    // Which verified blocks enter the RAM cache: a small read's all; a large read's on its
+    // run's second touch (decided once for the run, by its first block), or at once for the
+    // blocks a run served in part from RAM lacked.
+    let first = &s.planned[from];
     let ram_cache = inner.hot.enabled()
-        && (!large(buf.len())
-            || inner
-                .hot
-                .second_touch(ram_cache_key(&s.planned[from]), count as u64));
+        && (!large_read
+            || if first.refill {
+                inner.hot.count_refill(count as u64);
+                true
+            } else {
+                inner.hot.second_touch(ram_cache_key(first), count as u64)
+            });
     for i in from..to {
         let p = s.planned[i];
         let (block, dst): (&[u8], &mut [u8]) = if direct {
@@ -679,7 +718,11 @@ fn check_run(
         }
         // Only verified bytes enter the RAM cache.
         if ram_cache && ram_cache_admits(&p) {
-            inner.hot.put(ram_cache_key(&p), p.lba, p.crc, block);
+            if large_read {
+                inner.hot.put_large(ram_cache_key(&p), p.lba, p.crc, block);
+            } else {
+                inner.hot.put(ram_cache_key(&p), p.lba, p.crc, block);
+            }
         }
         if !direct {
             dst.copy_from_slice(&block[p.in_block..p.in_block + p.len]);
