@@ -722,6 +722,7 @@ impl Engine {
         counters.read_hits_ram_cache_large = self.inner.hot.large_hits();
         counters.ram_cache_second_touch_blocks = self.inner.hot.large_admitted();
         counters.ram_cache_first_touch_blocks = self.inner.hot.large_first_touches();
+        counters.ram_cache_refill_blocks = self.inner.hot.large_refilled();
         Stats {
             counters,
             recovery: self.inner.recovery.clone(),

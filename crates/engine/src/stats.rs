@@ -22,6 +22,9 @@ pub struct Counters {
     /// ghost table).
     pub ram_cache_second_touch_blocks: u64,
     pub ram_cache_first_touch_blocks: u64,
+    /// Of `ram_cache_second_touch_blocks`, blocks stored at once because the RAM cache served
+    /// the rest of their run (it lacked them: their set had evicted them).
+    pub ram_cache_refill_blocks: u64,
     pub writes: u64,
     pub write_bytes: u64,
     /// Block writes to a block already in the cache.
@@ -153,6 +156,7 @@ impl Counters {
                 "ram_cache_first_touch_blocks",
                 self.ram_cache_first_touch_blocks,
             ),
+            ("ram_cache_refill_blocks", self.ram_cache_refill_blocks),
             ("writes", self.writes),
             ("write_bytes", self.write_bytes),
             ("write_hits", self.write_hits),

@@ -397,6 +397,10 @@ fn a_run_held_in_part_reads_only_what_ram_lacks_and_stores_it_again() {
         e.stats().counters.ram_cache_second_touch_blocks,
         refilled + dropped.len() as u64
     );
+    assert_eq!(
+        e.stats().counters.ram_cache_refill_blocks,
+        dropped.len() as u64
+    );
     assert_eq!(e.stats().ram_cache_blocks, on_disk, "stored again");
     assert_blocks_eq(&read_blocks(&e, 0, 200), &want, 0, "whole again");
     assert_eq!(cache.read_count(), device_reads + 2);

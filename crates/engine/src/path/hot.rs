@@ -239,6 +239,9 @@ pub struct HotTier {
     /// since overwritten).
     large_admitted: AtomicU64,
     large_first_touches: AtomicU64,
+    /// Of `large_admitted`, blocks stored at once because the rest of their run was served
+    /// from the tier (`count_refill`).
+    large_refilled: AtomicU64,
     /// The ghost clock: blocks of large-read runs read from the device (module docs).
     ghost_clock_blocks: AtomicU64,
 }
@@ -255,6 +258,7 @@ impl HotTier {
             large_hits: AtomicU64::new(0),
             large_admitted: AtomicU64::new(0),
             large_first_touches: AtomicU64::new(0),
+            large_refilled: AtomicU64::new(0),
             ghost_clock_blocks: AtomicU64::new(0),
         };
         tier.resize(bytes);
@@ -336,6 +340,12 @@ impl HotTier {
     /// second touch.
     pub fn count_refill(&self, blocks: u64) {
         self.large_admitted.fetch_add(blocks, Ordering::Relaxed);
+        self.large_refilled.fetch_add(blocks, Ordering::Relaxed);
+    }
+
+    /// Of `large_admitted`, blocks stored at once, the rest of their run served from the tier.
+    pub fn large_refilled(&self) -> u64 {
+        self.large_refilled.load(Ordering::Relaxed)
     }
 
     /// The admission of a large-read run of `blocks` blocks read from the device, whose first
