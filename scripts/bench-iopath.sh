@@ -243,8 +243,9 @@ for s in $servers; do
     fi
     # WARM_RAM=1 (default): logcache's data read once in 4 KiB random reads (three times the
     # data: fio's random offsets repeat, ~95% covered), as bench/run's iopath does, so its RAM
-    # cache (ram_cache_mib: blocks of reads up to 64 KiB) holds it before the first round, as
-    # nbdkit's file starts resident. Without it the first 4 KiB rounds fill it while measured.
+    # cache (ram_cache_mib) holds it before the first round, as nbdkit's file starts resident.
+    # Without it the first 4 KiB rounds fill it while measured. (Reads over 64 KiB store their
+    # blocks only on a run's second touch: the 1 MiB jobs' first round fills it for the rest.)
     if [[ $s == logcache* ]] && [ "${WARM_RAM:-1}" = 1 ]; then
         fio_run "${uri[$s]}" warm-ram --rw=randread --bs=4k --iodepth=32 --size="${data_mib}M" \
             --io_size="$((3 * data_mib))M" >/dev/null

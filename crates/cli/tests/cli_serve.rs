@@ -268,9 +268,24 @@ fn the_ram_cache_serves_repeated_small_reads_and_resizes_online() {
     assert!(u64_of(&s, "ram_cache_blocks") > 0, "{s}");
     let hits = u64_of(&s, "read_hits_ram_cache");
     assert!(hits > 0 && hits <= 64, "{s}");
+    // A read over 64 KiB stores its blocks on its second touch, and the third is served
+    // from the RAM cache.
+    assert_eq!(u64_of(&s, "read_hits_ram_cache_large"), 0, "{s}");
+    qemu_io_ok(&disk.uri(), &["read -P 0x5a 1M 1M"; 3]);
+    let s = status_json(Path::new(&ctl));
+    assert!(u64_of(&s, "ram_cache_first_touch_blocks") > 0, "{s}");
+    assert!(u64_of(&s, "ram_cache_second_touch_blocks") > 0, "{s}");
+    let large_hits = u64_of(&s, "read_hits_ram_cache_large");
+    assert!(large_hits > 0, "{s}");
+    let hits = u64_of(&s, "read_hits_ram_cache");
+    assert!(hits >= large_hits, "{s}");
     let human = logcache_ok(&["status", "--control", &ctl]);
     assert!(
         human.contains("block reads served from it") && human.contains("RAM cache:"),
+        "{human}"
+    );
+    assert!(
+        human.contains(&format!("({large_hits} by reads over 64 KiB;")),
         "{human}"
     );
     logcache_ok(&["set", "--control", &ctl, "ram_cache_mib=0"]);

@@ -136,10 +136,13 @@ fn render_status(s: &Value) -> String {
         n("read_misses_partial")
     ));
     line(format!(
-        "  RAM cache: {} of {} held, {} block reads served from it",
+        "  RAM cache: {} of {} held, {} block reads served from it ({} by reads over 64 KiB; their blocks stored on a second touch {}, first touches not stored {})",
         human(n("ram_cache_blocks") * block),
         human(n("ram_cache_bytes")),
-        n("read_hits_ram_cache")
+        n("read_hits_ram_cache"),
+        n("read_hits_ram_cache_large"),
+        n("ram_cache_second_touch_blocks"),
+        n("ram_cache_first_touch_blocks")
     ));
     line(format!(
         "  read cache: {}, {} promoted ({} requests past the sequential cutoff, {} while the log was congested, {} raced)",
