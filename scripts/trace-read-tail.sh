@@ -34,9 +34,8 @@ cleanup() {
     rm -rf "$hdd_dir"
 }
 trap cleanup EXIT
-# The cache device's dev_t as the block tracepoints give it: (major << 20) | minor.
-read -r major minor < <(stat -c '%d' "$dir" | awk '{printf "%d %d\n", int($1 / 256) % 4096, $1 % 256}')
-dev=$(((major << 20) | minor))
+# The cache device's dev_t as the block tracepoints give it.
+dev=$(block_tracepoint_dev "$dir")
 start_sim_hdd "$bench_bin" "$hdd_dir/hdd.img" 8G "$dir/hdd.sock" "$dir/hdd.log"
 pids+=("$sim_hdd_pid")
 lc_serve_fresh "$bin" "$dir" lc "nbd+unix:///?socket=$dir/hdd.sock" \

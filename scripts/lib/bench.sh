@@ -42,6 +42,14 @@ lc_bins() {
         (cd "$1" && cargo build --release -q -p logcache -p logcache-bench)
 }
 
+# The dev_t of the file system holding $1 as the kernel's block tracepoints give it:
+# (major << 20) | minor (stat's %d is the user-space (major << 8) | minor).
+block_tracepoint_dev() {
+    local major minor
+    read -r major minor < <(stat -c '%d' "$1" | awk '{printf "%d %d\n", int($1 / 256) % 4096, $1 % 256}')
+    echo $(((major << 20) | minor))
+}
+
 # start_sim_hdd BENCH_BIN FILE SIZE SOCKET LOG: an EMULATED 7200 rpm disk (`logcache-bench
 # sim-hdd` over the sparse FILE of SIZE) served at SOCKET in the background; sets sim_hdd_pid
 # and returns once it answers.

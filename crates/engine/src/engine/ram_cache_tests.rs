@@ -78,6 +78,40 @@ fn assert_blocks_eq(got: &[u8], want: &[u8], first_lba: u64, what: &str) {
     }
 }
 
+/// Writes on (lbas from 64 up, round the working set; a flush every 16 writes, a drain every
+/// 64) until the slot of `old_key`'s block holds a later segment whose block at the same place
+/// is on the cache device: that block's lba and key. `version` counts each lba's writes.
+fn write_until_slot_reused(e: &Engine, version: &mut [u64], old_key: HotKey) -> (u64, HotKey) {
+    for i in 0..(20 * WORKING_SET_BLOCKS) {
+        let lba = (64 + i) % WORKING_SET_BLOCKS;
+        version[lba as usize] += 1;
+        let data = content(lba, version[lba as usize]);
+        e.write(lba * BLOCK_SIZE_BYTES, &data, false)
+            .expect("write");
+        if i % 16 == 15 {
+            e.flush().expect("flush");
+        }
+        if i % 64 == 63 {
+            e.drain(|_| {}).expect("drain");
+        }
+        let st = e.inner.state.lock();
+        let (slot, _) = e.inner.geo.split(old_key.cache_block);
+        let reused = st.ring.segment(slot).id > old_key.segment_id;
+        let now = st.blocks.lba_of(old_key.cache_block);
+        drop(st);
+        if let Some(new_lba) = now.filter(|_| reused) {
+            if let Some((new_key, _)) = on_device(e, new_lba) {
+                assert_eq!(new_key.cache_block, old_key.cache_block);
+                return (new_lba, new_key);
+            }
+        }
+    }
+    panic!(
+        "the ring wrapped {} writes without reusing the old block's slot",
+        20 * WORKING_SET_BLOCKS
+    );
+}
+
 #[test]
 fn a_reused_segment_never_serves_the_old_copy_from_the_ram_cache() {
     // 16 segments of 64 KiB after the 1 MiB superblock region: 256 blocks of ring.
@@ -121,30 +155,7 @@ fn a_reused_segment_never_serves_the_old_copy_from_the_ram_cache() {
 
     // Write on (the old block too) until the old block's slot holds a later segment whose
     // block at the same place is on the cache device.
-    let mut found = None;
-    for i in 0..(20 * WORKING_SET_BLOCKS) {
-        let lba = (64 + i) % WORKING_SET_BLOCKS;
-        write(&e, lba);
-        if i % 16 == 15 {
-            e.flush().expect("flush");
-        }
-        if i % 64 == 63 {
-            e.drain(|_| {}).expect("drain");
-        }
-        let st = e.inner.state.lock();
-        let (slot, _) = e.inner.geo.split(old_key.cache_block);
-        let reused = st.ring.segment(slot).id > old_key.segment_id;
-        let now = st.blocks.lba_of(old_key.cache_block);
-        drop(st);
-        if let Some(new_lba) = now.filter(|_| reused) {
-            if let Some((new_key, _)) = on_device(&e, new_lba) {
-                assert_eq!(new_key.cache_block, old_key.cache_block);
-                found = Some((new_lba, new_key));
-                break;
-            }
-        }
-    }
-    let (new_lba, new_key) = found.expect("the ring wrapped and reused the old block's slot");
+    let (new_lba, new_key) = write_until_slot_reused(&e, &mut version, old_key);
     assert!(new_key.segment_id > old_key.segment_id);
     // The old copy is still in the RAM cache, under the same cache block ...
     assert!(
@@ -514,29 +525,7 @@ fn a_reused_segment_never_serves_the_old_copy_to_a_large_read() {
     let mut probe = vec![0u8; BLOCK];
     assert!(e.inner.hot.get(old_key, old_lba, old_crc, 0, &mut probe));
 
-    let mut found = None;
-    for i in 0..(20 * WORKING_SET_BLOCKS) {
-        let lba = (64 + i) % WORKING_SET_BLOCKS;
-        write(&e, lba);
-        if i % 16 == 15 {
-            e.flush().expect("flush");
-        }
-        if i % 64 == 63 {
-            e.drain(|_| {}).expect("drain");
-        }
-        let st = e.inner.state.lock();
-        let (slot, _) = e.inner.geo.split(old_key.cache_block);
-        let reused = st.ring.segment(slot).id > old_key.segment_id;
-        let now = st.blocks.lba_of(old_key.cache_block);
-        drop(st);
-        if let Some(new_lba) = now.filter(|_| reused) {
-            if on_device(&e, new_lba).is_some() {
-                found = Some(new_lba);
-                break;
-            }
-        }
-    }
-    let new_lba = found.expect("the ring wrapped and reused the old block's slot");
+    let (new_lba, _) = write_until_slot_reused(&e, &mut version, old_key);
     assert!(
         e.inner.hot.get(old_key, old_lba, old_crc, 0, &mut probe),
         "the old copy left the RAM cache: the test no longer covers a reused slot"
