@@ -30,16 +30,7 @@ running) threshold_percent=0 ;;
 held) threshold_percent=100 ;;
 *) echo "trace-latency-tail: WRITEBACK is running or held" >&2; exit 1 ;;
 esac
-dir=$(mktemp -d "$base/lclattrace.XXXXXX")
-hdd_dir=$(mktemp -d /dev/shm/lclattrace-hdd.XXXXXX)
-pids=()
-cleanup() {
-    kill_and_remove "$dir" "${pids[@]}"
-    rm -rf "$hdd_dir"
-}
-trap cleanup EXIT
-# The cache device's dev_t as the block tracepoints give it.
-dev=$(block_tracepoint_dev "$dir")
+tracer_workdirs lclattrace "$base"
 start_sim_hdd "$bench_bin" "$hdd_dir/hdd.img" 16G "$dir/hdd.sock" "$dir/hdd.log"
 pids+=("$sim_hdd_pid")
 backing="nbd+unix:///?socket=$dir/hdd.sock"

@@ -26,16 +26,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib/bench.sh"
 lc_bins "$root"
 command -v bpftrace >/dev/null || { echo "trace-read-tail: bpftrace is not installed" >&2; exit 1; }
-dir=$(mktemp -d "$base/lcreadtrace.XXXXXX")
-hdd_dir=$(mktemp -d /dev/shm/lcreadtrace-hdd.XXXXXX)
-pids=()
-cleanup() {
-    kill_and_remove "$dir" "${pids[@]}"
-    rm -rf "$hdd_dir"
-}
-trap cleanup EXIT
-# The cache device's dev_t as the block tracepoints give it.
-dev=$(block_tracepoint_dev "$dir")
+tracer_workdirs lcreadtrace "$base"
 start_sim_hdd "$bench_bin" "$hdd_dir/hdd.img" 8G "$dir/hdd.sock" "$dir/hdd.log"
 pids+=("$sim_hdd_pid")
 lc_serve_fresh "$bin" "$dir" lc "nbd+unix:///?socket=$dir/hdd.sock" \

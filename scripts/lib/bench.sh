@@ -50,6 +50,18 @@ block_tracepoint_dev() {
     echo $(((major << 20) | minor))
 }
 
+# tracer_workdirs PREFIX BASE: the bpftrace tracers' set-up: a work directory under BASE (the
+# cache device's file system: sets dir, and dev, its dev_t as the block tracepoints give it),
+# the emulated HDD's under /dev/shm (hdd_dir), an empty pids array, and an EXIT trap that kills
+# those pids and removes both.
+tracer_workdirs() {
+    dir=$(mktemp -d "$2/$1.XXXXXX")
+    hdd_dir=$(mktemp -d "/dev/shm/$1-hdd.XXXXXX")
+    pids=()
+    trap 'kill_and_remove "$dir" "${pids[@]}"; rm -rf "$hdd_dir"' EXIT
+    dev=$(block_tracepoint_dev "$dir")
+}
+
 # start_sim_hdd BENCH_BIN FILE SIZE SOCKET LOG: an EMULATED 7200 rpm disk (`logcache-bench
 # sim-hdd` over the sparse FILE of SIZE) served at SOCKET in the background; sets sim_hdd_pid
 # and returns once it answers.

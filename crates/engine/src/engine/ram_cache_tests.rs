@@ -231,13 +231,14 @@ fn large_reads_pass_the_ram_cache_and_the_tunable_resizes_it() {
 
 /// An engine over `cache`/`backing` with a RAM cache of `ram_cache_bytes`, blocks
 /// `0..written` written (version 1), flushed and drained: clean on the cache device, save the
-/// few a segment's end left in RAM.
+/// few a segment's end left in RAM. With it, the version of each of the first 1024 blocks.
 fn engine_with_data(
     cache: &SimDevice,
     backing: &SimDevice,
     ram_cache_bytes: u64,
     written: u64,
-) -> Engine {
+) -> (Engine, Vec<u64>) {
+    assert!(written <= 1024);
     let opts = OpenOptions {
         manual_flusher: true,
         ram_cache_bytes: Some(ram_cache_bytes),
@@ -250,7 +251,9 @@ fn engine_with_data(
     }
     e.flush().expect("flush");
     e.drain(|_| {}).expect("drain");
-    e
+    let mut version = vec![0u64; 1024];
+    version[..written as usize].fill(1);
+    (e, version)
 }
 
 fn on_device_count(e: &Engine, lbas: std::ops::Range<u64>) -> u64 {
@@ -264,9 +267,7 @@ fn on_device_count(e: &Engine, lbas: std::ops::Range<u64>) -> u64 {
 fn large_scans_store_nothing_and_keep_the_small_reads_blocks() {
     let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
     // One set of 8 ways per shard: 128 entries.
-    let e = engine_with_data(&cache, &backing, 128 * BLOCK_SIZE_BYTES, 512);
-    let mut version = vec![0u64; 1024];
-    version[..512].fill(1);
+    let (e, version) = engine_with_data(&cache, &backing, 128 * BLOCK_SIZE_BYTES, 512);
     // Small reads fill it.
     for lba in 0..32 {
         assert_eq!(read_block(&e, lba), content(lba, 1));
@@ -307,9 +308,7 @@ fn large_scans_store_nothing_and_keep_the_small_reads_blocks() {
 #[test]
 fn a_large_extent_read_again_enters_and_is_then_served_from_ram() {
     let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
-    let e = engine_with_data(&cache, &backing, 8 << 20, 256);
-    let mut version = vec![0u64; 1024];
-    version[..256].fill(1);
+    let (e, version) = engine_with_data(&cache, &backing, 8 << 20, 256);
     let on_disk = on_device_count(&e, 0..200);
     assert!(on_disk >= 150, "{on_disk}");
     let want = expected(&version, 0, 200);
@@ -370,9 +369,7 @@ fn a_large_extent_read_again_enters_and_is_then_served_from_ram() {
 #[test]
 fn a_run_held_in_part_reads_only_what_ram_lacks_and_stores_it_again() {
     let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
-    let e = engine_with_data(&cache, &backing, 8 << 20, 256);
-    let mut version = vec![0u64; 1024];
-    version[..256].fill(1);
+    let (e, version) = engine_with_data(&cache, &backing, 8 << 20, 256);
     let want = expected(&version, 0, 200);
     for _ in 0..2 {
         assert_blocks_eq(&read_blocks(&e, 0, 200), &want, 0, "fill");
@@ -425,9 +422,7 @@ fn a_run_held_in_part_reads_only_what_ram_lacks_and_stores_it_again() {
 #[test]
 fn a_large_read_straddling_cached_and_uncached_blocks_returns_the_newest_data() {
     let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
-    let e = engine_with_data(&cache, &backing, 8 << 20, 96);
-    let mut version = vec![0u64; 1024];
-    version[..96].fill(1);
+    let (e, mut version) = engine_with_data(&cache, &backing, 8 << 20, 96);
     // 0..64 read three times: stored, then served from RAM.
     for _ in 0..3 {
         assert_blocks_eq(
