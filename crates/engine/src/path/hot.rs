@@ -15,8 +15,10 @@
 //!
 //! **Layout.** `SHARDS` shards, each behind its own lock, each a table of `WAYS`-way sets with
 //! CLOCK (second chance) eviction within a set: a lookup or an insert touches one set, and
-//! nothing is allocated on either. Each shard's block copies live in one anonymous mapping
-//! (`MAP_NORESERVE`, so memory is used only as blocks are stored).
+//! nothing is allocated on either. A large read's run is looked up in one batch
+//! (`HotTier::get_many`): one hold of each shard's lock for all its blocks in that shard,
+//! rather than a lock and a copy per block (256 per MiB). Each shard's block copies live in
+//! one anonymous mapping (`MAP_NORESERVE`, so memory is used only as blocks are stored).
 //!
 //! **Admission.** A read of at most `ADMIT_MAX_REQUEST_BYTES` puts every whole block it
 //! verified from the device (a small read is a lookup: one read is worth a copy). A larger
@@ -45,7 +47,8 @@ use crate::sync::Mutex;
 
 const BLOCK: usize = BLOCK_SIZE_BYTES as usize;
 /// Shards, each with its own lock: enough that the request threads of a 2-64 CPU server rarely
-/// meet on one (a lock is held for one 4 KiB copy).
+/// meet on one (a lock is held for one 4 KiB copy, or a large read's copies of the blocks of a
+/// run that are in the shard, ~1/16 of them).
 pub const SHARDS: usize = 16;
 /// Entries per set: a lookup compares at most this many keys; CLOCK picks the victim among them.
 pub const WAYS: usize = 8;
@@ -55,6 +58,39 @@ pub const WAYS: usize = 8;
 /// a run's second touch (module docs: a scan read once must neither flush it nor pay a copy
 /// per block).
 pub const ADMIT_MAX_REQUEST_BYTES: usize = 64 << 10;
+
+/// The most blocks one `get_many` looks up: a read window (`path::read::WINDOW_BLOCKS`).
+pub const MAX_BATCH_BLOCKS: usize = 256;
+// `get_many` orders its wants by an index of one byte.
+const _: () = assert!(MAX_BATCH_BLOCKS <= 256);
+
+/// A block `HotTier::get_many` wants: `get`'s arguments, with where its bytes go in the batch's
+/// buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct Want {
+    pub key: HotKey,
+    pub lba: u64,
+    pub crc: u32,
+    pub in_block: usize,
+    pub dst_start: usize,
+    pub len: usize,
+}
+
+/// How many of a shard's wants ahead `get_many` hints a set's keys into the CPU cache: a lookup
+/// is a few ns of work and ~100 ns of waiting for its set's lines otherwise.
+const PREFETCH_AHEAD: usize = 4;
+
+/// Hints the line at `at` into the CPU cache: only a hint, never a fault.
+#[inline]
+fn prefetch(at: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults and loads nothing visible.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast::<i8>())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
+}
 
 /// Where a block's bytes came from: a key names one content for ever (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +152,11 @@ impl Region {
         // SAFETY: in bounds (checked above); the mapping lives as long as `self`, and `&self`
         // (under the shard's lock) excludes writers.
         unsafe { std::slice::from_raw_parts(self.ptr.add(i * BLOCK), BLOCK) }
+    }
+
+    /// Hints block `i`'s first line (and its page's translation) into the CPU cache.
+    fn prefetch_block(&self, i: usize) {
+        prefetch(self.ptr.wrapping_add(i * BLOCK));
     }
 
     fn block_mut(&mut self, i: usize) -> &mut [u8] {
@@ -195,6 +236,58 @@ impl Shard {
         (base..base + self.ways).find(|&i| {
             self.meta[i].segment_id == key.segment_id && self.meta[i].cache_block == key.cache_block
         })
+    }
+
+    /// `HotTier::get` within the shard (`h` the key's hash, `sets` > 0): copies the held block's
+    /// bytes and marks it referenced.
+    fn copy_out(
+        &mut self,
+        h: u64,
+        key: HotKey,
+        lba: u64,
+        crc: u32,
+        in_block: usize,
+        dst: &mut [u8],
+    ) -> bool {
+        let Some(i) = self.lookup(h, key, lba, crc) else {
+            return false;
+        };
+        dst.copy_from_slice(&self.data.block(i)[in_block..in_block + dst.len()]);
+        self.mark_referenced(i);
+        true
+    }
+
+    /// The entry holding `key` (`h` its hash, `sets` > 0), if it was verified as backing block
+    /// `lba` with `crc`.
+    fn lookup(&self, h: u64, key: HotKey, lba: u64, crc: u32) -> Option<usize> {
+        let set = (h % self.sets as u64) as usize;
+        let i = self.find(set, key)?;
+        let m = self.meta[i];
+        // A key names one content (module docs): the same place verified as another block
+        // would be a bug. Served from the device then, which checks its CRC.
+        debug_assert!(
+            m.lba == lba && m.crc == crc,
+            "RAM cache entry {key:?} holds lba {} crc {:#x}, the read wants lba {lba} crc {crc:#x}",
+            m.lba,
+            m.crc
+        );
+        (m.lba == lba && m.crc == crc).then_some(i)
+    }
+
+    /// Sets entry `i`'s CLOCK reference bit (it was read).
+    fn mark_referenced(&mut self, i: usize) {
+        let set = i / self.ways;
+        self.referenced[set] |= 1 << (i - set * self.ways);
+    }
+
+    /// Hints the keys of the set of hash `h` (`sets` > 0) into the CPU cache.
+    fn prefetch_set(&self, h: u64) {
+        let base = (h % self.sets as u64) as usize * self.ways;
+        let bytes = self.ways * std::mem::size_of::<Meta>();
+        let start = self.meta[base..].as_ptr().cast::<u8>();
+        for offset in (0..bytes).step_by(64).chain(std::iter::once(bytes - 1)) {
+            prefetch(start.wrapping_add(offset));
+        }
     }
 
     /// The way of `set` to fill: an empty one, else CLOCK's victim (the first from the hand
@@ -440,25 +533,87 @@ impl HotTier {
         if shard.sets == 0 {
             return false;
         }
-        let set = (h % shard.sets as u64) as usize;
-        let Some(i) = shard.find(set, key) else {
-            return false;
-        };
-        let m = shard.meta[i];
-        // A key names one content (module docs): the same place verified as another block
-        // would be a bug. Served from the device then, which checks its CRC.
-        debug_assert!(
-            m.lba == lba && m.crc == crc,
-            "RAM cache entry {key:?} holds lba {} crc {:#x}, the read wants lba {lba} crc {crc:#x}",
-            m.lba,
-            m.crc
-        );
-        if m.lba != lba || m.crc != crc {
-            return false;
+        shard.copy_out(h, key, lba, crc, in_block, dst)
+    }
+
+    /// `get` of up to `MAX_BATCH_BLOCKS` blocks into one buffer, with one hold of each shard's
+    /// lock for all the wanted blocks it may hold (a large read's run: 16 holds rather than
+    /// one per block). Each block is checked as by `get` (key, lba and CRC); `hit[i]` says
+    /// whether `wants[i]` was copied into `buf[dst_start..dst_start + len]`. Returns the hits.
+    pub fn get_many(&self, wants: &[Want], buf: &mut [u8], hit: &mut [bool]) -> usize {
+        assert!(wants.len() <= MAX_BATCH_BLOCKS);
+        assert_eq!(hit.len(), wants.len());
+        // Each want's shard and hash, then the wants ordered by shard (a counting sort).
+        let mut hashes = [0u64; MAX_BATCH_BLOCKS];
+        let mut shard_of = [0u8; MAX_BATCH_BLOCKS];
+        let mut starts = [0usize; SHARDS + 1];
+        for (i, w) in wants.iter().enumerate() {
+            debug_assert!(w.key.segment_id != 0);
+            assert!(w.in_block + w.len <= BLOCK && w.dst_start + w.len <= buf.len());
+            let (s, h) = self.place(w.key);
+            hashes[i] = h;
+            shard_of[i] = s as u8;
+            starts[s + 1] += 1;
+            hit[i] = false;
         }
-        dst.copy_from_slice(&shard.data.block(i)[in_block..in_block + dst.len()]);
-        shard.referenced[set] |= 1 << (i - set * shard.ways);
-        true
+        for s in 0..SHARDS {
+            starts[s + 1] += starts[s];
+        }
+        let mut order = [0u8; MAX_BATCH_BLOCKS];
+        let mut next = starts;
+        for (i, &s) in shard_of[..wants.len()].iter().enumerate() {
+            let s = s as usize;
+            order[next[s]] = i as u8;
+            next[s] += 1;
+        }
+        let mut hits = 0;
+        // Per want of a shard, the entry found (`usize::MAX`: none).
+        let mut found = [usize::MAX; MAX_BATCH_BLOCKS];
+        for s in 0..SHARDS {
+            let of_shard = &order[starts[s]..starts[s + 1]];
+            if of_shard.is_empty() {
+                continue;
+            }
+            let mut shard = self.shards[s].lock();
+            if shard.sets == 0 {
+                continue;
+            }
+            // Two passes, so the memory each waits for is asked for ahead: the lookups, each
+            // set's keys hinted `PREFETCH_AHEAD` wants before its own (the sets are random
+            // lines of a large table: a lookup waits ~100 ns for each otherwise), then the
+            // copies, each next block's first line hinted (its page's translation too).
+            for &first in of_shard.iter().take(PREFETCH_AHEAD) {
+                shard.prefetch_set(hashes[first as usize]);
+            }
+            for (k, &i) in of_shard.iter().enumerate() {
+                if let Some(&ahead) = of_shard.get(k + PREFETCH_AHEAD) {
+                    shard.prefetch_set(hashes[ahead as usize]);
+                }
+                let w = &wants[i as usize];
+                found[k] = shard
+                    .lookup(hashes[i as usize], w.key, w.lba, w.crc)
+                    .unwrap_or(usize::MAX);
+            }
+            for (k, &i) in of_shard.iter().enumerate() {
+                let entry = found[k];
+                if entry == usize::MAX {
+                    continue;
+                }
+                if let Some(&next) = found[k + 1..of_shard.len()]
+                    .iter()
+                    .find(|&&e| e != usize::MAX)
+                {
+                    shard.data.prefetch_block(next);
+                }
+                let w = &wants[i as usize];
+                buf[w.dst_start..w.dst_start + w.len]
+                    .copy_from_slice(&shard.data.block(entry)[w.in_block..w.in_block + w.len]);
+                shard.mark_referenced(entry);
+                hit[i as usize] = true;
+                hits += 1;
+            }
+        }
+        hits
     }
 
     /// Stores a copy of `block`, read from `key` and verified as backing block `lba` with
@@ -852,6 +1007,169 @@ mod tests {
         assert_eq!(parse_limit("max\n"), None);
         assert_eq!(parse_limit("9223372036854771712\n"), None);
         assert_eq!(parse_limit(""), None);
+    }
+
+    fn want(k: HotKey, lba: u64, crc: u32, in_block: usize, dst_start: usize, len: usize) -> Want {
+        Want {
+            key: k,
+            lba,
+            crc,
+            in_block,
+            dst_start,
+            len,
+        }
+    }
+
+    /// Block `c` of segment `id`'s bytes: told apart from every other key's.
+    fn keyed_block(id: u64, c: u32) -> Vec<u8> {
+        let mut b = vec![(id as u8) ^ (c as u8).rotate_left(3); BLOCK];
+        b[..8].copy_from_slice(&id.to_le_bytes());
+        b[8..12].copy_from_slice(&c.to_le_bytes());
+        b
+    }
+
+    /// A batched lookup serves what `get` would, block by block, over every shard: held keys
+    /// (whole and in part, wherever their bytes go in the buffer) hit, and a key not held, the
+    /// same cache block of another segment (its slot reused), another lba or CRC miss and leave
+    /// their part of the buffer as it was.
+    #[test]
+    fn get_many_serves_what_get_would() {
+        let t = HotTier::new(4 << 20);
+        let blocks = 200u32;
+        for c in 0..blocks {
+            if c % 7 != 3 {
+                t.put(key(5, c), u64::from(c) + 1000, c, &keyed_block(5, c));
+            }
+        }
+        // The reused slot: segment 6 in the same cache block, held beside segment 5's copy.
+        t.put(key(6, 10), 2010, 77, &keyed_block(6, 10));
+        let mut wants = Vec::new();
+        for c in 0..blocks {
+            let (lba, crc) = (u64::from(c) + 1000, c);
+            let at = c as usize * BLOCK;
+            // Another lba or CRC for a held key is a bug the debug build asserts against
+            // (a key names one content): only the release build serves them as misses.
+            let mismatch = !cfg!(debug_assertions);
+            wants.push(match c % 11 {
+                // Another lba, another CRC, the next segment's id (not held).
+                1 if mismatch => want(key(5, c), lba + 1, crc, 0, at, BLOCK),
+                2 if mismatch => want(key(5, c), lba, crc ^ 1, 0, at, BLOCK),
+                4 => want(key(7, c), lba, crc, 0, at, BLOCK),
+                // In part.
+                5 => want(key(5, c), lba, crc, 512, at + 512, 1024),
+                _ => want(key(5, c), lba, crc, 0, at, BLOCK),
+            });
+        }
+        wants.push(want(
+            key(6, 10),
+            2010,
+            77,
+            0,
+            blocks as usize * BLOCK,
+            BLOCK,
+        ));
+        let mut buf = vec![0xccu8; (blocks as usize + 1) * BLOCK];
+        let mut hit = vec![false; wants.len()];
+        let hits = t.get_many(&wants, &mut buf, &mut hit);
+        assert_eq!(hits, hit.iter().filter(|&&h| h).count());
+        let mut expected_hits = 0;
+        for (i, w) in wants.iter().enumerate() {
+            let held = match w.key.segment_id {
+                6 => true,
+                7 => false,
+                _ => {
+                    w.key.cache_block % 7 != 3
+                        && w.lba == u64::from(w.key.cache_block) + 1000
+                        && w.crc == w.key.cache_block
+                }
+            };
+            assert_eq!(hit[i], held, "want {i}: {w:?}");
+            expected_hits += usize::from(held);
+            let got = &buf[i * BLOCK..(i + 1) * BLOCK];
+            let mut want_bytes = vec![0xccu8; BLOCK];
+            if held {
+                let src = keyed_block(w.key.segment_id, w.key.cache_block);
+                let at = w.dst_start - i * BLOCK;
+                want_bytes[at..at + w.len].copy_from_slice(&src[w.in_block..w.in_block + w.len]);
+            }
+            assert!(got == want_bytes, "want {i}: wrong bytes ({w:?})");
+            // The same as `get`.
+            let mut one = vec![0u8; w.len];
+            assert_eq!(t.get(w.key, w.lba, w.crc, w.in_block, &mut one), held);
+        }
+        assert!(expected_hits > 100 && expected_hits < wants.len());
+        // An empty batch, and an off tier: nothing.
+        assert_eq!(t.get_many(&[], &mut buf, &mut []), 0);
+        let off = HotTier::new(0);
+        let mut hit = vec![true; 3];
+        assert_eq!(off.get_many(&wants[..3], &mut buf, &mut hit), 0);
+        assert_eq!(hit, [false; 3]);
+    }
+
+    /// Readers batching lookups of runs while writers store blocks of later segments in the
+    /// same cache blocks (slots reused) and evict them: every block a batch serves is the one
+    /// its key names, whole (never the older segment's copy, never a torn one).
+    #[test]
+    fn get_many_under_reuse_serves_only_the_keys_own_bytes() {
+        // Small, so stores evict what readers want.
+        let t = std::sync::Arc::new(HotTier::new(SHARDS as u64 * 4 * BLOCK_SIZE_BYTES));
+        let ids = 6u64;
+        let threads: Vec<_> = (0..4u64)
+            .map(|n| {
+                let t = t.clone();
+                std::thread::spawn(move || {
+                    let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ n;
+                    let mut next = move || {
+                        rng ^= rng << 13;
+                        rng ^= rng >> 7;
+                        rng ^= rng << 17;
+                        rng
+                    };
+                    let mut buf = vec![0u8; 16 * BLOCK];
+                    let (mut served, mut stores) = (0u64, 0u64);
+                    for _ in 0..4_000 {
+                        let id = 1 + next() % ids;
+                        let first = (next() % 48) as u32;
+                        if n % 2 == 0 {
+                            for c in first..first + 16 {
+                                t.put_large(key(id, c), u64::from(c), c, &keyed_block(id, c));
+                                stores += 1;
+                            }
+                            continue;
+                        }
+                        let wants: Vec<Want> = (0..16u32)
+                            .map(|k| {
+                                let c = first + k;
+                                want(key(id, c), c.into(), c, 0, k as usize * BLOCK, BLOCK)
+                            })
+                            .collect();
+                        let mut hit = vec![false; 16];
+                        buf.fill(0);
+                        t.get_many(&wants, &mut buf, &mut hit);
+                        for (k, w) in wants.iter().enumerate() {
+                            if hit[k] {
+                                let got = &buf[k * BLOCK..(k + 1) * BLOCK];
+                                assert!(
+                                    got == keyed_block(id, w.key.cache_block),
+                                    "{w:?}: not the key's own bytes"
+                                );
+                                served += 1;
+                            }
+                        }
+                    }
+                    (served, stores)
+                })
+            })
+            .collect();
+        let (served, stores) = threads
+            .into_iter()
+            .map(|th| th.join().unwrap())
+            .fold((0, 0), |(a, b), (s, p)| (a + s, b + p));
+        // The case was made: batches served blocks while others were stored.
+        assert!(
+            served > 1000 && stores > 1000,
+            "{served} served, {stores} stored"
+        );
     }
 
     /// Threads storing and reading the same blocks concurrently each get whole, right copies.

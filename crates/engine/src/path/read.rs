@@ -14,7 +14,8 @@
 //! `hot::ADMIT_MAX_REQUEST_BYTES` looks up each block, and each whole block it verified from
 //! the device enters the RAM cache. A larger read looks up a run at a time (blocks adjacent
 //! on the device and in the request, what one device IO would read): a run whose first block
-//! the RAM cache holds is served from it block by block, the stretches it lacks read from the
+//! the RAM cache holds is served from it (the rest of the run in one batched lookup, one
+//! hold of each shard's lock: `HotTier::get_many`), the stretches it lacks read from the
 //! device (one IO each) and stored again; a run whose first block it lacks is read whole from
 //! the device (one IO, as without the RAM cache), so a large read of data not in RAM pays one
 //! lookup per run. Its verified blocks enter the RAM cache on the run's second touch
@@ -31,7 +32,7 @@ use crate::inner::{check_usable, Inner};
 use crate::io::aligned::AlignedBuf;
 use crate::io::BlockDevice as _;
 use crate::io::{recycle_read_ops, ReadOp};
-use crate::path::hot::{HotKey, ADMIT_MAX_REQUEST_BYTES};
+use crate::path::hot::{HotKey, Want, ADMIT_MAX_REQUEST_BYTES};
 use crate::path::prefetch::IndexPrefetch;
 use crate::promote;
 use crate::state::{Location, State};
@@ -97,6 +98,9 @@ struct Scratch {
     /// Aligned buffer for runs whose destination cannot take the device read directly: the
     /// run starting at planned block `i` uses `[i * BLOCK, ..)`.
     run: Option<AlignedBuf>,
+    /// A large read's run looked up in the RAM cache at once (`serve_run`), and what it found.
+    wants: Vec<Want>,
+    hit: Vec<bool>,
 }
 
 /// Planned blocks `[from, to)`, adjacent on the cache device and in the request: one IO.
@@ -522,7 +526,11 @@ fn serve_from_ram_cache(inner: &Inner, targets: &mut [CachedRead<'_>], s: &mut S
             i = end;
             continue;
         }
-        let (served, left) = serve_run(inner, target.buf, &mut s.planned, i, end, kept);
+        let lookups = Lookups {
+            wants: &mut s.wants,
+            hit: &mut s.hit,
+        };
+        let (served, left) = serve_run(inner, target.buf, &mut s.planned, i, end, kept, lookups);
         large_hits += served;
         kept += left;
         i = end;
@@ -531,12 +539,20 @@ fn serve_from_ram_cache(inner: &Inner, targets: &mut [CachedRead<'_>], s: &mut S
     hot.count_hits(small_hits, large_hits);
 }
 
+/// The scratch of a large read's batched lookup (`HotTier::get_many`).
+struct Lookups<'a> {
+    wants: &'a mut Vec<Want>,
+    hit: &'a mut Vec<bool>,
+}
+
 /// A large read's run, planned blocks `[from, end)`: if the RAM cache holds its first block,
 /// each block it holds is copied into `buf` and unpinned, and the others are kept (moved down
 /// to `kept..`, marked `refill`) for the device; else the whole run is kept, one lookup spent
 /// (a large read of data not in RAM pays one per run). A run is stored whole on its second
 /// touch, so one whose first block is in RAM is mostly there: what it lacks (blocks its set
-/// evicted) is read in stretches and stored again. Returns the blocks served and kept.
+/// evicted) is read in stretches and stored again. The rest of the run is looked up at once,
+/// one hold of each shard's lock for its blocks in that shard (`HotTier::get_many`), not one
+/// per block. Returns the blocks served and kept.
 fn serve_run(
     inner: &Inner,
     buf: &mut [u8],
@@ -544,24 +560,51 @@ fn serve_run(
     from: usize,
     end: usize,
     kept: usize,
+    lookups: Lookups<'_>,
 ) -> (u64, usize) {
     debug_assert!(from < end && end - from <= WINDOW_BLOCKS && kept <= from);
     let hot = &inner.hot;
-    let mut get = |p: &Planned| {
-        ram_cache_admits(p) && {
-            let dst = &mut buf[p.dst_start..p.dst_start + p.len];
-            hot.get(ram_cache_key(p), p.lba, p.crc, p.in_block, dst)
-        }
+    let first = planned[from];
+    let first_hit = ram_cache_admits(&first) && {
+        let dst = &mut buf[first.dst_start..first.dst_start + first.len];
+        hot.get(
+            ram_cache_key(&first),
+            first.lba,
+            first.crc,
+            first.in_block,
+            dst,
+        )
     };
-    if !get(&planned[from]) {
+    if !first_hit {
         planned.copy_within(from..end, kept);
         return (0, end - from);
     }
-    unpin(inner, &planned[from]);
+    unpin(inner, &first);
+    let Lookups { wants, hit } = lookups;
+    // Blocks the RAM cache may not serve (partial ones) are not asked for: `hit` stays false.
+    wants.clear();
+    let mut asked = [false; WINDOW_BLOCKS];
+    for (k, p) in planned[from + 1..end].iter().enumerate() {
+        if ram_cache_admits(p) {
+            asked[k] = true;
+            wants.push(Want {
+                key: ram_cache_key(p),
+                lba: p.lba,
+                crc: p.crc,
+                in_block: p.in_block,
+                dst_start: p.dst_start,
+                len: p.len,
+            });
+        }
+    }
+    hit.clear();
+    hit.resize(wants.len(), false);
+    hot.get_many(wants, buf, hit);
     let (mut served, mut left) = (1u64, 0usize);
-    for i in from + 1..end {
+    let mut found = hit.iter();
+    for (k, i) in (from + 1..end).enumerate() {
         let p = planned[i];
-        if get(&p) {
+        if asked[k] && *found.next().expect("one outcome per want") {
             unpin(inner, &p);
             served += 1;
         } else {
