@@ -38,7 +38,6 @@ record `resident_mib`: how much of its file the page cache held as the measureme
 
 import errno
 import os
-import subprocess
 
 from harness.context import pick
 from harness.contenders import (Contender, alternate, mean_by, median, median_interval,
@@ -46,8 +45,8 @@ from harness.contenders import (Contender, alternate, mean_by, median, median_in
 from harness.fio import FioError, fio_argv, run_fio
 from harness.procs import run_tracked
 from harness.report import commands_block, fmt, fmt_int, plt, table
-from harness.servers import (GiB, MiB, Logcache, make_file, start_file, start_qemu_nbd_direct,
-                             start_sim_hdd)
+from harness.servers import (GiB, MiB, Logcache, make_file, resident_mib, start_file,
+                             start_qemu_nbd_direct, start_sim_hdd)
 
 NAME = "iopath"
 TITLE = "The IO path (issue 20): each ratio against its reference, with server CPU per request"
@@ -155,16 +154,6 @@ def warm_through_nbdkit(ctx, uri, size_bytes):
     rc, _, err = run_tracked(argv, timeout=720)
     if rc != 0:
         raise FioError(f"fio failed ({rc}) warming nbdkit's file: {err[-1500:]}")
-
-
-def resident_mib(path):
-    """The file's pages in the page cache, MiB (fincore), or None where fincore fails."""
-    try:
-        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-        return round(int(out.split()[0]) / MiB, 1)
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
 
 
 def cpu_ticks(pid):

@@ -112,6 +112,17 @@ def start_file(ctx, name, path, cache_none=True):
     return start_nbdkit(ctx, name, args)
 
 
+def resident_mib(path):
+    """The file's pages in the page cache, MiB (fincore), or None where fincore fails: what of
+    nbdkit file's file its reads find in RAM (1.32's `cache=none` reads through the page cache)."""
+    try:
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return round(int(out.split()[0]) / MiB, 1)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
 def start_cache_filter(ctx, name, upstream_sock, cache_dir, block_size="4K"):
     """nbdkit's cache filter, cache=writeback, over the nbd plugin connected to upstream_sock.
     Its cache is a temporary file in cache_dir (TMPDIR). Its cache block defaults to 64 KiB (or
