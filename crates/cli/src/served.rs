@@ -123,6 +123,8 @@ impl Served {
                 n.lone_large_reads_inline,
                 true,
             ),
+            ("nbd_reader_spins", n.reader_spins, true),
+            ("nbd_reader_spin_hits", n.reader_spin_hits, true),
         ] {
             m.push(Metric {
                 name: name.into(),

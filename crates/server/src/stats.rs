@@ -21,6 +21,10 @@ pub struct ServerStats {
     /// READs larger than the reader's usual inline limit that it served itself because they were
     /// the connection's only request (`LONE_INLINE_READ_MAX_BYTES`).
     pub lone_large_reads_inline: u64,
+    /// Times a connection's reader polled its socket before sleeping (`spin`), and of those
+    /// the times a request arrived while it polled.
+    pub reader_spins: u64,
+    pub reader_spin_hits: u64,
 }
 
 #[derive(Default)]
@@ -31,6 +35,8 @@ pub(crate) struct Counters {
     pub protocol_errors: AtomicU64,
     pub reads_in_bursts: AtomicU64,
     pub lone_large_reads_inline: AtomicU64,
+    pub reader_spins: AtomicU64,
+    pub reader_spin_hits: AtomicU64,
 }
 
 impl Counters {
@@ -46,6 +52,8 @@ impl Counters {
             protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
             reads_in_bursts: self.reads_in_bursts.load(Ordering::Relaxed),
             lone_large_reads_inline: self.lone_large_reads_inline.load(Ordering::Relaxed),
+            reader_spins: self.reader_spins.load(Ordering::Relaxed),
+            reader_spin_hits: self.reader_spin_hits.load(Ordering::Relaxed),
         }
     }
 }

@@ -27,7 +27,10 @@
 //! and the reader's other inline replies (errors, CACHE), accumulate
 //! in a buffer and go out in one `send` when the reader is about to wait for more input (or
 //! the batch is large), so a burst costs one syscall each way; an inline READ's reply goes
-//! out at once, after that batch.
+//! out at once, after that batch. Before it sleeps in `recv` for a client that has every
+//! reply (nothing buffered, nothing on a worker), the reader may poll its socket for up to
+//! 50 µs (`spin`, adaptive: only while such polls recently found the next request in time),
+//! so a client at iodepth 1 does not wake a sleeping reader on another CPU.
 //!
 //! Ordering: inline writes run before the next request is even decoded, so every one received
 //! before a FLUSH is in the engine by the time the FLUSH is queued, and the engine's flush
@@ -58,6 +61,7 @@ use crate::limits::{
     BUFFER_KEEP_BYTES, INLINE_READ_MAX_BYTES, INPUT_BUFFER_BYTES, LARGE_READ_MIN_BYTES,
     LONE_INLINE_READ_MAX_BYTES, MAX_PAYLOAD_BYTES, OUTPUT_FLUSH_BYTES,
 };
+use crate::spin::{self, SpinPolicy, Spun, READER_SPIN_BUDGET};
 use crate::stats::Counters;
 use crate::workers::{Job, WorkerPool};
 use crate::{answer, ops, reply};
@@ -89,6 +93,7 @@ pub(crate) fn serve(connection: &Arc<Connection>) -> End {
         workers: WorkerPool::new(connection.clone()),
         burst: Burst::new(),
         unpublished_requests: 0,
+        spin: SpinPolicy::default(),
     };
     let end = loop {
         match reader.serve_one() {
@@ -121,6 +126,8 @@ struct Reader {
     burst: Burst,
     /// Requests counted since the server-wide counter was last updated.
     unpublished_requests: u64,
+    /// Whether to poll the socket before sleeping in `recv` (`spin`).
+    spin: SpinPolicy,
 }
 
 /// A request refused before touching the engine: the error code and a message for the client.
@@ -349,6 +356,23 @@ impl Reader {
             self.flush_replies()?;
             // While shutting down, serve what the client already sent but wait for nothing.
             let stopping = self.connection.server.stopping.load(Ordering::Relaxed);
+            if !stopping && self.may_spin() && self.spin.should_spin() {
+                let counters = &self.connection.server.counters;
+                Counters::add(&counters.reader_spins, 1);
+                match spin::spin_receive(
+                    &mut self.input,
+                    &self.connection.stream,
+                    READER_SPIN_BUDGET,
+                )? {
+                    Spun::Closed => return Ok(false),
+                    Spun::Received { in_time } => {
+                        Counters::add(&counters.reader_spin_hits, 1);
+                        self.spin.record(in_time);
+                        continue;
+                    }
+                    Spun::Nothing => self.spin.record(false),
+                }
+            }
             match self.input.fill(&self.connection.stream, stopping) {
                 Ok(0) => return Ok(false),
                 Ok(_) => {}
@@ -359,6 +383,15 @@ impl Reader {
             }
         }
         Ok(true)
+    }
+
+    /// Whether the reader may poll its socket before this wait (`spin`): nothing is buffered
+    /// and nothing is on a worker, so the client has every reply and its next request is what
+    /// comes next (a client at iodepth 1); not through TLS (a record may arrive in pieces).
+    fn may_spin(&self) -> bool {
+        self.input.buffered_bytes() == 0
+            && self.workers.is_idle()
+            && !self.connection.stream.is_tls()
     }
 
     /// Receives a large plain write's payload straight into the log blocks reserved for it
