@@ -15,9 +15,9 @@
 //! the reader's CPU counts as a miss even if the request came (the client on the same CPU, which
 //! a spin only delays, or another tenant's task: the CPU is contended), as does one whose
 //! request came after the budget. Between polls the reader yields its CPU (`spin_receive`).
-//! Measured (docs/BENCHMARKS.md, "The reader's adaptive spin"): 4 KiB cached reads at iodepth
-//! 1, server and client on two vCPUs, 1.10 of not spinning at load 6–9, and level on one vCPU
-//! and unpinned.
+//! Measured (docs/BENCHMARKS.md, "The reader's adaptive spin" and "... on the quiet machine"):
+//! 4 KiB cached reads at iodepth 1 on a quiet machine, 2.61× not spinning with server and
+//! client on two vCPUs, 2.18× unpinned, level on one vCPU; at load 5–12, 1.06 / 0.95 / 1.01.
 
 use std::io;
 use std::time::{Duration, Instant};
