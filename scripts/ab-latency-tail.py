@@ -22,29 +22,6 @@ into the job (writeback's helpers start with its first batch).
 
 usage: scripts/ab-latency-tail.py BG ROUNDS RUNTIME_S OUTDIR CASE... [device]
 e.g.   scripts/ab-latency-tail.py 16 8 3 /tmp/ab A=/tmp/a/logcache B=/tmp/b/logcache device
-An A/B of builds (or settings) on the `latency` experiment's goal job (issue 20: foreground
-read p99.9 with writeback running), alternated, against the device alone in the same rounds.
-
-Each case runs once per round, the order rotated each round (round N starts at its N-th case):
-a fresh logcache (write-back, `writeback_threshold_percent=0`, a 4 GiB fallocated cache file on
-/var/tmp, the emulated HDD `logcache-bench sim-hdd` on /dev/shm) whose 64 MiB foreground region
-is written first, then one fio run of `latency`'s job: foreground 4 KiB randrw 50/50 at
-iodepth 1, BG background jobs (4 KiB randrw 50/50, iodepth 4, each on its own region), one NBD
-connection per job. The case `device` is the same job with fio's io_uring engine and O_DIRECT on
-a file on /var/tmp, its background jobs held to the IOPS the first case's latest run reached
-(as `latency` does). Per run it prints one JSON line: the foreground's read and write p99.9 (µs,
-fio's total latency), reads over 1 ms per 10,000, the background IOPS, the blocks written back
-during the job (status) and, per background thread of the server, its CPU ms, context switches
-and nice values (/proc/PID/task). Then per case the median p99.9, the median of per-round
-ratios to the device, and each case against the first, round by round.
-
-A case is NAME=BIN[,set=KEY=VALUE+KEY=VALUE][,renice=N:COMM+COMM]: BIN is a `logcache` binary
-(`logcache-bench` beside it), `set` extra `--set`s (after the threshold's, so they override it),
-`renice` sets nice N on the server's threads whose name starts with one of the COMMs, 0.5 s
-into the job (writeback's helpers start with its first batch).
-
-usage: scripts/ab-latency-tail.py BG ROUNDS RUNTIME_S OUTDIR CASE... [device]
-e.g.   scripts/ab-latency-tail.py 16 8 3 /tmp/ab A=/tmp/a/logcache B=/tmp/b/logcache device
 """
 import json
 import os

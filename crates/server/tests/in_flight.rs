@@ -374,14 +374,7 @@ fn a_connection_closed_with_io_in_flight_leaks_nothing_and_acknowledges_nothing_
     drop(client);
     gated.gate.release(OpKind::Read);
     gated.gate.release(OpKind::Write);
-    let deadline = Instant::now() + COMMAND_TIMEOUT;
-    while (gated.server.stats().connections_active > 0 || connection_threads() > 0)
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert_eq!(gated.server.stats().connections_active, 0);
-    assert_eq!(connection_threads(), 0, "a connection's thread outlived it");
+    wait_for_no_connection_thread(&gated.server);
     // The write was received, so it was done (write-through: on the backing device too).
     let mut out = vec![0u8; BLOCK as usize];
     gated.engine.read(200 * BLOCK, &mut out).unwrap();

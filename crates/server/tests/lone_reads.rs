@@ -7,8 +7,8 @@
 
 mod server_support;
 
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use logcache_engine::io::memory::MemDevice;
 use logcache_engine::io::BlockDevice;
@@ -23,31 +23,6 @@ const HELD: Duration = Duration::from_secs(30);
 /// Data written before the reads: twice the engine's RAM buffers (`serve_engine`: 8 MiB), so
 /// its first MiB is read from the cache device, not from RAM.
 const DATA_BYTES: u64 = 16 * MIB;
-
-/// The tests count this process's connection threads: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Waits (bounded) until the server has no connection and no connection thread left.
-fn wait_for_no_connection(server: &logcache_server::Server) {
-    let deadline = Instant::now() + COMMAND_TIMEOUT;
-    while (server.stats().connections_active > 0 || connection_threads() > 0)
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert_eq!(
-        server.stats().connections_active,
-        0,
-        "a connection outlived its client"
-    );
-    assert_eq!(connection_threads(), 0, "a connection's thread outlived it");
-}
 
 /// A gated server whose first `DATA_BYTES` hold pattern `seed`, dirty and kept on the cache
 /// device (no writeback); returns it, the data and the count of lone large reads so far.
@@ -65,7 +40,7 @@ fn dirty_data_held_in_the_cache(name: &str, seed: u64) -> (Gated, Vec<u8>, u64) 
 /// (no worker thread was ever started for them).
 #[test]
 fn lone_large_cached_reads_are_served_by_the_reader() {
-    let _serial = serial();
+    let _serial = serial_thread_counting();
     let (gated, data, before) = dirty_data_held_in_the_cache("lone-large-read", 21);
     for structured in [false, true] {
         let mut client = RawClient::go(&gated.socket, structured, false);
@@ -109,7 +84,7 @@ fn lone_large_cached_reads_are_served_by_the_reader() {
 /// error chunk), the connection carries on, and the other blocks still read back.
 #[test]
 fn a_lone_large_read_failing_mid_way_gets_an_error_and_no_data() {
-    let _serial = serial();
+    let _serial = serial_thread_counting();
     let dir = TestDir::new("lone-large-read-error");
     let cache_mem: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(CACHE_BYTES));
     let backing: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(BACKING_BYTES));
@@ -176,7 +151,7 @@ fn a_lone_large_read_failing_mid_way_gets_an_error_and_no_data() {
 /// blocks are written and read back afterwards).
 #[test]
 fn a_connection_closed_during_a_lone_large_read_leaks_nothing() {
-    let _serial = serial();
+    let _serial = serial_thread_counting();
     let (gated, data, before) = dirty_data_held_in_the_cache("lone-large-read-closed", 23);
     let mut client = RawClient::go(&gated.socket, true, false);
     gated.gate.hold(OpKind::Read);
@@ -187,7 +162,7 @@ fn a_connection_closed_during_a_lone_large_read_leaks_nothing() {
     );
     drop(client);
     gated.gate.release(OpKind::Read);
-    wait_for_no_connection(&gated.server);
+    wait_for_no_connection_thread(&gated.server);
     assert_eq!(
         gated.server.stats().lone_large_reads_inline - before,
         1,

@@ -7,8 +7,7 @@
 mod server_support;
 
 use std::net::Shutdown;
-use std::sync::{Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use logcache_nbd::request::Command as NbdCommand;
 use server_support::*;
@@ -17,37 +16,12 @@ const BLOCK: u64 = 4096;
 /// Longer than any spin budget: a request sent after it finds the reader asleep.
 const PAST_THE_SPIN: Duration = Duration::from_millis(3);
 
-/// The tests count this process's connection threads: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Waits (bounded) until the server has no connection and no connection thread left.
-fn wait_for_no_connection(server: &logcache_server::Server) {
-    let deadline = Instant::now() + COMMAND_TIMEOUT;
-    while (server.stats().connections_active > 0 || connection_threads() > 0)
-        && Instant::now() < deadline
-    {
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    assert_eq!(
-        server.stats().connections_active,
-        0,
-        "a connection outlived its client"
-    );
-    assert_eq!(connection_threads(), 0, "a connection's thread outlived it");
-}
-
 /// A client at iodepth 1: reads and writes one at a time, some sent at once after the
 /// previous reply (while the reader may poll), some after a pause (the reader asleep); every
 /// read returns the newest data, every write is acknowledged, and the reader did poll.
 #[test]
 fn requests_during_and_after_the_spin_are_served_in_order() {
-    let _serial = serial();
+    let _serial = serial_thread_counting();
     let fixture = Fixture::start("reader-spin-iodepth-1");
     let blocks = 64u64;
     let mut data = pattern(31, (blocks * BLOCK) as usize);
@@ -99,7 +73,7 @@ fn requests_during_and_after_the_spin_are_served_in_order() {
         fixture.server.stats().reader_spins - spins_before >= 2,
         "the reader never polled"
     );
-    wait_for_no_connection(&fixture.server);
+    wait_for_no_connection_thread(&fixture.server);
 }
 
 /// Clients that leave right after a reply (the reader polling, or just asleep): each
@@ -107,7 +81,7 @@ fn requests_during_and_after_the_spin_are_served_in_order() {
 /// its request still gets its reply first.
 #[test]
 fn a_client_leaving_while_the_reader_polls_ends_its_connection() {
-    let _serial = serial();
+    let _serial = serial_thread_counting();
     let fixture = Fixture::start("reader-spin-close");
     let data = pattern(32, (16 * BLOCK) as usize);
     fixture.engine.write(0, &data, false).unwrap();
@@ -135,14 +109,14 @@ fn a_client_leaving_while_the_reader_polls_ends_its_connection() {
                 assert!(client.is_closed_by_server());
             }
         }
-        wait_for_no_connection(&fixture.server);
+        wait_for_no_connection_thread(&fixture.server);
     }
 }
 
 /// A server shut down while its client is idle (the reader polling or asleep) stops.
 #[test]
 fn shutdown_with_an_idle_client_returns() {
-    let _serial = serial();
+    let _serial = serial_thread_counting();
     let fixture = Fixture::start("reader-spin-shutdown");
     fixture
         .engine
@@ -153,5 +127,5 @@ fn shutdown_with_an_idle_client_returns() {
     read_ok_reply(&mut client, true, 1, BLOCK as usize);
     fixture.server.shutdown();
     assert!(client.is_closed_by_server());
-    wait_for_no_connection(&fixture.server);
+    wait_for_no_connection_thread(&fixture.server);
 }

@@ -473,6 +473,32 @@ pub fn connection_threads() -> usize {
         .count()
 }
 
+/// Held by a test that counts this process's connection threads (`connection_threads`): such
+/// tests run one at a time within their test binary.
+pub fn serial_thread_counting() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Waits (bounded) until the server has no connection and this process no connection thread
+/// left, and fails the test if either outlived `COMMAND_TIMEOUT`.
+pub fn wait_for_no_connection_thread(server: &Server) {
+    let deadline = Instant::now() + COMMAND_TIMEOUT;
+    while (server.stats().connections_active > 0 || connection_threads() > 0)
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(
+        server.stats().connections_active,
+        0,
+        "a connection outlived its client"
+    );
+    assert_eq!(connection_threads(), 0, "a connection's thread outlived it");
+}
+
 /// Deterministic bytes for `length` bytes tagged by `seed`.
 pub fn pattern(seed: u64, length_bytes: usize) -> Vec<u8> {
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
