@@ -12,9 +12,9 @@
 //! `shared` (what every thread shares, and the registry of live connections), `config` (what
 //! is exported), `export` (what is served: the engine or a device), `ops` (block operations on
 //! the export, unaligned ones included), `reply` (reply encoding), `sink` (serialised reply
-//! writing), `input` (the request buffer), `spin` (the reader's adaptive poll before it sleeps), `stream` (socket calls), `tls` (STARTTLS: credentials and the
-//! TLS channel), `errno`, `limits`, `stats`,
-//! `error`.
+//! writing), `input` (the request buffer), `spin` (the reader's adaptive poll before it
+//! sleeps), `stream` (socket calls), `tls` (STARTTLS: credentials and the TLS channel),
+//! `errno`, `limits`, `stats`, `error`.
 
 mod answer;
 mod burst;
