@@ -13,7 +13,8 @@ a file on /var/tmp, its background jobs held to the IOPS the first case's latest
 fio's total latency), reads over 1 ms per 10,000, the background IOPS, the blocks written back
 during the job (status) and, per background thread of the server, its CPU ms, context switches
 and nice values (/proc/PID/task). Then per case the median p99.9, the median of per-round
-ratios to the device, and each case against the first, round by round.
+ratios to the device, the median read p50, and each case against the first (read p99.9 and
+p50), round by round.
 
 A case is NAME=BIN[,set=KEY=VALUE+KEY=VALUE][,renice=N:COMM+COMM]: BIN is a `logcache` binary
 (`logcache-bench` beside it), `set` extra `--set`s (after the threshold's, so they override it),
@@ -130,7 +131,7 @@ try:
             subprocess.run(["fio", "--name=p", "--ioengine=nbd", f"--uri={uri}", "--rw=write", "--bs=1m", "--iodepth=16",
                             f"--size={R}", "--output-format=terse"], check=True, stdout=subprocess.DEVNULL)
             ctl = os.path.join(d, "lc.ctl")
-            w0 = status(binp, ctl)["writeback_blocks"]; t0 = threads(lc.pid); h0 = threads(hdd.pid)
+            s0 = status(binp, ctl); t0 = threads(lc.pid); h0 = threads(hdd.pid)
             if "renice" in opts:
                 # After 0.5 s: writeback's helpers start with its first batch.
                 n, comms = opts["renice"].split(":")
@@ -142,7 +143,12 @@ try:
                 threading.Thread(target=renice).start()
             row = run_fio(fio_args(["--ioengine=nbd", f"--uri={uri}"]), outf)
             t1 = threads(lc.pid); h1 = threads(hdd.pid)
-            row["wb_blocks"] = status(binp, ctl)["writeback_blocks"] - w0
+            s1 = status(binp, ctl)
+            row["wb_blocks"] = s1["writeback_blocks"] - s0["writeback_blocks"]
+            # The reader's spins on its device reads and how many saw the completion (builds
+            # that count them).
+            for k in ("nbd_device_read_spins", "nbd_device_read_spin_hits"):
+                if k in s1: row[k] = s1[k] - s0.get(k, 0)
             agg = {}
             for t, (c, cpu, sw, ni) in t1.items():
                 a = t0.get(t, (c, 0, 0, 0)); k = c.split("-w")[0] if c.startswith("nbd-conn") else c
@@ -166,9 +172,14 @@ for n in names:
           round(statistics.median(rat), 2) if rat else "-", [round(v, 2) for v in rat], "|",
           round(statistics.median(x["over1ms_per10k"] for x in xs), 1), "|", round(statistics.median(x["wp999"] for x in xs)), "|",
           statistics.median(x.get("wb_blocks", 0) for x in xs), "|", round(statistics.median(x["bg_iops"] for x in xs)))
+print("case  p50 read median (per round)")
+for n in names:
+    xs = [x for x in rows if x["case"] == n]
+    print(n, round(statistics.median(x["rp50"] for x in xs)), [round(x["rp50"]) for x in xs])
 if len(names) >= 2:
-    a = {x["round"]: x["rp999"] for x in rows if x["case"] == names[0]}
-    for n in names[1:]:
-        b = {x["round"]: x["rp999"] for x in rows if x["case"] == n}
-        rr = [b[k] / a[k] for k in a if k in b]
-        print(f"{n} ÷ {names[0]} per round: median {statistics.median(rr):.2f}, lower in {sum(v < 1 for v in rr)} of {len(rr)}", [round(v, 2) for v in rr])
+    for key in ("rp999", "rp50"):
+        a = {x["round"]: x[key] for x in rows if x["case"] == names[0]}
+        for n in names[1:]:
+            b = {x["round"]: x[key] for x in rows if x["case"] == n}
+            rr = [b[k] / a[k] for k in a if k in b]
+            print(f"{key} {n} ÷ {names[0]} per round: median {statistics.median(rr):.2f}, lower in {sum(v < 1 for v in rr)} of {len(rr)}", [round(v, 2) for v in rr])
