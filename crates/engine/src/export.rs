@@ -29,7 +29,7 @@ use crate::checkpoints::{self, CheckpointInfo};
 use crate::error::{Error, Result};
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::inner::Inner;
-use crate::path::read;
+use crate::path::{alone, read};
 
 /// The hold shared by an engine's handles.
 #[derive(Default)]
@@ -134,6 +134,11 @@ impl Hold {
                 );
                 return;
             }
+            if alone::given_up(inner) {
+                // The read may have fallen back to a backing device that changes alone reach.
+                self.abandon(h, cache_failed_reason());
+                return;
+            }
             for (i, block) in buf.chunks(BLOCK_SIZE_BYTES as usize).enumerate() {
                 let old = h.saved.insert(f + i as u64, block.into());
                 assert!(old.is_none(), "a held block is copied once");
@@ -152,6 +157,11 @@ impl Hold {
 }
 
 use crate::format::human_bytes as human;
+
+/// Why an export that met the switch to the backing device alone fails.
+fn cache_failed_reason() -> String {
+    "the cache device failed while export-diff ran, and changes now go to the backing device alone without being held for the export, so its blocks could be newer than its checkpoint; the checkpoints were on the cache device: take a full backup".into()
+}
 
 /// An export under way: the moment's content of its blocks, read in order. Dropping it ends
 /// the hold (the checkpoint it created stays; the caller decides).
@@ -253,8 +263,17 @@ impl Export {
             return Err(Error::Export(why.clone()));
         }
         assert!(first_block >= h.next_block, "pieces in increasing order");
-        // Holding `state`: no change can reach a pending block of this piece meanwhile.
+        // Holding `state`: no change can reach a pending block of this piece meanwhile — none
+        // in the cached path. Once the cache is given up, changes go to the backing device
+        // without passing the hold, and a cached block whose read fails is read from there: the
+        // bytes may be newer than the moment. The switch only moves forward, so a read that
+        // ends with the cache still in use saw no such change.
         read::read(&self.inner, first_block * BLOCK_SIZE_BYTES, buf)?;
+        if alone::given_up(&self.inner) {
+            let why = cache_failed_reason();
+            self.hold.abandon(h, why.clone());
+            return Err(Error::Export(why));
+        }
         let end = first_block + count;
         let kept: Vec<u64> = h.saved.range(first_block..end).map(|(&b, _)| b).collect();
         for b in &kept {

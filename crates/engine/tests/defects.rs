@@ -2092,3 +2092,77 @@ fn a_write_around_under_way_when_a_backing_sync_fails_counts_as_lost() {
         .expect("the write-around write");
     a_flush_vouches_only_for_what_the_backing_device_holds(&e, &pair, lba, 0x77);
 }
+
+/// Cache-loss sim seed 190738: an export (`export_begin`) planned a read of a clean cached
+/// block; before its cache-device read ended, the cache device failed, the disk went on from
+/// the backing device alone, and a write changed that block there. Changes served alone never
+/// pass the export's hold (no copy of the moment's content is kept), and the read, failing
+/// at the cache device, took the clean block from the backing device: the export shipped bytes
+/// written after its moment. Now an export that meets the switch fails, saying why (its
+/// checkpoints were on the cache device). Before the fix the read returned the later bytes.
+#[test]
+fn an_export_under_way_when_the_cache_fails_ships_nothing_newer_than_its_moment() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let faulty = Arc::new(FaultDevice::new(pair.cache()));
+    let gate = Arc::new(GateDevice::new(faulty.clone()));
+    let opts = OpenOptions {
+        ram_buffer_bytes: 4 * SEG_64K,
+        seal_interval_ms: Some(0),
+        ..OpenOptions::default()
+    };
+    let e = Engine::open(gate.clone(), pair.backing(), opts).unwrap();
+    // Every read of the block goes to the cache device (no RAM-cache copy can answer it).
+    e.set_tunable("ram_cache_mib", "0").unwrap();
+    e.checkpoint_create("since").unwrap();
+    // A block changed since the checkpoint, cached and clean (written back).
+    let lba = 3u64;
+    e.write(lba * 4096, &[0x11; 4096], false).unwrap();
+    // More than the log's RAM buffers hold after it, so the block is read from the device.
+    for b in 64..64 + 2 * (4 * SEG_64K / 4096) {
+        e.write(b * 4096, &[0x33; 4096], false).unwrap();
+    }
+    e.flush().unwrap();
+    while e.writeback_step(256).unwrap() > 0 {}
+    assert_eq!(e.stats().dirty_blocks, 0, "{:?}", e.stats());
+    let mut export = e.export_begin("moment", "since", MIB).unwrap();
+    assert!(
+        export.runs().iter().any(|&(f, n)| f <= lba && lba < f + n),
+        "the block is one to export: {:?}",
+        export.runs()
+    );
+    // A write for the flush below to write to the cache device (its block is not one to
+    // export: it passes the hold at once).
+    e.write(20 * 4096, &[0x6b; 4096], false).unwrap();
+    // The export's read of the block, held at the cache device (holding the hold: a write in
+    // the cached path would wait for it).
+    gate.hold(OpKind::Read);
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        let r = export.read(lba, &mut buf);
+        (r, buf)
+    });
+    assert!(
+        gate.wait_held(OpKind::Read, 1, HANG),
+        "the export never read the cache device"
+    );
+    // The cache device fails under the flush: the disk goes on from the backing device alone.
+    faulty.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    faulty.fail_next(OpKind::Read, u64::MAX, FaultKind::Io);
+    let other = e.clone();
+    bounded("a flush as the cache device fails", move || other.flush())
+        .expect("answered from the backing device alone");
+    assert!(e.stats().serving_alone, "{:?}", e.stats());
+    // A change after the moment, served alone: it never passes the export's hold.
+    e.write(lba * 4096, &[0x22; 4096], false).unwrap();
+    gate.release(OpKind::Read);
+    let (r, buf) = bounded("the export's read", move || reader.join().unwrap());
+    match r {
+        Ok(()) => assert!(
+            buf.iter().all(|&b| b == 0x11),
+            "the export shipped bytes written after its moment (first byte {:#x})",
+            buf[0]
+        ),
+        Err(Error::Export(why)) => assert!(why.contains("cache device failed"), "{why}"),
+        Err(other) => panic!("an unexpected error: {other}"),
+    }
+}

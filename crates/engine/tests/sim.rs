@@ -150,8 +150,12 @@ const CI_LOSS_SCHEDULES: u64 = 100;
 /// 138563: a failed backing sync marked a block of a writeback batch dirty again, a write then
 /// made it a shadow, and the batch asserted "a shadow changed"; 150057: a write-around write
 /// under way when the cache failed, its data landed before the switch's sync failed, was
-/// acknowledged in the cached path and a flush served alone returned OK; docs/RELIABILITY.md).
-const FOUND_LOSS_SEEDS: [u64; 7] = [50_030, 100_940, 101_575, 101_855, 104_622, 138_563, 150_057];
+/// acknowledged in the cached path and a flush served alone returned OK; 190738: an export
+/// under way when the cache failed read a block written alone after its moment;
+/// docs/RELIABILITY.md).
+const FOUND_LOSS_SEEDS: [u64; 8] = [
+    50_030, 100_940, 101_575, 101_855, 104_622, 138_563, 150_057, 190_738,
+];
 /// Ordinary seeds outside CI's range that once failed, run in every CI-kind run (107844: the
 /// writeback record's backing sync failed between a write-zeroes' zeroing and its own sync,
 /// dropping the zeros, and the range was marked applied; 118513: a chunk a writer sealed

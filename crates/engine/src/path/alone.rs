@@ -44,6 +44,13 @@ pub fn active(inner: &Inner) -> bool {
     inner.alone.load(Ordering::Acquire) == YES
 }
 
+/// Whether the cache was given up (the switch under way, done or refused): from the switch on,
+/// changes may reach the backing device without passing the export hold (`export`), so what
+/// an export reads there may be newer than its moment.
+pub fn given_up(inner: &Inner) -> bool {
+    inner.alone.load(Ordering::Acquire) != NO
+}
+
 /// Called by `inner::fail_cache` under the state lock, before it fails the engine: requests
 /// that fail from now on wait for `take_over`'s decision (`took_over`).
 pub fn deciding(inner: &Inner) {
