@@ -624,7 +624,16 @@ impl Engine {
     ) -> Result<Vec<(u64, bool)>> {
         assert!(len_bytes > 0 && max_runs > 0, "empty checkpoint query");
         self.check_within(offset_bytes, len_bytes)?;
-        checkpoints::changed_runs(&self.inner, name, offset_bytes, len_bytes, max_runs)
+        let runs = checkpoints::changed_runs(&self.inner, name, offset_bytes, len_bytes, max_runs)?;
+        // Served from the backing device alone, changes are not tracked (the checkpoints were
+        // on the cache device): an answer would leave them out, and a backup built on it would
+        // miss them. The switch only moves forward, so an answer made before it is complete.
+        if alone::given_up(&self.inner) {
+            return Err(Error::Export(format!(
+                "checkpoint {name:?} no longer tracks changes: the cache device failed and the disk is served from the backing device alone, where changes are not tracked (the checkpoints were on the cache device); take a full backup"
+            )));
+        }
+        Ok(runs)
     }
 
     /// Every tunable with its current value, default and range.

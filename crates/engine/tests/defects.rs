@@ -2166,3 +2166,38 @@ fn an_export_under_way_when_the_cache_fails_ships_nothing_newer_than_its_moment(
         Err(other) => panic!("an unexpected error: {other}"),
     }
 }
+
+/// Found reviewing the fix above: a checkpoint's changed blocks (`checkpoint_changes`, what
+/// NBD block status answers for `qemu:dirty-bitmap:NAME`) were still answered once the disk was
+/// served from the backing device alone, where changes are not tracked: a backup tool asking
+/// which blocks changed was told nothing of the writes made alone, and its incremental backup
+/// silently missed them. Now the query fails, saying why. Before the fix it answered with the
+/// block written alone unchanged.
+#[test]
+fn a_checkpoint_served_alone_does_not_answer_without_the_changes_made_alone() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let (cache, e) = failing_cache_engine(&pair, pair.backing());
+    e.checkpoint_create("since").unwrap();
+    let lba = 7u64;
+    let changed = |e: &Engine| {
+        e.checkpoint_changes("since", lba * 4096, 4096, 4)
+            .map(|runs| runs.iter().any(|&(_, set)| set))
+    };
+    assert!(!changed(&e).unwrap(), "nothing changed yet");
+    // The cache device fails under a write-back write's flush: the disk goes on from the
+    // backing device alone.
+    cache.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    let other = e.clone();
+    bounded("a write and flush as the cache device fails", move || {
+        other.write(20 * 4096, &[0x6b; 4096], false)?;
+        other.flush()
+    })
+    .expect("answered from the backing device alone");
+    assert!(e.stats().serving_alone, "{:?}", e.stats());
+    e.write(lba * 4096, &[0x22; 4096], false).unwrap();
+    match changed(&e) {
+        Ok(set) => assert!(set, "the block written alone is reported unchanged"),
+        Err(Error::Export(why)) => assert!(why.contains("no longer tracks changes"), "{why}"),
+        Err(other) => panic!("an unexpected error: {other}"),
+    }
+}
