@@ -17,6 +17,7 @@ use crate::format::superblock::Superblock;
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::inner::{check_usable, fail_cache, Inner};
 use crate::io::BlockDevice;
+use crate::path::alone;
 use crate::state::changes::Tracked;
 use crate::stats::RecoveryReport;
 
@@ -26,7 +27,8 @@ pub struct CheckpointInfo {
     pub name: String,
     pub created_unix_ms: u64,
     /// Bytes of the disk changed since (4 KiB per changed block; after a crash possibly more
-    /// than really changed, never less).
+    /// than really changed, never less; the whole disk once it is served from the backing
+    /// device alone, where changes are not tracked).
     pub changed_bytes: u64,
     /// The first log chunk whose changes count.
     pub start_seq: u64,
@@ -272,6 +274,10 @@ fn not_found(table: &Table, name: &str) -> Error {
 /// Every checkpoint, oldest first.
 pub fn list(inner: &Inner) -> Vec<CheckpointInfo> {
     let st = inner.state.lock();
+    // Once the cache is given up, writes go to the backing device alone untracked: every
+    // block may have changed. Exact under the lock: the switch begins under it, and no write
+    // goes alone before it.
+    let untracked = inner.alone.load(std::sync::atomic::Ordering::Acquire) != alone::NO;
     let mut out: Vec<CheckpointInfo> = st
         .changes
         .tracked
@@ -279,7 +285,11 @@ pub fn list(inner: &Inner) -> Vec<CheckpointInfo> {
         .map(|t| CheckpointInfo {
             name: t.name.clone(),
             created_unix_ms: t.created_unix_ms,
-            changed_bytes: t.set_blocks() * BLOCK_SIZE_BYTES,
+            changed_bytes: if untracked {
+                inner.geo.exported_size_bytes
+            } else {
+                t.set_blocks() * BLOCK_SIZE_BYTES
+            },
             start_seq: t.start_seq,
         })
         .collect();
