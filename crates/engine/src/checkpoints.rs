@@ -277,7 +277,7 @@ pub fn list(inner: &Inner) -> Vec<CheckpointInfo> {
     // Once the cache is given up, writes go to the backing device alone untracked: every
     // block may have changed. Exact under the lock: the switch begins under it, and no write
     // goes alone before it.
-    let untracked = inner.alone.load(std::sync::atomic::Ordering::Acquire) != alone::NO;
+    let untracked = alone::given_up(inner);
     let mut out: Vec<CheckpointInfo> = st
         .changes
         .tracked

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{Engine, Error, OpenOptions};
+use logcache_engine::{CachedRead, Engine, Error, OpenOptions};
 use logcache_testkit::fault::{FaultDevice, FaultKind, OpKind};
 use logcache_testkit::gate::GateDevice;
 
@@ -229,5 +229,63 @@ fn a_reserved_write_committed_while_the_switch_is_decided_is_written_alone() {
             buf[0]
         ),
         Err(err) => panic!("an acknowledged reserved write reads an error alone: {err}"),
+    }
+}
+
+/// Reads after the switch, of blocks the given-up cache still holds (a clean copy in the RAM
+/// cache and on the cache device, a dirty one in the log's RAM buffers, saved to the backing
+/// device by the switch), each written again alone: every read path (`read`, and the reader's
+/// `read_if_cached` and `read_batch_if_cached`) answers with the bytes written alone, never the
+/// cache's. Two guards, either enough: `Engine`'s entry points go alone once the switch is
+/// done, and the cached path refuses a failed engine under its lookup's lock hold
+/// (`check_usable`). Mutation that fails it: both removed for the reader's paths (0x11 read).
+#[test]
+fn reads_after_the_switch_never_come_from_the_given_up_cache() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let (faulty, _gate, e) = engine(&pair);
+    e.set_tunable("ram_cache_mib", "1").unwrap();
+    let (clean, in_ram) = (3u64, 5u64);
+    e.write(clean * BLOCK, &[0x11; BLOCK as usize], false)
+        .unwrap();
+    push_out_of_ram(&e);
+    e.flush().unwrap();
+    while e.writeback_step(256).unwrap() > 0 {}
+    let mut buf = vec![0u8; BLOCK as usize];
+    for _ in 0..2 {
+        e.read(clean * BLOCK, &mut buf).unwrap();
+    }
+    assert!(e.stats().ram_cache_blocks > 0, "{:?}", e.stats());
+    e.write(in_ram * BLOCK, &[0x12; BLOCK as usize], false)
+        .unwrap();
+    fail_the_cache(&e, &faulty);
+    for lba in [clean, in_ram] {
+        e.write(lba * BLOCK, &[0x22; BLOCK as usize], false)
+            .unwrap();
+        let newest = |buf: &[u8], how: &str| {
+            assert!(
+                buf.iter().all(|&b| b == 0x22),
+                "{how} of block {lba} after it was written alone read {:#x}..",
+                buf[0]
+            )
+        };
+        let mut buf = vec![0u8; BLOCK as usize];
+        e.read(lba * BLOCK, &mut buf).unwrap();
+        newest(&buf, "a read");
+        let mut buf = vec![0u8; BLOCK as usize];
+        if e.read_if_cached(lba * BLOCK, &mut buf).unwrap() {
+            newest(&buf, "a read served on the reader");
+        }
+        let mut bufs = [vec![0u8; BLOCK as usize], vec![0u8; BLOCK as usize]];
+        let [a, b] = &mut bufs;
+        let mut reads = [
+            CachedRead::new(lba * BLOCK, a),
+            CachedRead::new(clean * BLOCK, b),
+        ];
+        e.read_batch_if_cached(&mut reads);
+        for r in &reads {
+            if *r.served.as_ref().unwrap() {
+                newest(&r.buf[..], "a batched read");
+            }
+        }
     }
 }
