@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use logcache_engine::io::BlockDevice;
-use logcache_engine::{CachedRead, Engine, Error, OpenOptions};
+use logcache_engine::{CachedRead, Engine, Error, ExtentKind, OpenOptions};
 use logcache_testkit::fault::{FaultDevice, FaultKind, OpKind};
 use logcache_testkit::gate::GateDevice;
 
@@ -288,4 +288,25 @@ fn reads_after_the_switch_never_come_from_the_given_up_cache() {
             }
         }
     }
+}
+
+/// Block status after the switch, of a block the cache's zero ranges call zero (a write-zeroes
+/// before the failure) and written again alone: it must say data (never "reads as zeros" for a
+/// block holding data). Two guards, either enough: `Engine::block_status` answers alone once
+/// the switch is done, and the cached walk refuses a failed engine under its lock hold
+/// (`status::cached_run`, `check_usable`). Mutation that fails it: both removed (zero).
+#[test]
+fn block_status_after_the_switch_says_data_where_a_write_alone_landed() {
+    let pair = SimPair::new(MIB + 16 * SEG_64K, 16 * MIB, SEG_64K);
+    let (faulty, _gate, e) = engine(&pair);
+    let lba = 6u64;
+    e.write_zeroes(lba * BLOCK, BLOCK, false).unwrap();
+    let mut out = Vec::new();
+    e.block_status(lba * BLOCK, BLOCK, 4, &mut out).unwrap();
+    assert_ne!(out[0].kind, ExtentKind::Data, "zeroed: {out:?}");
+    fail_the_cache(&e, &faulty);
+    e.write(lba * BLOCK, &[0x22; BLOCK as usize], false)
+        .unwrap();
+    e.block_status(lba * BLOCK, BLOCK, 4, &mut out).unwrap();
+    assert_eq!(out[0].kind, ExtentKind::Data, "written alone: {out:?}");
 }
