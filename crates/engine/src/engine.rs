@@ -732,6 +732,7 @@ impl Engine {
         counters.ram_cache_second_touch_blocks = self.inner.hot.large_admitted();
         counters.ram_cache_first_touch_blocks = self.inner.hot.large_first_touches();
         counters.ram_cache_refill_blocks = self.inner.hot.large_refilled();
+        counters.ram_cache_write_blocks = self.inner.hot.written_blocks();
         Stats {
             counters,
             recovery: self.inner.recovery.clone(),

@@ -25,6 +25,9 @@ pub struct Counters {
     /// Of `ram_cache_second_touch_blocks`, blocks stored at once because the RAM cache served
     /// the rest of their run (it lacked them: their set had evicted them).
     pub ram_cache_refill_blocks: u64,
+    /// Blocks of writes of at most 64 KiB stored in the RAM cache by the flusher once written
+    /// to the cache device, so a read of them soon after is a copy out of RAM.
+    pub ram_cache_write_blocks: u64,
     pub writes: u64,
     pub write_bytes: u64,
     /// Block writes to a block already in the cache.
@@ -157,6 +160,7 @@ impl Counters {
                 self.ram_cache_first_touch_blocks,
             ),
             ("ram_cache_refill_blocks", self.ram_cache_refill_blocks),
+            ("ram_cache_write_blocks", self.ram_cache_write_blocks),
             ("writes", self.writes),
             ("write_bytes", self.write_bytes),
             ("write_hits", self.write_hits),

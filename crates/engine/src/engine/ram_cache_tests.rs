@@ -66,6 +66,24 @@ fn expected(version: &[u64], lba: u64, blocks: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Writes version `v` of blocks `lba..lba + blocks` as writes of `WRITE_RUN_BLOCKS` (128 KiB:
+/// larger than `ADMIT_MAX_REQUEST_BYTES`, so the flusher keeps none of them in the RAM cache
+/// and a test starts from one that only reads fill).
+fn write_large(e: &Engine, lba: u64, blocks: u64, v: u64) {
+    let mut at = lba;
+    while at < lba + blocks {
+        let n = WRITE_RUN_BLOCKS.min(lba + blocks - at);
+        let data: Vec<u8> = (at..at + n).flat_map(|l| content(l, v)).collect();
+        e.write(at * BLOCK_SIZE_BYTES, &data, false).expect("write");
+        at += n;
+    }
+}
+
+/// Blocks per write of `write_large`.
+const WRITE_RUN_BLOCKS: u64 = 32;
+const _: () =
+    assert!(WRITE_RUN_BLOCKS * BLOCK_SIZE_BYTES > crate::path::hot::ADMIT_MAX_REQUEST_BYTES as u64);
+
 fn large_hits(e: &Engine) -> u64 {
     e.stats().counters.read_hits_ram_cache_large
 }
@@ -125,17 +143,10 @@ fn a_reused_segment_never_serves_the_old_copy_from_the_ram_cache() {
     let e = Engine::open(shared(&cache), shared(&backing), opts).expect("open");
     assert!(e.inner.hot.enabled());
     let mut version = vec![0u64; WORKING_SET_BLOCKS as usize];
-    let mut write = |e: &Engine, lba: u64| {
-        version[lba as usize] += 1;
-        let v = version[lba as usize];
-        e.write(lba * BLOCK_SIZE_BYTES, &content(lba, v), false)
-            .expect("write");
-        v
-    };
-    // Fill the first segments, write them to the cache device and back to the backing device.
-    for lba in 0..64 {
-        write(&e, lba);
-    }
+    // Fill the first segments (large writes: none kept in the RAM cache), write them to the
+    // cache device and back to the backing device.
+    write_large(&e, 0, 64, 1);
+    version[..64].fill(1);
     e.flush().expect("flush");
     e.drain(|_| {}).expect("drain");
     let old_lba = (0..64)
@@ -162,7 +173,9 @@ fn a_reused_segment_never_serves_the_old_copy_from_the_ram_cache() {
         e.inner.hot.get(old_key, old_lba, old_crc, 0, &mut probe),
         "the old copy left the RAM cache: the test no longer covers a reused slot"
     );
-    // ... and the read of the block now there gets the new data, from the cache device.
+    // ... and the read of the block now there gets the new data, from the cache device (its
+    // small write's copy, kept by the flusher under the new key, dropped first).
+    e.inner.hot.forget(new_key);
     let hits_before = e.stats().counters.read_hits_ram_cache;
     let want = content(new_lba, version[new_lba as usize]);
     assert_eq!(read_block(&e, new_lba), want, "lba {new_lba}");
@@ -189,10 +202,7 @@ fn large_reads_pass_the_ram_cache_and_the_tunable_resizes_it() {
         ..OpenOptions::default()
     };
     let e = Engine::open(shared(&cache), shared(&backing), opts).expect("open");
-    for lba in 0..128u64 {
-        e.write(lba * BLOCK_SIZE_BYTES, &content(lba, 1), false)
-            .expect("write");
-    }
+    write_large(&e, 0, 128, 1);
     e.flush().expect("flush");
     e.drain(|_| {}).expect("drain");
     let on_disk: Vec<u64> = (0..128).filter(|&l| on_device(&e, l).is_some()).collect();
@@ -230,8 +240,9 @@ fn large_reads_pass_the_ram_cache_and_the_tunable_resizes_it() {
 }
 
 /// An engine over `cache`/`backing` with a RAM cache of `ram_cache_bytes`, blocks
-/// `0..written` written (version 1), flushed and drained: clean on the cache device, save the
-/// few a segment's end left in RAM. With it, the version of each of the first 1024 blocks.
+/// `0..written` written (version 1, by large writes: the RAM cache holds none of them),
+/// flushed and drained: clean on the cache device, save the few a segment's end left in RAM.
+/// With it, the version of each of the first 1024 blocks.
 fn engine_with_data(
     cache: &SimDevice,
     backing: &SimDevice,
@@ -245,10 +256,7 @@ fn engine_with_data(
         ..OpenOptions::default()
     };
     let e = Engine::open(shared(cache), shared(backing), opts).expect("open");
-    for lba in 0..written {
-        e.write(lba * BLOCK_SIZE_BYTES, &content(lba, 1), false)
-            .expect("write");
-    }
+    write_large(&e, 0, written, 1);
     e.flush().expect("flush");
     e.drain(|_| {}).expect("drain");
     let mut version = vec![0u64; 1024];
@@ -538,4 +546,282 @@ fn a_reused_segment_never_serves_the_old_copy_to_a_large_read() {
         }
     }
     e.close().expect("close");
+}
+
+// Blocks small writes wrote, kept in the RAM cache by the flusher once written to the cache
+// device (`path::hot`, "Writes").
+
+/// An engine over 4 MiB of cache (64 KiB segments) with an 8 MiB RAM cache, its flusher run
+/// by the test (`flush`).
+fn engine_for_writes(cache: &SimDevice, backing: &SimDevice) -> Engine {
+    let opts = OpenOptions {
+        manual_flusher: true,
+        ram_cache_bytes: Some(8 << 20),
+        ..OpenOptions::default()
+    };
+    Engine::open(shared(cache), shared(backing), opts).expect("open")
+}
+
+/// The RAM cache's key for the block the index maps `lba` to now, wherever it is, and its
+/// CRC (meaningful once its chunk is written).
+fn key_now(e: &Engine, lba: u64) -> (HotKey, u32) {
+    let st = e.inner.state.lock();
+    let c = st.blocks.lookup(lba).expect("cached");
+    let (slot, _) = e.inner.geo.split(c);
+    let key = HotKey {
+        segment_id: st.ring.segment(slot).id,
+        cache_block: c,
+    };
+    (key, st.blocks.crc(c))
+}
+
+fn write_blocks_kept(e: &Engine) -> u64 {
+    e.stats().counters.ram_cache_write_blocks
+}
+
+/// Small writes, then a flush: every block is kept, and the reads that follow are served from
+/// the RAM cache (or the log's RAM buffers), none from the cache device, with the data written.
+#[test]
+fn a_small_write_is_read_from_the_ram_cache_once_flushed() {
+    let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
+    let e = engine_for_writes(&cache, &backing);
+    for lba in 0..100u64 {
+        e.write(lba * BLOCK_SIZE_BYTES, &content(lba, 1), false)
+            .expect("write");
+    }
+    assert_eq!(
+        write_blocks_kept(&e),
+        0,
+        "kept before the flusher wrote them"
+    );
+    e.flush().expect("flush");
+    assert_eq!(write_blocks_kept(&e), 100);
+    assert_eq!(e.stats().ram_cache_blocks, 100);
+    let on_disk = on_device_count(&e, 0..100);
+    assert!(on_disk >= 80, "{on_disk} blocks on the cache device");
+    let device_reads = cache.read_count();
+    let hits = e.stats().counters.read_hits_ram_cache;
+    for lba in 0..100u64 {
+        assert_eq!(read_block(&e, lba), content(lba, 1), "lba {lba}");
+    }
+    assert_eq!(e.stats().counters.read_hits_ram_cache, hits + on_disk);
+    assert_eq!(
+        cache.read_count(),
+        device_reads,
+        "a read went to the cache device"
+    );
+    // A write of exactly 64 KiB is small: its 16 blocks are kept too.
+    let data: Vec<u8> = (200..216).flat_map(|l| content(l, 1)).collect();
+    assert_eq!(data.len(), crate::path::hot::ADMIT_MAX_REQUEST_BYTES);
+    e.write(200 * BLOCK_SIZE_BYTES, &data, false)
+        .expect("write");
+    e.flush().expect("flush");
+    assert_eq!(write_blocks_kept(&e), 116);
+    assert_eq!(read_blocks(&e, 200, 16), data);
+    assert_eq!(cache.read_count(), device_reads);
+    e.close().expect("close");
+}
+
+/// Overwrites, after the first copies were kept and before their own flush: in place in the
+/// open chunk (lba 99) and into a later chunk while the first sits sealed in RAM (lba 5).
+/// Every read returns the newest data, from RAM; the older copies are still in the RAM cache
+/// under their own keys, and the key of each block now mapped holds its newest bytes.
+#[test]
+fn overwrites_before_and_after_the_flush_serve_only_the_newest_data() {
+    let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
+    let e = engine_for_writes(&cache, &backing);
+    let mut version = vec![0u64; 128];
+    let mut write = |e: &Engine, lba: u64| {
+        version[lba as usize] += 1;
+        e.write(
+            lba * BLOCK_SIZE_BYTES,
+            &content(lba, version[lba as usize]),
+            false,
+        )
+        .expect("write");
+    };
+    for lba in 0..100 {
+        write(&e, lba);
+    }
+    e.flush().expect("flush");
+    let old: Vec<(u64, HotKey, u32)> = (0..100)
+        .filter_map(|lba| on_device(&e, lba).map(|(k, crc)| (lba, k, crc)))
+        .collect();
+    assert!(old.len() >= 80);
+    // Version 2 of every block; lba 5's chunk is sealed (in RAM, not written) when it gets
+    // version 3, and lba 99's still open when it does (an overwrite in place).
+    for lba in 0..100 {
+        write(&e, lba);
+    }
+    let (sealed_key, _) = key_now(&e, 5);
+    let sealed_at = e.inner.state.lock().locate(sealed_key.cache_block);
+    assert!(
+        matches!(sealed_at, Location::Ram { .. }),
+        "lba 5's chunk is not sealed in RAM ({sealed_at:?}): the test no longer covers it"
+    );
+    write(&e, 5);
+    let in_place = e.stats().counters.write_in_place;
+    write(&e, 99);
+    assert_eq!(
+        e.stats().counters.write_in_place,
+        in_place + 1,
+        "lba 99 was not overwritten in place: the test no longer covers it"
+    );
+    e.flush().expect("flush");
+    assert_ne!(key_now(&e, 5).0, sealed_key);
+    let device_reads = cache.read_count();
+    for lba in 0..100u64 {
+        let want = content(lba, version[lba as usize]);
+        assert_eq!(read_block(&e, lba), want, "lba {lba}");
+        // What the RAM cache holds under the key a read would use is the newest data.
+        let (k, crc) = key_now(&e, lba);
+        let mut held = vec![0u8; BLOCK];
+        if e.inner.hot.get(k, lba, crc, 0, &mut held) {
+            assert_eq!(held, want, "lba {lba}: the RAM cache holds older data");
+        }
+    }
+    assert_eq!(
+        cache.read_count(),
+        device_reads,
+        "a read went to the cache device"
+    );
+    for &lba in &[5u64, 99] {
+        let (k, crc) = key_now(&e, lba);
+        let mut held = vec![0u8; BLOCK];
+        assert!(
+            e.inner.hot.get(k, lba, crc, 0, &mut held),
+            "lba {lba} not kept"
+        );
+        assert_eq!(held, content(lba, 3));
+    }
+    // The first copies are still held, under keys no read asks for any more.
+    for &(lba, k, crc) in &old {
+        let mut held = vec![0u8; BLOCK];
+        assert!(
+            e.inner.hot.get(k, lba, crc, 0, &mut held),
+            "lba {lba}'s old copy left"
+        );
+        assert_eq!(held, content(lba, 1));
+        assert_ne!(key_now(&e, lba).0, k);
+    }
+    e.close().expect("close");
+}
+
+/// Writes larger than 64 KiB keep nothing (nor do they evict what small reads keep); a
+/// sub-block write is kept only when it leaves a whole block (merged with an older copy).
+#[test]
+fn large_writes_keep_nothing_and_partial_ones_only_whole_blocks() {
+    let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
+    let e = engine_for_writes(&cache, &backing);
+    write_large(&e, 0, 128, 1);
+    // 68 KiB: just over the limit.
+    let data: Vec<u8> = (128..145).flat_map(|l| content(l, 1)).collect();
+    e.write(128 * BLOCK_SIZE_BYTES, &data, false)
+        .expect("write");
+    e.flush().expect("flush");
+    assert_eq!(write_blocks_kept(&e), 0);
+    assert_eq!(e.stats().ram_cache_blocks, 0);
+    // 1 KiB into lba 3 (on the cache device: merged into a whole block) and into lba 400
+    // (never written: one valid sector pair, not a whole block).
+    assert!(on_device(&e, 3).is_some());
+    let mut want3 = content(3, 1);
+    want3[1024..2048].fill(0xab);
+    e.write(3 * BLOCK_SIZE_BYTES + 1024, &[0xab; 1024], false)
+        .expect("write");
+    e.write(400 * BLOCK_SIZE_BYTES, &[0xcd; 1024], false)
+        .expect("write");
+    e.flush().expect("flush");
+    assert_eq!(write_blocks_kept(&e), 1);
+    let (k, crc) = key_now(&e, 3);
+    let mut held = vec![0u8; BLOCK];
+    assert!(e.inner.hot.get(k, 3, crc, 0, &mut held));
+    assert_eq!(held, want3);
+    assert_eq!(read_block(&e, 3), want3);
+    e.close().expect("close");
+}
+
+/// The RAM cache resized and turned off and on (`ram_cache_mib`) while a writer's flushes keep
+/// blocks and a reader reads them: every read returns the newest data, and the blocks kept
+/// while it is on are served.
+#[test]
+fn resizing_the_ram_cache_while_flushes_keep_blocks_is_safe() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let (cache, backing) = formatted(8 << 20, 16 << 20, 64 << 10);
+    let opts = OpenOptions {
+        ram_cache_bytes: Some(1 << 20),
+        ..OpenOptions::default()
+    };
+    let e = Arc::new(Engine::open(shared(&cache), shared(&backing), opts).expect("open"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let resizer = {
+        let (e, stop) = (e.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let mib = ["0", "1", "2", "1"][(n % 4) as usize];
+                e.set_tunable("ram_cache_mib", mib).expect("set");
+                n += 1;
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+            n
+        })
+    };
+    let mut version = vec![0u64; 256];
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    for i in 0..6_000u64 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let lba = rng % 256;
+        if i % 3 == 0 {
+            version[lba as usize] += 1;
+            e.write(
+                lba * BLOCK_SIZE_BYTES,
+                &content(lba, version[lba as usize]),
+                false,
+            )
+            .expect("write");
+        } else {
+            let want = match version[lba as usize] {
+                0 => vec![0u8; BLOCK],
+                v => content(lba, v),
+            };
+            assert_eq!(read_block(&e, lba), want, "read {i}: lba {lba}");
+        }
+        if i % 64 == 63 {
+            e.flush().expect("flush");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let resizes = resizer.join().expect("resizer");
+    assert!(resizes > 4, "{resizes} resizes");
+    // On again: what the next flush writes is kept and served.
+    e.set_tunable("ram_cache_mib", "2").expect("set");
+    let kept = write_blocks_kept(&e);
+    for lba in 0..64u64 {
+        version[lba as usize] += 1;
+        e.write(
+            lba * BLOCK_SIZE_BYTES,
+            &content(lba, version[lba as usize]),
+            false,
+        )
+        .expect("write");
+    }
+    e.flush().expect("flush");
+    assert!(write_blocks_kept(&e) > kept);
+    let hits = e.stats().counters.read_hits_ram_cache;
+    for lba in 0..256u64 {
+        let want = match version[lba as usize] {
+            0 => vec![0u8; BLOCK],
+            v => content(lba, v),
+        };
+        assert_eq!(read_block(&e, lba), want, "lba {lba}");
+    }
+    assert!(e.stats().counters.read_hits_ram_cache > hits);
+    Arc::try_unwrap(e)
+        .ok()
+        .expect("one owner")
+        .close()
+        .expect("close");
 }

@@ -9,9 +9,11 @@ use crate::io::BlockDevice as _;
 use crate::sync::MutexGuard;
 
 use crate::error::{Error, Result};
-use crate::format::BLOCK_SIZE_BYTES;
+use crate::format::chunk;
+use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK};
 use crate::geometry::CacheBlock;
 use crate::inner::{fail_cache, mark_failed, Inner};
+use crate::path::hot::HotKey;
 use crate::reclaim;
 use crate::state::{self, SealedChunk, State, RESERVE_SEGMENTS};
 use crate::writeback::foreground::{ReadActivity, FLUSH_IO_YIELDING_BYTES_MAX};
@@ -253,18 +255,33 @@ fn step<'a>(
     } else {
         usize::MAX
     };
+    // The id of each chunk's segment, read under the lock (the segment in the slot now is the
+    // one the chunk belongs to, and it cannot be reclaimed before its chunks are written):
+    // the RAM cache's key for the blocks kept below. None with the RAM cache off.
+    let keep_ids: Option<Vec<u64>> = inner
+        .hot
+        .enabled()
+        .then(|| batch.iter().map(|sc| st.ring.segment(sc.slot).id).collect());
     drop(st);
 
     let bytes: u64 = batch.iter().map(SealedChunk::size_bytes).sum();
     let mut crcs = Vec::new();
+    let mut kept = Vec::new();
     let written = write_chunks(
         inner,
         &batch,
-        synced_for_headers,
-        synced_gen,
+        ChunkKeys {
+            synced_seq: synced_for_headers,
+            synced_gen,
+            segment_ids: keep_ids.as_deref(),
+        },
         io_max_bytes,
         &mut crcs,
+        &mut kept,
     );
+    if written.is_ok() {
+        keep_written(inner, &kept);
+    }
     let mut st = inner.state.lock();
     let unvouched = match written {
         Ok(n) => n,
@@ -376,17 +393,53 @@ unsafe fn chunk_meta<'a>(inner: &'a Inner, sc: &SealedChunk) -> &'a mut [u8] {
     )
 }
 
+/// A block of a small write the flusher stores in the RAM cache once its chunk is written
+/// (`path::hot`, "Writes"): its key, what it was verified as, and where its bytes are.
+#[derive(Clone, Copy, Debug)]
+struct Kept {
+    key: HotKey,
+    lba: u64,
+    crc: u32,
+    buffer: u32,
+    offset_bytes: usize,
+}
+
+/// What a round's chunks are prepared with: the sync state their headers and entries speak
+/// for, and each chunk's segment id (None: the RAM cache is off, nothing is kept).
+#[derive(Clone, Copy)]
+struct ChunkKeys<'a> {
+    synced_seq: u64,
+    synced_gen: u64,
+    segment_ids: Option<&'a [u64]>,
+}
+
+/// Stores the kept blocks of chunks just written in the RAM cache, outside the state lock:
+/// their buffers are not released before the flusher publishes them under it, and a sealed
+/// chunk's data blocks never change (`state/buffers.rs`), so the bytes are the ones the cache
+/// device now holds under each key.
+fn keep_written(inner: &Inner, kept: &[Kept]) {
+    for k in kept {
+        // SAFETY: a data block of a sealed chunk the flusher wrote and has not released:
+        // immutable (kept blocks are never reserved ones), others only read it.
+        let block = unsafe { inner.buffers.slice(k.buffer, k.offset_bytes, BLOCK) };
+        inner.hot.put_written(k.key, k.lba, k.crc, block);
+    }
+}
+
 /// Fills in a sealed chunk's checksums (data CRCs from its entries, `synced_seq`, the header
 /// CRC), and takes its clean sectors out of its entries unless a backing sync covered its
 /// `vouch_gen` (covered up to `synced_gen`); pushes (cache block, data CRC) of each data entry
-/// to `crcs`; returns where its bytes go on the cache device, the bytes, and how many entries
+/// to `crcs`, and with a `segment_id`, each whole data block a small write wrote last to
+/// `kept`; returns where its bytes go on the cache device, the bytes, and how many entries
 /// lost clean sectors.
 fn prepare_chunk<'a>(
     inner: &'a Inner,
     sc: &SealedChunk,
     synced_seq: u64,
     synced_gen: u64,
+    segment_id: Option<u64>,
     crcs: &mut Vec<(CacheBlock, u32)>,
+    kept: &mut Vec<Kept>,
 ) -> (u64, &'a [u8], u64) {
     let meta_len = sc.meta_blocks as usize * BLOCK;
     let meta_off = sc.start_block as usize * BLOCK;
@@ -401,13 +454,29 @@ fn prepare_chunk<'a>(
     };
     let unvouched = sc.vouch_gen > synced_gen;
     let first_crc = crcs.len();
+    let first_kept = kept.len();
+    let data_start = sc.start_block + sc.meta_blocks;
     let n = state::chunk_meta::finish(
         meta,
         state::chunk_meta::ChunkData {
             bytes: data,
             ready: |i, lba| {
                 let off = meta_off + meta_len + i * BLOCK;
-                inner.buffers.take_ready_crc(sc.buffer, off, lba)
+                let ready = inner.buffers.take_ready(sc.buffer, off, lba);
+                if let (true, Some(segment_id)) = (ready.keep, segment_id) {
+                    // Its CRC is filled in below, once `finish` has it.
+                    kept.push(Kept {
+                        key: HotKey {
+                            segment_id,
+                            cache_block: inner.geo.cache_block(sc.slot, data_start + i as u32),
+                        },
+                        lba,
+                        crc: 0,
+                        buffer: sc.buffer,
+                        offset_bytes: off,
+                    });
+                }
+                ready.crc
             },
         },
         &inner.geo,
@@ -417,8 +486,29 @@ fn prepare_chunk<'a>(
         crcs,
     );
     assert!(n == 0 || unvouched, "a covered chunk lost clean sectors");
+    // Kept: data entries (`crcs`, in index order as `kept`) of whole blocks, as their entries
+    // now say (a block entry's valid sectors; a clean entry made a hole keeps nothing).
+    let mut w = first_kept;
+    let mut j = first_crc;
+    for r in first_kept..kept.len() {
+        let k = kept[r];
+        let i = (k.offset_bytes - meta_off - meta_len) / BLOCK;
+        while j < crcs.len() && (crcs[j].0 as usize) < i {
+            j += 1;
+        }
+        if j < crcs.len() && crcs[j].0 as usize == i {
+            let e = chunk::entry_at(meta, i);
+            if e.valid_mask == FULL_MASK && e.lba == k.lba {
+                kept[w] = Kept {
+                    crc: crcs[j].1,
+                    ..k
+                };
+                w += 1;
+            }
+        }
+    }
+    kept.truncate(w);
     // `finish` names data blocks by their index in the chunk.
-    let data_start = sc.start_block + sc.meta_blocks;
     for (i, _) in &mut crcs[first_crc..] {
         *i = inner.geo.cache_block(sc.slot, data_start + *i);
     }
@@ -435,21 +525,32 @@ fn prepare_chunk<'a>(
 /// ring's next slots, or the next chunk of a segment) go out as one vectored IO. With small
 /// segments that turns many small writes, each paying a syscall and a device round trip, into
 /// a few large ones. No IO is larger than `io_max_bytes` (pieces go out one after another: see
-/// `writeback::foreground`). `crcs` gets each data entry's (cache block, CRC); returns how many
-/// entries lost clean sectors (`prepare_chunk`).
+/// `writeback::foreground`). `crcs` gets each data entry's (cache block, CRC), `kept` the
+/// blocks to store in the RAM cache once written; returns how many entries lost clean sectors
+/// (`prepare_chunk`).
 fn write_chunks(
     inner: &Inner,
     batch: &[SealedChunk],
-    synced_seq: u64,
-    synced_gen: u64,
+    keys: ChunkKeys<'_>,
     io_max_bytes: usize,
     crcs: &mut Vec<(CacheBlock, u32)>,
+    kept: &mut Vec<Kept>,
 ) -> Result<u64> {
     let mut unvouched = 0;
     let prepared: Vec<(u64, &[u8])> = batch
         .iter()
-        .map(|sc| {
-            let (off, bytes, n) = prepare_chunk(inner, sc, synced_seq, synced_gen, crcs);
+        .enumerate()
+        .map(|(c, sc)| {
+            let segment_id = keys.segment_ids.map(|ids| ids[c]);
+            let (off, bytes, n) = prepare_chunk(
+                inner,
+                sc,
+                keys.synced_seq,
+                keys.synced_gen,
+                segment_id,
+                crcs,
+                kept,
+            );
             unvouched += n;
             (off, bytes)
         })

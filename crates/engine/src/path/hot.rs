@@ -1,7 +1,8 @@
 //! The RAM cache (the "hot tier"): copies of cache-device blocks that small reads read and
-//! verified, so a repeated small read of them is a copy out of RAM rather than a device read.
-//! It is what a host page cache gives a server that reads its files buffered, kept by the
-//! engine, sized by the `ram_cache_mib` tunable, and never trusted beyond what it can prove.
+//! verified, and that small writes wrote, so a repeated small read of them is a copy out of
+//! RAM rather than a device read. It is what a host page cache gives a server that reads and
+//! writes its files buffered, kept by the engine, sized by the `ram_cache_mib` tunable, and
+//! never trusted beyond what it can prove.
 //!
 //! **No stale hit without any invalidation.** An entry is keyed by where its bytes came from:
 //! the cache block and the id of the segment then in its slot. Segment ids only rise in an
@@ -12,6 +13,28 @@
 //! pinned, so the id read then is the one the block holds until the read ends): a block
 //! overwritten, trimmed, evicted or relocated since is never asked for, and its entry ages out.
 //! An entry also carries the lba and CRC it was verified against; a hit checks both.
+//!
+//! **Writes.** A write of at most `ADMIT_MAX_REQUEST_BYTES` marks each block it copies into
+//! the open chunk (`keep`, beside the block's ready CRC: `state/buffers.rs`; the last write
+//! into a position decides, and a position handed out anew starts unmarked). When the flusher
+//! has written the block's chunk to the cache device, and before it releases the chunk's RAM
+//! buffer, it stores each marked whole block (its entry's every sector valid) under the key a
+//! read would use: the cache block and the id of its segment, read under the state lock when
+//! the round took the chunk (`log::flusher::keep_written`), with the lba and the CRC the
+//! flusher publishes to the index for it. That keeps the argument above true: a block changes
+//! only while its chunk is open (an overwrite there is in place, under the state lock, and
+//! leaves the mark and CRC of the last write); once sealed it never changes, and an overwrite
+//! goes to another cache block, a new key. So the bytes the flusher stores are the bytes the
+//! device holds under that key, taken after the last change any write could make to them: an
+//! overwrite in the RAM buffer before the flush leaves no older copy under any key a read can
+//! ask for, and one after it maps the lba to a new key, the old entry never asked for again.
+//! A block overwritten between its seal and its flush is stored all the same (the flusher
+//! checks nothing under the lock): the index no longer maps it, so it is never asked for and
+//! ages out, entering unreferenced like every stored block. The store is the flusher's work,
+//! off the request path: the write path sets one more bit in a word it already writes.
+//! Larger writes (a restore, a copy streaming through) store nothing and leave no ghost
+//! entries: what they write is read again, if at all, by reads, whose own touches decide;
+//! they must not flush what small reads keep hot. Nor do promotions or relocations store.
 //!
 //! **Layout.** `SHARDS` shards, each behind its own lock, each a table of `WAYS`-way sets with
 //! CLOCK (second chance) eviction within a set: a lookup or an insert touches one set, and
@@ -337,6 +360,8 @@ pub struct HotTier {
     large_refilled: AtomicU64,
     /// The ghost clock: blocks of large-read runs read from the device (module docs).
     ghost_clock_blocks: AtomicU64,
+    /// Blocks of small writes stored by the flusher (`ram_cache_write_blocks`).
+    written: AtomicU64,
 }
 
 impl HotTier {
@@ -353,6 +378,7 @@ impl HotTier {
             large_first_touches: AtomicU64::new(0),
             large_refilled: AtomicU64::new(0),
             ghost_clock_blocks: AtomicU64::new(0),
+            written: AtomicU64::new(0),
         };
         tier.resize(bytes);
         tier
@@ -434,6 +460,11 @@ impl HotTier {
     pub fn count_refill(&self, blocks: u64) {
         self.large_admitted.fetch_add(blocks, Ordering::Relaxed);
         self.large_refilled.fetch_add(blocks, Ordering::Relaxed);
+    }
+
+    /// Blocks of small writes stored once their chunk was written (`put_written`).
+    pub fn written_blocks(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
     }
 
     /// Of `large_admitted`, blocks stored at once, the rest of their run served from the tier.
@@ -622,6 +653,16 @@ impl HotTier {
         self.store(key, lba, crc, block, false);
     }
 
+    /// `put` for a block a small write wrote, by the flusher once the block's chunk is on the
+    /// cache device (module docs, "Writes"): `block` is the bytes written there under `key`,
+    /// `crc` the checksum the index publishes for it. It enters as a small read's block does
+    /// (unreferenced: a write is no evidence that it will be read).
+    pub fn put_written(&self, key: HotKey, lba: u64, crc: u32, block: &[u8]) {
+        if self.store(key, lba, crc, block, false) {
+            self.written.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// `put` for a large read's block: it takes an empty way or one not referenced since the
     /// hand last passed, else stores nothing, the hand passing one way (clearing its bit), and
     /// it enters referenced (it was read twice). So the blocks of a loop that overflows a set
@@ -632,20 +673,21 @@ impl HotTier {
         self.store(key, lba, crc, block, true);
     }
 
-    fn store(&self, key: HotKey, lba: u64, crc: u32, block: &[u8], one_step: bool) {
+    /// Whether the block was stored (not when held already, off, or refused a way).
+    fn store(&self, key: HotKey, lba: u64, crc: u32, block: &[u8], one_step: bool) -> bool {
         debug_assert!(key.segment_id != 0);
         assert_eq!(block.len(), BLOCK);
         let (s, h) = self.place(key);
         let mut shard = self.shards[s].lock();
         if shard.sets == 0 {
-            return;
+            return false;
         }
         let set = (h % shard.sets as u64) as usize;
         if shard.find(set, key).is_some() {
-            return; // the same bytes (a key names one content)
+            return false; // the same bytes (a key names one content)
         }
         let Some(i) = shard.victim(set, one_step) else {
-            return;
+            return false;
         };
         self.may_hold.store(true, Ordering::Relaxed);
         if shard.meta[i].segment_id == 0 {
@@ -668,6 +710,7 @@ impl HotTier {
         } else {
             shard.referenced[set] &= !(1 << way);
         }
+        true
     }
 }
 

@@ -4,6 +4,7 @@
 use crate::sync::MutexGuard;
 
 use super::admission::Turn;
+use super::hot::ADMIT_MAX_REQUEST_BYTES;
 use super::prefetch::IndexPrefetch;
 use crate::error::Result;
 use crate::format::{BLOCK_SIZE_BYTES, FULL_MASK, SECTOR_SIZE_BYTES};
@@ -36,6 +37,10 @@ fn write_blocks(
 ) -> Result<()> {
     let mut done = 0usize;
     let mut prefetch = IndexPrefetch::new(offset_bytes, data.len() as u64, PREFETCH_AHEAD_BLOCKS);
+    // A small write's blocks go to the RAM cache once the flusher has written them, as a host
+    // page cache keeps what a buffered write wrote; a large one's (a restore, a copy streaming
+    // through) would only flush what small reads keep hot (`path::hot`, "Writes").
+    let keep = data.len() <= ADMIT_MAX_REQUEST_BYTES;
     while done < data.len() {
         let pos = offset_bytes + done as u64;
         let lba = pos / BLOCK_SIZE_BYTES;
@@ -45,6 +50,7 @@ fn write_blocks(
         let request_bytes = if done == 0 { data.len() as u64 } else { 0 };
         let place = InRequest {
             request_bytes,
+            keep,
             prefetch: &mut prefetch,
         };
         write_block(
@@ -61,10 +67,12 @@ fn write_blocks(
     Ok(())
 }
 
-/// Where a block sits in its request: the request's size (counted with its first block only)
-/// and the request's index prefetch.
+/// Where a block sits in its request: the request's size (counted with its first block only),
+/// whether the request is small enough for its blocks to be kept in the RAM cache, and the
+/// request's index prefetch.
 struct InRequest<'a> {
     request_bytes: u64,
+    keep: bool,
     prefetch: &'a mut IndexPrefetch,
 }
 
@@ -84,6 +92,7 @@ fn write_block(
 ) -> Result<()> {
     let InRequest {
         request_bytes,
+        keep,
         prefetch,
     } = place;
     debug_assert_eq!(src.len() % SECTOR, 0);
@@ -120,7 +129,7 @@ fn write_block(
                         .buffers
                         .slice_mut(buffer, block_off + in_block, src.len())
                 };
-                copy_in(inner, buffer, block_off, lba, src, src_crc, dst);
+                copy_in(inner, buffer, block_off, lba, src, src_crc, keep, dst);
                 let old_dirty = st.blocks.dirty(c);
                 if old_dirty == 0 && dirty {
                     st.counters.blocks_dirtied += 1;
@@ -194,6 +203,7 @@ fn write_block(
             lba,
             src,
             src_crc,
+            keep,
             &mut dst[in_block..in_block + src.len()],
         );
         st.blocks.set_valid(nc, old_valid | new_mask);
@@ -225,7 +235,10 @@ fn write_block(
 /// (`SegmentBuffers::set_ready_crc`), which would otherwise read the block again after it has
 /// left the CPU's cache to checksum it; after a partial write the flusher computes it.
 /// (One pass that copies and checksums together measured no faster than a copy and a CRC of
-/// the cache-hot source: the CRC instructions bound both. BENCHMARKS.md, issue 20.)
+/// the cache-hot source: the CRC instructions bound both. BENCHMARKS.md, issue 20.) `keep`:
+/// a small write, whose block the flusher stores in the RAM cache (the last write into the
+/// position decides).
+#[allow(clippy::too_many_arguments)]
 fn copy_in(
     inner: &Inner,
     buf: u32,
@@ -233,15 +246,16 @@ fn copy_in(
     lba: u64,
     src: &[u8],
     src_crc: Option<u32>,
+    keep: bool,
     dst: &mut [u8],
 ) {
     dst.copy_from_slice(src);
     match src_crc {
         Some(crc) => {
             debug_assert_eq!(dst.len(), BLOCK);
-            inner.buffers.set_ready_crc(buf, block_off, lba, crc);
+            inner.buffers.set_ready_crc(buf, block_off, lba, crc, keep);
         }
-        None => inner.buffers.clear_ready_crc(buf, block_off),
+        None => inner.buffers.clear_ready_crc(buf, block_off, keep),
     }
 }
 

@@ -23,7 +23,11 @@
 //! under the state lock while the block is in the open chunk, taken by the flusher once the
 //! chunk is sealed), and names the backing block it was computed for: a CRC is used only for
 //! that block, and the flusher takes (clears) every data position of each chunk it writes, so
-//! a buffer reused for another segment starts with none.
+//! a buffer reused for another segment starts with none. With it goes a *keep* bit: the last
+//! write into the position was a small one (`path::hot::ADMIT_MAX_REQUEST_BYTES`), so the
+//! flusher stores the block in the RAM cache once it has written it (`log::flusher`). A
+//! position is cleared when it is handed out (`State::reserve_block`, `reserve_runs`):
+//! promotions, relocations and reserved (large) writes never keep.
 
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::io::aligned::AlignedBuf;
@@ -47,9 +51,22 @@ pub struct SegmentBuffers {
 
 #[derive(Default)]
 struct ReadyCrc {
-    /// The backing block the CRC was computed for, plus one; 0: none.
+    /// The backing block the CRC was computed for, plus one (0: none), or'ed with `KEEP_BIT`.
     lba_plus_one: AtomicU64,
     crc: AtomicU32,
+}
+
+/// In `ReadyCrc::lba_plus_one`: the block's last write was small (see the module's comment).
+/// Backing blocks number below 2^52 (bytes / 4 KiB), so the bit is never part of an lba.
+const KEEP_BIT: u64 = 1 << 63;
+
+/// What the flusher takes for a data block (`SegmentBuffers::take_ready`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ready {
+    /// The block's CRC, if the write path computed it for the block's lba.
+    pub crc: Option<u32>,
+    /// The block's last write was small: store it in the RAM cache once written.
+    pub keep: bool,
 }
 
 /// Touches every page of `memory` once, so the kernel allocates (and zeroes) it now, at open,
@@ -90,25 +107,35 @@ impl SegmentBuffers {
     }
 
     /// Records `crc` as the CRC of the block at `offset_bytes` of buffer `buf`, as backing
-    /// block `lba`. The caller holds the state lock and just wrote the whole block.
-    pub fn set_ready_crc(&self, buf: u32, offset_bytes: usize, lba: u64, crc: u32) {
+    /// block `lba`, and whether a small write wrote it (`keep`). The caller holds the state
+    /// lock and just wrote the whole block.
+    #[inline]
+    pub fn set_ready_crc(&self, buf: u32, offset_bytes: usize, lba: u64, crc: u32, keep: bool) {
+        debug_assert!(lba + 1 < KEEP_BIT);
         let r = self.ready_at(buf, offset_bytes);
         r.crc.store(crc, Relaxed);
-        r.lba_plus_one.store(lba + 1, Relaxed);
+        r.lba_plus_one
+            .store((lba + 1) | if keep { KEEP_BIT } else { 0 }, Relaxed);
     }
 
-    /// The block at `offset_bytes` of buffer `buf` changed in part: its CRC must be computed.
-    pub fn clear_ready_crc(&self, buf: u32, offset_bytes: usize) {
+    /// The block at `offset_bytes` of buffer `buf` changed in part (`keep`: by a small
+    /// write): its CRC must be computed.
+    #[inline]
+    pub fn clear_ready_crc(&self, buf: u32, offset_bytes: usize, keep: bool) {
         self.ready_at(buf, offset_bytes)
             .lba_plus_one
-            .store(0, Relaxed);
+            .store(if keep { KEEP_BIT } else { 0 }, Relaxed);
     }
 
     /// Takes (and clears) the ready CRC of the block at `offset_bytes` of buffer `buf`, if it
-    /// was computed for backing block `lba`.
-    pub fn take_ready_crc(&self, buf: u32, offset_bytes: usize, lba: u64) -> Option<u32> {
+    /// was computed for backing block `lba`, and its keep bit.
+    pub fn take_ready(&self, buf: u32, offset_bytes: usize, lba: u64) -> Ready {
         let r = self.ready_at(buf, offset_bytes);
-        (r.lba_plus_one.swap(0, Relaxed) == lba + 1).then(|| r.crc.load(Relaxed))
+        let v = r.lba_plus_one.swap(0, Relaxed);
+        Ready {
+            crc: (v & !KEEP_BIT == lba + 1).then(|| r.crc.load(Relaxed)),
+            keep: v & KEEP_BIT != 0,
+        }
     }
 
     pub fn count(&self) -> u32 {

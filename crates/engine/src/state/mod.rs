@@ -316,6 +316,7 @@ impl State {
         buffers.clear_ready_crc(
             self.ring.open_buffer(),
             b as usize * BLOCK_SIZE_BYTES as usize,
+            false,
         );
         let c = self.geo.cache_block(slot, b);
         debug_assert_eq!(self.blocks.dirty(c), 0);
@@ -385,6 +386,7 @@ impl State {
                 buffers.clear_ready_crc(
                     self.ring.open_buffer(),
                     b as usize * BLOCK_SIZE_BYTES as usize,
+                    false,
                 );
                 let c = self.geo.cache_block(slot, b);
                 debug_assert_eq!(self.blocks.dirty(c), 0);
