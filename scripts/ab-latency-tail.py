@@ -149,6 +149,9 @@ try:
             # that count them).
             for k in ("nbd_device_read_spins", "nbd_device_read_spin_hits"):
                 if k in s1: row[k] = s1[k] - s0.get(k, 0)
+            # Of the job's reads (every job's: 4 KiB, one block each), those served from the RAM cache.
+            dr = {k: s1.get(k, 0) - s0.get(k, 0) for k in ("reads", "read_hits_ram_cache")}
+            row["ram_cache_share"] = round(dr["read_hits_ram_cache"] / max(1, dr["reads"]), 3)
             agg = {}
             for t, (c, cpu, sw, ni) in t1.items():
                 a = t0.get(t, (c, 0, 0, 0)); k = c.split("-w")[0] if c.startswith("nbd-conn") else c
@@ -171,7 +174,8 @@ for n in names:
     print(n, round(statistics.median(x["rp999"] for x in xs)), [round(x["rp999"]) for x in xs], "|",
           round(statistics.median(rat), 2) if rat else "-", [round(v, 2) for v in rat], "|",
           round(statistics.median(x["over1ms_per10k"] for x in xs), 1), "|", round(statistics.median(x["wp999"] for x in xs)), "|",
-          statistics.median(x.get("wb_blocks", 0) for x in xs), "|", round(statistics.median(x["bg_iops"] for x in xs)))
+          statistics.median(x.get("wb_blocks", 0) for x in xs), "|", round(statistics.median(x["bg_iops"] for x in xs)),
+          "| RAM cache share of reads", statistics.median(x["ram_cache_share"] for x in xs) if "ram_cache_share" in xs[0] else "-")
 print("case  p50 read median (per round)")
 for n in names:
     xs = [x for x in rows if x["case"] == n]

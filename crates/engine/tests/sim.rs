@@ -709,6 +709,9 @@ struct Totals {
     /// Blocks a large read's run lacked in the RAM cache while it served the rest, read from
     /// the device and stored again (`ram_cache_refill_blocks`).
     ram_cache_refills: u64,
+    /// Blocks of small writes the flusher kept in the RAM cache (`ram_cache_write_blocks`),
+    /// which the reads after them are served from, checked against the model like any other.
+    ram_cache_write_blocks: u64,
     /// Relocator read windows opened (`relocator_read_check`), those whose filling reached a
     /// relocator read of the head segment (failed with EIO), and after how many of those the
     /// engine failed (with a reason naming the relocator) rather than retried.
@@ -1518,6 +1521,7 @@ fn run_case(seed: u64, loss: bool, totals: &mut Totals) -> u64 {
         case.totals.ram_cache_hits += ram_cache_hits;
         case.totals.ram_cache_hits_large += before_cut.counters.read_hits_ram_cache_large;
         case.totals.ram_cache_refills += before_cut.counters.ram_cache_refill_blocks;
+        case.totals.ram_cache_write_blocks += before_cut.counters.ram_cache_write_blocks;
         if tiny_ram_cache {
             case.totals.ram_cache_hits_tiny += ram_cache_hits;
         }
@@ -2806,14 +2810,15 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
     eprintln!(
         "sim: {} block reads served from the RAM cache ({} of them in the {} schedules with a tiny one, \
          {} of them of large reads: {} large reads in {} schedules; {} blocks of runs served in \
-         part read and stored again)",
+         part read and stored again); {} blocks of small writes kept by the flusher",
         totals.ram_cache_hits,
         totals.ram_cache_hits_tiny,
         totals.tiny_ram_cache_schedules,
         totals.ram_cache_hits_large,
         totals.large_reads,
         totals.large_read_schedules,
-        totals.ram_cache_refills
+        totals.ram_cache_refills,
+        totals.ram_cache_write_blocks
     );
     eprintln!(
         "sim: with requests running and none completing, the longest wait for timers: {:.1?} \
@@ -2869,6 +2874,12 @@ fn concurrent_schedules_keep_every_read_and_crash_contract() {
         totals.large_read_schedules,
         totals.ram_cache_hits_large,
         totals.ram_cache_refills
+    );
+    // Small writes' blocks are kept by the flusher (and read back through the RAM cache).
+    assert!(
+        seeds.len() < CI_SCHEDULES as usize || totals.ram_cache_write_blocks > 0,
+        "no block of a small write kept in the RAM cache in {} schedules",
+        seeds.len()
     );
     // Zero tracking is exercised, not only never wrong: a run of CI's size sees claims.
     assert!(
