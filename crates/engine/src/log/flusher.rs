@@ -257,11 +257,14 @@ fn step<'a>(
     };
     // The id of each chunk's segment, read under the lock (the segment in the slot now is the
     // one the chunk belongs to, and it cannot be reclaimed before its chunks are written):
-    // the RAM cache's key for the blocks kept below. None with the RAM cache off.
-    let keep_ids: Option<Vec<u64>> = inner
-        .hot
-        .enabled()
+    // the RAM cache's key for the blocks kept below. None: nothing kept this round.
+    let keep_ids: Option<Vec<u64>> = keeps_writes(inner, &st, batch.len())
         .then(|| batch.iter().map(|sc| st.ring.segment(sc.slot).id).collect());
+    let keep_budget = if keep_ids.is_some() {
+        inner.hot.write_budget(crate::sync::now())
+    } else {
+        0
+    };
     drop(st);
 
     let bytes: u64 = batch.iter().map(SealedChunk::size_bytes).sum();
@@ -274,13 +277,15 @@ fn step<'a>(
             synced_seq: synced_for_headers,
             synced_gen,
             segment_ids: keep_ids.as_deref(),
+            budget_blocks: keep_budget,
         },
         io_max_bytes,
         &mut crcs,
         &mut kept,
     );
-    if written.is_ok() {
+    if written.is_ok() && !kept.is_empty() {
         keep_written(inner, &kept);
+        inner.hot.spend_write_budget(kept.len() as u64);
     }
     let mut st = inner.state.lock();
     let unvouched = match written {
@@ -393,6 +398,21 @@ unsafe fn chunk_meta<'a>(inner: &'a Inner, sc: &SealedChunk) -> &'a mut [u8] {
     )
 }
 
+/// Whether a round of `chunks` chunks keeps their small-write blocks in the RAM cache: only
+/// when it is on and the flusher has slack: the round is short of `ROUND_CHUNKS` (it came for
+/// a flush or a chunk's wait, not a full queue), no writer waits for room, and at least half
+/// the RAM buffers are free; within `hot::WRITE_KEEP_BLOCKS_PER_SEC` besides. A copy per
+/// block (and, while the RAM cache fills, a page fault per block, ~5 us on a VM) is work the
+/// flusher does instead of log writes: writes that outran it would come to wait for buffers
+/// (`bench engine`, keeping every block, wrote ~1/15 as fast). Their blocks are then read from
+/// the cache device, as before.
+fn keeps_writes(inner: &Inner, st: &State, chunks: usize) -> bool {
+    inner.hot.enabled()
+        && chunks < ROUND_CHUNKS
+        && !st.room.writers_wait()
+        && st.ring.free_buffer_count() > st.ring.buffer_count() / 2
+}
+
 /// A block of a small write the flusher stores in the RAM cache once its chunk is written
 /// (`path::hot`, "Writes"): its key, what it was verified as, and where its bytes are.
 #[derive(Clone, Copy, Debug)]
@@ -405,12 +425,13 @@ struct Kept {
 }
 
 /// What a round's chunks are prepared with: the sync state their headers and entries speak
-/// for, and each chunk's segment id (None: the RAM cache is off, nothing is kept).
+/// for, each chunk's segment id (None: nothing is kept) and how many blocks may be kept.
 #[derive(Clone, Copy)]
 struct ChunkKeys<'a> {
     synced_seq: u64,
     synced_gen: u64,
     segment_ids: Option<&'a [u64]>,
+    budget_blocks: u64,
 }
 
 /// Stores the kept blocks of chunks just written in the RAM cache, outside the state lock:
@@ -541,7 +562,11 @@ fn write_chunks(
         .iter()
         .enumerate()
         .map(|(c, sc)| {
-            let segment_id = keys.segment_ids.map(|ids| ids[c]);
+            // Within the budget: a chunk after it ran out keeps nothing.
+            let segment_id = keys
+                .segment_ids
+                .filter(|_| (kept.len() as u64) < keys.budget_blocks)
+                .map(|ids| ids[c]);
             let (off, bytes, n) = prepare_chunk(
                 inner,
                 sc,

@@ -63,6 +63,7 @@
 //! checked by key, lba and CRC.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Instant;
 
 use crate::format::BLOCK_SIZE_BYTES;
 use crate::geometry::CacheBlock;
@@ -81,6 +82,13 @@ pub const WAYS: usize = 8;
 /// a run's second touch (module docs: a scan read once must neither flush it nor pay a copy
 /// per block).
 pub const ADMIT_MAX_REQUEST_BYTES: usize = 64 << 10;
+
+/// Blocks of small writes the flusher may keep per second (a token bucket holding at most a
+/// second's worth, full at start): 128 MiB/s, far above what a latency-bound job writes, while
+/// a write storm keeps ~3% of a 1M-writes/s stream and the flusher's time stays its log
+/// writes' (a kept block costs a 4 KiB copy, and while the RAM cache fills a page fault: at
+/// every block, `bench engine` wrote 1/15 as fast). Module docs, "Writes".
+pub const WRITE_KEEP_BLOCKS_PER_SEC: u64 = 32_768;
 
 /// The most blocks one `get_many` looks up: a read window (`path::read::WINDOW_BLOCKS`).
 pub const MAX_BATCH_BLOCKS: usize = 256;
@@ -362,6 +370,9 @@ pub struct HotTier {
     ghost_clock_blocks: AtomicU64,
     /// Blocks of small writes stored by the flusher (`ram_cache_write_blocks`).
     written: AtomicU64,
+    /// The flusher's budget of blocks to keep (`WRITE_KEEP_BLOCKS_PER_SEC`): when it was last
+    /// topped up, and the blocks left.
+    write_budget: Mutex<(Option<Instant>, u64)>,
 }
 
 impl HotTier {
@@ -379,6 +390,7 @@ impl HotTier {
             large_refilled: AtomicU64::new(0),
             ghost_clock_blocks: AtomicU64::new(0),
             written: AtomicU64::new(0),
+            write_budget: Mutex::new((None, WRITE_KEEP_BLOCKS_PER_SEC)),
         };
         tier.resize(bytes);
         tier
@@ -651,6 +663,28 @@ impl HotTier {
     /// `crc` (only verified bytes may enter). Replaces CLOCK's victim of its set.
     pub fn put(&self, key: HotKey, lba: u64, crc: u32, block: &[u8]) {
         self.store(key, lba, crc, block, false);
+    }
+
+    /// How many blocks of small writes the flusher may keep now (`WRITE_KEEP_BLOCKS_PER_SEC`);
+    /// it spends them with `spend_write_budget`. The flusher is the one caller at a time.
+    pub fn write_budget(&self, now: Instant) -> u64 {
+        let mut b = self.write_budget.lock();
+        if let Some(at) = b.0 {
+            let ns = now.saturating_duration_since(at).as_nanos() as u64;
+            let earned = ns.saturating_mul(WRITE_KEEP_BLOCKS_PER_SEC) / 1_000_000_000;
+            if earned > 0 {
+                b.1 = (b.1 + earned).min(WRITE_KEEP_BLOCKS_PER_SEC);
+                b.0 = Some(now);
+            }
+        } else {
+            b.0 = Some(now);
+        }
+        b.1
+    }
+
+    pub fn spend_write_budget(&self, blocks: u64) {
+        let mut b = self.write_budget.lock();
+        b.1 = b.1.saturating_sub(blocks);
     }
 
     /// `put` for a block a small write wrote, by the flusher once the block's chunk is on the
