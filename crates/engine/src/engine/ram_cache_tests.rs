@@ -552,7 +552,11 @@ fn a_reused_segment_never_serves_the_old_copy_to_a_large_read() {
 // device (`path::hot`, "Writes").
 
 /// An engine over 4 MiB of cache (64 KiB segments) with an 8 MiB RAM cache, its flusher run
-/// by the test (`flush`).
+/// by the test (`flush`). A flusher round keeps blocks only when it is short of
+/// `ROUND_CHUNKS` chunks (`log::flusher::keeps_writes`): the tests flush every
+/// `FLUSH_EVERY_BLOCKS` small writes, two segments' worth at most.
+const FLUSH_EVERY_BLOCKS: u64 = 16;
+
 fn engine_for_writes(cache: &SimDevice, backing: &SimDevice) -> Engine {
     let opts = OpenOptions {
         manual_flusher: true,
@@ -588,12 +592,17 @@ fn a_small_write_is_read_from_the_ram_cache_once_flushed() {
     for lba in 0..100u64 {
         e.write(lba * BLOCK_SIZE_BYTES, &content(lba, 1), false)
             .expect("write");
+        if lba == 10 {
+            assert_eq!(
+                write_blocks_kept(&e),
+                0,
+                "kept before the flusher wrote them"
+            );
+        }
+        if lba % FLUSH_EVERY_BLOCKS == FLUSH_EVERY_BLOCKS - 1 {
+            e.flush().expect("flush");
+        }
     }
-    assert_eq!(
-        write_blocks_kept(&e),
-        0,
-        "kept before the flusher wrote them"
-    );
     e.flush().expect("flush");
     assert_eq!(write_blocks_kept(&e), 100);
     assert_eq!(e.stats().ram_cache_blocks, 100);
@@ -631,6 +640,7 @@ fn overwrites_before_and_after_the_flush_serve_only_the_newest_data() {
     let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
     let e = engine_for_writes(&cache, &backing);
     let mut version = vec![0u64; 128];
+    let mut old: Vec<(u64, HotKey, u32)> = Vec::new();
     let mut write = |e: &Engine, lba: u64| {
         version[lba as usize] += 1;
         e.write(
@@ -640,17 +650,26 @@ fn overwrites_before_and_after_the_flush_serve_only_the_newest_data() {
         )
         .expect("write");
     };
-    for lba in 0..100 {
-        write(&e, lba);
+    for round in 0..2 {
+        for lba in 0..100 {
+            write(&e, lba);
+            if lba % FLUSH_EVERY_BLOCKS == FLUSH_EVERY_BLOCKS - 1 {
+                e.flush().expect("flush");
+            }
+        }
+        e.flush().expect("flush");
+        if round == 0 {
+            old = (0..100)
+                .filter_map(|lba| on_device(&e, lba).map(|(k, crc)| (lba, k, crc)))
+                .collect();
+        }
     }
-    e.flush().expect("flush");
-    let old: Vec<(u64, HotKey, u32)> = (0..100)
-        .filter_map(|lba| on_device(&e, lba).map(|(k, crc)| (lba, k, crc)))
-        .collect();
     assert!(old.len() >= 80);
-    // Version 2 of every block; lba 5's chunk is sealed (in RAM, not written) when it gets
-    // version 3, and lba 99's still open when it does (an overwrite in place).
-    for lba in 0..100 {
+    assert_eq!(write_blocks_kept(&e), 200);
+    // lba 5 again, then enough other blocks to seal its chunk (in RAM, not written) before it
+    // gets another version, and lba 99 twice in the open chunk (the second in place).
+    write(&e, 5);
+    for lba in 100..120 {
         write(&e, lba);
     }
     let (sealed_key, _) = key_now(&e, 5);
@@ -660,6 +679,7 @@ fn overwrites_before_and_after_the_flush_serve_only_the_newest_data() {
         "lba 5's chunk is not sealed in RAM ({sealed_at:?}): the test no longer covers it"
     );
     write(&e, 5);
+    write(&e, 99);
     let in_place = e.stats().counters.write_in_place;
     write(&e, 99);
     assert_eq!(
@@ -670,7 +690,7 @@ fn overwrites_before_and_after_the_flush_serve_only_the_newest_data() {
     e.flush().expect("flush");
     assert_ne!(key_now(&e, 5).0, sealed_key);
     let device_reads = cache.read_count();
-    for lba in 0..100u64 {
+    for lba in 0..120u64 {
         let want = content(lba, version[lba as usize]);
         assert_eq!(read_block(&e, lba), want, "lba {lba}");
         // What the RAM cache holds under the key a read would use is the newest data.
@@ -692,7 +712,7 @@ fn overwrites_before_and_after_the_flush_serve_only_the_newest_data() {
             e.inner.hot.get(k, lba, crc, 0, &mut held),
             "lba {lba} not kept"
         );
-        assert_eq!(held, content(lba, 3));
+        assert_eq!(held, content(lba, 4));
     }
     // The first copies are still held, under keys no read asks for any more.
     for &(lba, k, crc) in &old {
@@ -799,7 +819,7 @@ fn resizing_the_ram_cache_while_flushes_keep_blocks_is_safe() {
     // On again: what the next flush writes is kept and served.
     e.set_tunable("ram_cache_mib", "2").expect("set");
     let kept = write_blocks_kept(&e);
-    for lba in 0..64u64 {
+    for lba in 0..16u64 {
         version[lba as usize] += 1;
         e.write(
             lba * BLOCK_SIZE_BYTES,
