@@ -31,7 +31,11 @@
 //! A block overwritten between its seal and its flush is stored all the same (the flusher
 //! checks nothing under the lock): the index no longer maps it, so it is never asked for and
 //! ages out, entering unreferenced like every stored block. The store is the flusher's work,
-//! off the request path: the write path sets one more bit in a word it already writes.
+//! off the request path: the write path sets one more bit in a word it already writes. And
+//! only when the flusher has slack (`log::flusher::keeps_writes`: a round short of a full
+//! queue, no writer waiting for room, half the RAM buffers free) and within
+//! `WRITE_KEEP_BLOCKS_PER_SEC`: a write storm's blocks are read from the device, as before,
+//! rather than slow the flusher every writer waits on.
 //! Larger writes (a restore, a copy streaming through) store nothing and leave no ghost
 //! entries: what they write is read again, if at all, by reads, whose own touches decide;
 //! they must not flush what small reads keep hot. Nor do promotions or relocations store.
