@@ -88,11 +88,13 @@ pub const WAYS: usize = 8;
 pub const ADMIT_MAX_REQUEST_BYTES: usize = 64 << 10;
 
 /// Blocks of small writes the flusher may keep per second (a token bucket holding at most a
-/// second's worth, full at start): 128 MiB/s, far above what a latency-bound job writes, while
-/// a write storm keeps ~3% of a 1M-writes/s stream and the flusher's time stays its log
-/// writes' (a kept block costs a 4 KiB copy, and while the RAM cache fills a page fault: at
-/// every block, `bench engine` wrote 1/15 as fast). Module docs, "Writes".
-pub const WRITE_KEEP_BLOCKS_PER_SEC: u64 = 32_768;
+/// second's worth, full at start): 32 MiB/s, above what the `latency` job's foreground writes
+/// at iodepth 1 (~8,000 a second at best), while a write storm keeps under 1% of a
+/// 1M-writes/s stream and the flusher's time stays its log writes' (a kept block costs a 4 KiB
+/// copy, and while the RAM cache fills a page fault, ~5 us on a VM: at every block, `bench
+/// engine` wrote 1/15 as fast; at 32,768 a second, ~0.7x with one writer on a loaded machine,
+/// the flusher's work taking the writer's CPU). Module docs, "Writes".
+pub const WRITE_KEEP_BLOCKS_PER_SEC: u64 = 8_192;
 
 /// The most blocks one `get_many` looks up: a read window (`path::read::WINDOW_BLOCKS`).
 pub const MAX_BATCH_BLOCKS: usize = 256;
