@@ -579,6 +579,13 @@ fn key_now(e: &Engine, lba: u64) -> (HotKey, u32) {
     (key, st.blocks.crc(c))
 }
 
+/// A read (of a block no test writes), then a flush: the flusher keeps written blocks only
+/// when reads came in since its last look (`HotTier::reads_came`).
+fn read_then_flush(e: &Engine) {
+    read_block(e, 4000);
+    e.flush().expect("flush");
+}
+
 fn write_blocks_kept(e: &Engine) -> u64 {
     e.stats().counters.ram_cache_write_blocks
 }
@@ -600,12 +607,14 @@ fn a_small_write_is_read_from_the_ram_cache_once_flushed() {
             );
         }
         if lba % FLUSH_EVERY_BLOCKS == FLUSH_EVERY_BLOCKS - 1 {
-            e.flush().expect("flush");
+            read_then_flush(&e);
         }
     }
-    e.flush().expect("flush");
+    read_then_flush(&e);
     assert_eq!(write_blocks_kept(&e), 100);
-    assert_eq!(e.stats().ram_cache_blocks, 100);
+    // And perhaps the probe block `read_then_flush` reads (promoted, then read again).
+    let held = e.stats().ram_cache_blocks;
+    assert!((100..=101).contains(&held), "{held} blocks held");
     let on_disk = on_device_count(&e, 0..100);
     assert!(on_disk >= 80, "{on_disk} blocks on the cache device");
     let device_reads = cache.read_count();
@@ -624,7 +633,7 @@ fn a_small_write_is_read_from_the_ram_cache_once_flushed() {
     assert_eq!(data.len(), crate::path::hot::ADMIT_MAX_REQUEST_BYTES);
     e.write(200 * BLOCK_SIZE_BYTES, &data, false)
         .expect("write");
-    e.flush().expect("flush");
+    read_then_flush(&e);
     assert_eq!(write_blocks_kept(&e), 116);
     assert_eq!(read_blocks(&e, 200, 16), data);
     assert_eq!(cache.read_count(), device_reads);
@@ -654,10 +663,10 @@ fn overwrites_before_and_after_the_flush_serve_only_the_newest_data() {
         for lba in 0..100 {
             write(&e, lba);
             if lba % FLUSH_EVERY_BLOCKS == FLUSH_EVERY_BLOCKS - 1 {
-                e.flush().expect("flush");
+                read_then_flush(&e);
             }
         }
-        e.flush().expect("flush");
+        read_then_flush(&e);
         if round == 0 {
             old = (0..100)
                 .filter_map(|lba| on_device(&e, lba).map(|(k, crc)| (lba, k, crc)))
@@ -687,7 +696,7 @@ fn overwrites_before_and_after_the_flush_serve_only_the_newest_data() {
         in_place + 1,
         "lba 99 was not overwritten in place: the test no longer covers it"
     );
-    e.flush().expect("flush");
+    read_then_flush(&e);
     assert_ne!(key_now(&e, 5).0, sealed_key);
     let device_reads = cache.read_count();
     for lba in 0..120u64 {
@@ -738,7 +747,7 @@ fn large_writes_keep_nothing_and_partial_ones_only_whole_blocks() {
     let data: Vec<u8> = (128..145).flat_map(|l| content(l, 1)).collect();
     e.write(128 * BLOCK_SIZE_BYTES, &data, false)
         .expect("write");
-    e.flush().expect("flush");
+    read_then_flush(&e);
     assert_eq!(write_blocks_kept(&e), 0);
     assert_eq!(e.stats().ram_cache_blocks, 0);
     // 1 KiB into lba 3 (on the cache device: merged into a whole block) and into lba 400
@@ -750,7 +759,7 @@ fn large_writes_keep_nothing_and_partial_ones_only_whole_blocks() {
         .expect("write");
     e.write(400 * BLOCK_SIZE_BYTES, &[0xcd; 1024], false)
         .expect("write");
-    e.flush().expect("flush");
+    read_then_flush(&e);
     assert_eq!(write_blocks_kept(&e), 1);
     let (k, crc) = key_now(&e, 3);
     let mut held = vec![0u8; BLOCK];
@@ -810,7 +819,7 @@ fn resizing_the_ram_cache_while_flushes_keep_blocks_is_safe() {
             assert_eq!(read_block(&e, lba), want, "read {i}: lba {lba}");
         }
         if i % 64 == 63 {
-            e.flush().expect("flush");
+            read_then_flush(&e);
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -828,7 +837,7 @@ fn resizing_the_ram_cache_while_flushes_keep_blocks_is_safe() {
         )
         .expect("write");
     }
-    e.flush().expect("flush");
+    read_then_flush(&e);
     assert!(write_blocks_kept(&e) > kept);
     let hits = e.stats().counters.read_hits_ram_cache;
     for lba in 0..256u64 {
@@ -844,4 +853,25 @@ fn resizing_the_ram_cache_while_flushes_keep_blocks_is_safe() {
         .expect("one owner")
         .close()
         .expect("close");
+}
+
+/// Small writes with no read since the flusher's last look keep nothing (a workload that only
+/// writes would pay the copies for nothing); after a read, the next flush keeps.
+#[test]
+fn small_writes_with_no_reads_keep_nothing() {
+    let (cache, backing) = formatted(4 << 20, 16 << 20, 64 << 10);
+    let e = engine_for_writes(&cache, &backing);
+    for lba in 0..16u64 {
+        e.write(lba * BLOCK_SIZE_BYTES, &content(lba, 1), false)
+            .expect("write");
+    }
+    e.flush().expect("flush");
+    assert_eq!(write_blocks_kept(&e), 0);
+    for lba in 16..32u64 {
+        e.write(lba * BLOCK_SIZE_BYTES, &content(lba, 1), false)
+            .expect("write");
+    }
+    read_then_flush(&e);
+    assert_eq!(write_blocks_kept(&e), 16);
+    e.close().expect("close");
 }

@@ -399,18 +399,23 @@ unsafe fn chunk_meta<'a>(inner: &'a Inner, sc: &SealedChunk) -> &'a mut [u8] {
 }
 
 /// Whether a round of `chunks` chunks keeps their small-write blocks in the RAM cache: only
-/// when it is on and the flusher has slack: the round is short of `ROUND_CHUNKS` (it came for
-/// a flush or a chunk's wait, not a full queue), no writer waits for room, and at least half
-/// the RAM buffers are free; within `hot::WRITE_KEEP_BLOCKS_PER_SEC` besides. A copy per
+/// when it is on, reads came in since the last round that looked (`HotTier::reads_came`: a
+/// workload that only writes reads nothing back, and a kept block would cost the flusher's
+/// CPU for nothing: `bench engine` and 4 KiB writes at iodepth 64 through NBD measured it)
+/// and the flusher has slack: the round is short of `ROUND_CHUNKS` (it came for a flush or a
+/// chunk's wait, not a full queue), no writer waits for room, and at least half the RAM
+/// buffers are free; within `hot::WRITE_KEEP_BLOCKS_PER_SEC` besides. A copy per
 /// block (and, while the RAM cache fills, a page fault per block, ~5 us on a VM) is work the
 /// flusher does instead of log writes: writes that outran it would come to wait for buffers
 /// (`bench engine`, keeping every block, wrote ~1/15 as fast). Their blocks are then read from
 /// the cache device, as before.
 fn keeps_writes(inner: &Inner, st: &State, chunks: usize) -> bool {
-    inner.hot.enabled()
-        && chunks < ROUND_CHUNKS
+    // The read count is looked at last: only a round that could keep uses up the news.
+    (1..ROUND_CHUNKS).contains(&chunks)
+        && inner.hot.enabled()
         && !st.room.writers_wait()
         && st.ring.free_buffer_count() > st.ring.buffer_count() / 2
+        && inner.hot.reads_came(st.counters.reads)
 }
 
 /// A block of a small write the flusher stores in the RAM cache once its chunk is written

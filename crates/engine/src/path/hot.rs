@@ -32,7 +32,8 @@
 //! checks nothing under the lock): the index no longer maps it, so it is never asked for and
 //! ages out, entering unreferenced like every stored block. The store is the flusher's work,
 //! off the request path: the write path sets one more bit in a word it already writes. And
-//! only when the flusher has slack (`log::flusher::keeps_writes`: a round short of a full
+//! only when reads came in since the flusher's last look (a workload that only writes keeps
+//! nothing) and the flusher has slack (`log::flusher::keeps_writes`: a round short of a full
 //! queue, no writer waiting for room, half the RAM buffers free) and within
 //! `WRITE_KEEP_BLOCKS_PER_SEC`: a write storm's blocks are read from the device, as before,
 //! rather than slow the flusher every writer waits on.
@@ -379,6 +380,9 @@ pub struct HotTier {
     /// The flusher's budget of blocks to keep (`WRITE_KEEP_BLOCKS_PER_SEC`): when it was last
     /// topped up, and the blocks left.
     write_budget: Mutex<(Option<Instant>, u64)>,
+    /// The engine's read count (`Counters::reads`) plus one when the flusher last looked
+    /// (`reads_came`; 0: never).
+    reads_seen_plus_one: AtomicU64,
 }
 
 impl HotTier {
@@ -397,6 +401,7 @@ impl HotTier {
             ghost_clock_blocks: AtomicU64::new(0),
             written: AtomicU64::new(0),
             write_budget: Mutex::new((None, WRITE_KEEP_BLOCKS_PER_SEC)),
+            reads_seen_plus_one: AtomicU64::new(0),
         };
         tier.resize(bytes);
         tier
@@ -686,6 +691,13 @@ impl HotTier {
             b.0 = Some(now);
         }
         b.1
+    }
+
+    /// Whether the engine read anything since the flusher's last look (`reads`: its read
+    /// count now; on the first look, whether it ever read): the flusher keeps written blocks
+    /// only for a workload that reads.
+    pub fn reads_came(&self, reads: u64) -> bool {
+        self.reads_seen_plus_one.swap(reads + 1, Ordering::Relaxed) != reads + 1 && reads > 0
     }
 
     pub fn spend_write_budget(&self, blocks: u64) {
