@@ -6,10 +6,9 @@
 
 mod common;
 
-use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
 
+use common::wait::{bounded, HANG};
 use common::*;
 use logcache_engine::io::BlockDevice;
 use logcache_engine::{CachedRead, Engine, Error, ExtentKind, OpenOptions};
@@ -20,20 +19,6 @@ const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
 const SEG_64K: u64 = 64 * KIB;
 const BLOCK: u64 = 4096;
-/// How long a step may take before the test calls it a hang (generous: a loaded 2-core CI).
-const HANG: Duration = Duration::from_secs(60);
-
-/// Runs `f` on its own thread; panics if it does not return within `HANG`.
-fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(HANG) {
-        Ok(v) => v,
-        Err(_) => panic!("{what} hung (no answer in {HANG:?})"),
-    }
-}
 
 /// A threaded engine whose cache device can fail (`FaultDevice`) and be held (`GateDevice`,
 /// outermost), with no background writeback (dirty blocks stay dirty until a test writes

@@ -12,6 +12,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::wait::{bounded, eventually, HANG};
 use common::*;
 use logcache_engine::io::BlockDevice;
 use logcache_engine::{Engine, Error, OpenOptions};
@@ -22,8 +23,6 @@ use logcache_testkit::sim::SimDevice;
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
 const SEG_64K: u64 = 64 * KIB;
-/// How long a step may take before the test calls it a hang (generous: a loaded 2-core CI).
-const HANG: Duration = Duration::from_secs(60);
 
 /// An engine on `pair` whose backing device can fail (`FaultDevice`) and be held (`GateDevice`,
 /// outermost).
@@ -43,30 +42,6 @@ fn sealing_each_second() -> OpenOptions {
         seal_interval_ms: Some(1000),
         ..manual(4 * SEG_64K)
     }
-}
-
-/// Runs `f` on its own thread; panics if it does not return within `HANG`.
-fn bounded<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(HANG) {
-        Ok(v) => v,
-        Err(_) => panic!("{what} hung (no answer in {HANG:?})"),
-    }
-}
-
-/// Polls `cond` until it holds or `HANG` passes; returns whether it held.
-fn eventually(mut cond: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + HANG;
-    while Instant::now() < until {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    cond()
 }
 
 /// Defect 3: a cache read error in the relocator (background threads) fails the engine with a
@@ -98,6 +73,19 @@ fn failing_cache_engine(
     };
     let e = Engine::open(cache.clone(), backing, opts).unwrap();
     (cache, e)
+}
+
+/// Fails the cache device under a write-back write's flush (of block 20): the disk goes on from
+/// the backing device alone.
+fn fail_cache_under_a_flush(e: &Engine, cache: &FaultDevice) {
+    cache.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
+    let other = e.clone();
+    bounded("a write and flush as the cache device fails", move || {
+        other.write(20 * 4096, &[0x6b; 4096], false)?;
+        other.flush()
+    })
+    .expect("answered from the backing device alone");
+    assert!(e.stats().serving_alone, "{:?}", e.stats());
 }
 
 /// Starts a write-zeroes of block `lba` and waits until its backing zeroing is held.
@@ -2049,16 +2037,8 @@ fn a_write_around_under_way_when_the_cache_fails_is_sent_again_alone() {
     let lba = 10u64;
     backing.hold_range(OpKind::Write, lba * 4096, 4096);
     let write = write_around_held_at_the_backing_device(&e, &backing, lba);
-    // The cache device fails under a write-back write's flush.
     e.set_tunable("cache_mode", "write-back").unwrap();
-    cache.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
-    let other = e.clone();
-    bounded("a write and flush as the cache device fails", move || {
-        other.write(20 * 4096, &[0x6b; 4096], false)?;
-        other.flush()
-    })
-    .expect("answered from the backing device alone");
-    assert!(e.stats().serving_alone, "{:?}", e.stats());
+    fail_cache_under_a_flush(&e, &cache);
     backing.release(OpKind::Write);
     bounded("the write-around write", move || write.join().unwrap())
         .expect("the write, sent again alone if need be");
@@ -2184,16 +2164,7 @@ fn a_checkpoint_served_alone_does_not_answer_without_the_changes_made_alone() {
             .map(|runs| runs.iter().any(|&(_, set)| set))
     };
     assert!(!changed(&e).unwrap(), "nothing changed yet");
-    // The cache device fails under a write-back write's flush: the disk goes on from the
-    // backing device alone.
-    cache.fail_next(OpKind::Write, u64::MAX, FaultKind::Io);
-    let other = e.clone();
-    bounded("a write and flush as the cache device fails", move || {
-        other.write(20 * 4096, &[0x6b; 4096], false)?;
-        other.flush()
-    })
-    .expect("answered from the backing device alone");
-    assert!(e.stats().serving_alone, "{:?}", e.stats());
+    fail_cache_under_a_flush(&e, &cache);
     e.write(lba * 4096, &[0x22; 4096], false).unwrap();
     match changed(&e) {
         Ok(set) => assert!(set, "the block written alone is reported unchanged"),

@@ -10,8 +10,9 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use common::wait::{eventually, HANG};
 use common::*;
 use logcache_engine::{CachedRead, Engine, OpenOptions};
 use logcache_testkit::fault::OpKind;
@@ -22,8 +23,6 @@ const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
 const BLOCK: u64 = 4096;
 const SEG_64K: u64 = 64 * KIB;
-/// How long a step may take before the test calls it a hang (generous: a loaded 2-core CI).
-const HANG: Duration = Duration::from_secs(60);
 /// How many times `the_ram_cache_resized_under_reads_and_writes_serves_only_current_blocks`
 /// resizes the RAM cache.
 const RESIZES: usize = 300;
@@ -55,18 +54,6 @@ fn write_run(e: &Engine, lba: u64, count: u64, v: u64) {
         data.extend_from_slice(&content(b, v));
     }
     e.write(lba * BLOCK, &data, false).expect("write");
-}
-
-/// Polls `cond` until it holds or `HANG` passes; whether it held.
-fn eventually(mut cond: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + HANG;
-    while Instant::now() < until {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    cond()
 }
 
 /// A read planned on the cache device keeps its segment pinned until its IO is done: with the

@@ -7,6 +7,7 @@ use std::sync::Arc;
 pub mod epoch_log;
 pub mod epochs;
 pub mod stall;
+pub mod wait;
 
 use logcache_engine::io::BlockDevice;
 use logcache_engine::{format_cache, Engine, FormatOptions, OpenOptions};
