@@ -191,7 +191,7 @@ pub static SPECS: &[TunableSpec] = &[
         },
         default: 1024,
         online: true,
-        help: "RAM for copies of cached blocks read from the cache device, so hot blocks are read from RAM (0: off): every block of a read up to 64 KiB and of a write up to 64 KiB (stored once written to the cache device), a larger read's when it reads the same blocks a second time, within the cache's size of large reads (a scan read once stores nothing); never more than 1/8 of physical memory (or of the cgroup memory limit); a change drops the copies",
+        help: "RAM for copies of cached blocks read from the cache device, so hot blocks are read from RAM (0: off): every block of a read up to 64 KiB and of a write up to 64 KiB (stored once written to the cache device, while reads come in and the flusher has slack, at most 8,192 a second), a larger read's when it reads the same blocks a second time, within the cache's size of large reads (a scan read once stores nothing); never more than 1/8 of physical memory (or of the cgroup memory limit); a change drops the copies",
     },
 ];
 
